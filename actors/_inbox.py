@@ -1,0 +1,129 @@
+"""An agent's inbox: two lists (next turn, next step) with human input first.
+
+Pure data, no I/O: the AgentActor logs every change. Placements:
+
+- ``followup``: next turn, wakes an idle agent;
+- ``steer``: next step, wakes an idle agent;
+- ``inject``: next step, does not wake.
+
+Human messages (source ``user`` / ``skill-invocation``) are always taken before automatic
+ones, and a human message arriving cancels every automatic *reservation* still waiting in
+the inbox (a reservation is admitted only when its message enters a model step).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Literal
+
+import attrs
+import trio
+
+from runtime._messages import Message, is_human
+
+Placement = Literal["followup", "steer", "inject"]
+PLACEMENTS: tuple[Placement, ...] = ("followup", "steer", "inject")
+
+ReservationState = Literal["pending", "admitted", "rejected", "cancelled"]
+
+
+@attrs.define(eq=False)
+class Reservation:
+    """An automatic message's claim on the agent, settled exactly once.
+
+    ``await wait()`` returns the final state: ``admitted`` (it entered a model step),
+    ``rejected`` (vetoed at pre-step), or ``cancelled`` (human input won, the agent was
+    cancelled or disposed, or the owner withdrew it) with ``reason`` saying which.
+    """
+
+    message: Message
+    placement: Placement
+    state: ReservationState = "pending"
+    reason: str | None = None
+    _settled: trio.Event = attrs.field(factory=trio.Event, repr=False)
+
+    def _settle(self, state: ReservationState, reason: str | None = None) -> bool:
+        if self.state != "pending":
+            return False
+        self.state, self.reason = state, reason
+        self._settled.set()
+        return True
+
+    async def wait(self) -> ReservationState:
+        await self._settled.wait()
+        return self.state
+
+
+@attrs.frozen(eq=False)  # identity: the same message may be queued twice
+class Entry:
+    message: Message
+    placement: Placement
+    reservation: Reservation | None = None
+
+    @property
+    def human(self) -> bool:
+        return self.message.source is not None and is_human(self.message.source)
+
+
+def _take_first_human_first(queue: deque[Entry]) -> Entry | None:
+    for entry in queue:
+        if entry.human:
+            queue.remove(entry)
+            return entry
+    return queue.popleft() if queue else None
+
+
+class Inbox:
+    def __init__(self) -> None:
+        self.next_turn: deque[Entry] = deque()
+        self.next_step: deque[Entry] = deque()
+
+    def add(self, entry: Entry) -> list[Entry]:
+        """Queue ``entry``; returns the reservations it displaced (human input wins)."""
+        displaced: list[Entry] = []
+        if entry.human:
+            displaced = [e for e in self.entries() if e.reservation is not None]
+            for e in displaced:
+                self._remove(e)
+        (self.next_turn if entry.placement == "followup" else self.next_step).append(entry)
+        return displaced
+
+    def take_turn(self) -> Entry | None:
+        """The message that opens the next turn: the oldest human one, else the oldest."""
+        return _take_first_human_first(self.next_turn)
+
+    def take_step(self) -> list[Entry]:
+        """Everything queued for the next step, human messages first, FIFO otherwise."""
+        entries = sorted(self.next_step, key=lambda e: not e.human)  # stable
+        self.next_step.clear()
+        return entries
+
+    def has_wakeable(self) -> bool:
+        return bool(self.next_turn) or any(e.placement == "steer" for e in self.next_step)
+
+    def has_step_input(self) -> bool:
+        return bool(self.next_step)
+
+    def has_human(self) -> bool:
+        return any(e.human for e in self.entries())
+
+    def entries(self) -> list[Entry]:
+        return [*self.next_turn, *self.next_step]
+
+    def remove(self, entry: Entry) -> bool:
+        if entry in self.next_turn or entry in self.next_step:
+            self._remove(entry)
+            return True
+        return False
+
+    def clear(self) -> list[Entry]:
+        removed = self.entries()
+        self.next_turn.clear()
+        self.next_step.clear()
+        return removed
+
+    def __len__(self) -> int:
+        return len(self.next_turn) + len(self.next_step)
+
+    def _remove(self, entry: Entry) -> None:
+        (self.next_turn if entry in self.next_turn else self.next_step).remove(entry)

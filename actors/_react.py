@@ -1,0 +1,182 @@
+"""The ``react`` driver: the standard agent loop.
+
+model -> tool calls (up to ``max_parallel_tool_calls`` at once) -> model ... until the
+model stops without calling a tool and nothing waits for the next step. The turn ends
+``completed``, ``max-tokens`` or (through the agent) ``error`` / ``aborted`` / ``blocked``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import structlog
+import trio
+
+from runtime._driver import AgentHandle, CreateAgentOptions, ResumeAgentOptions
+from runtime._errors import ToolError
+from runtime._messages import (
+    Message,
+    ReasoningBlock,
+    TextBlock,
+    ToolCallBlock,
+    ToolResultBlock,
+    ToolSource,
+)
+from runtime.models import (
+    Finish,
+    ModelRequest,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallChunk,
+)
+from runtime.tools import ToolContext
+
+from ._agent import AgentActor, Turn
+from ._publication import publish_agent
+from ._supervisor import Supervisor
+
+log = structlog.get_logger(__name__)
+
+
+async def _request_as_is(request: ModelRequest) -> ModelRequest:
+    return request
+
+
+class ReactLoop:
+    async def run_turn(self, turn: Turn) -> str:
+        agent = turn.agent
+        while True:
+            await turn.begin_step()
+            request = await agent.request.run(turn.model_request(), _request_as_is)
+            adapter = agent.owner.adapters.get(request.provider)
+            turn.log(
+                "request/header",
+                {"turn": turn.number, "step": turn.step, "provider": request.provider, "model": request.model},
+            )
+            message, finish = await _collect(adapter.stream(request))
+            turn.record("assistant/message", message)
+            calls = message.tool_calls
+            for call in calls:
+                turn.log("tool/call", {"callId": call.call_id, "name": call.name, "arguments": call.arguments})
+            if finish == "max-tokens":
+                _record_unrun(turn, calls, "not run: the reply hit max_tokens")
+                turn.end_step()
+                return "max-tokens"
+            if calls:
+                await _run_tools(turn, calls)
+                turn.end_step()
+                continue
+            turn.end_step()
+            if not turn.has_step_input():
+                return "completed"
+
+
+async def _collect(stream) -> tuple[Message, str]:  # type: ignore[no-untyped-def]
+    text: list[str] = []
+    reasoning: list[str] = []
+    calls: list[ToolCallBlock] = []
+    finish = "stop"
+    async for chunk in stream:
+        if isinstance(chunk, TextDelta):
+            text.append(chunk.text)
+        elif isinstance(chunk, ReasoningDelta):
+            reasoning.append(chunk.text)
+        elif isinstance(chunk, ToolCallChunk):
+            calls.append(ToolCallBlock(chunk.call_id, chunk.name, chunk.arguments))
+        elif isinstance(chunk, Finish):
+            finish = chunk.reason
+    blocks: list = []
+    if reasoning:
+        blocks.append(ReasoningBlock("".join(reasoning)))
+    if text:
+        blocks.append(TextBlock("".join(text)))
+    blocks.extend(calls)
+    return Message(role="assistant", content=tuple(blocks)), finish
+
+
+def _result_message(call_id: str, content: str, is_error: bool) -> Message:
+    return Message(
+        role="tool",
+        content=(ToolResultBlock(call_id, content, is_error),),
+        source=ToolSource(call_id),
+    )
+
+
+def _record_unrun(turn: Turn, calls: Sequence[ToolCallBlock], why: str) -> None:
+    for call in calls:
+        turn.record("tool/result", _result_message(call.call_id, why, True))
+
+
+async def _run_tools(turn: Turn, calls: Sequence[ToolCallBlock]) -> None:
+    """Run the calls concurrently (bounded), then log every result in call order.
+
+    If the turn is cancelled meanwhile, every call still gets a result ("cancelled") so
+    the transcript stays well-formed for the next model request.
+    """
+    agent = turn.agent
+    limiter = trio.CapacityLimiter(agent.options.max_parallel_tool_calls)
+    results: dict[str, tuple[str, bool]] = {}
+
+    async def run_one(call: ToolCallBlock) -> None:
+        async with limiter:
+            results[call.call_id] = await _run_tool(agent, call)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for call in calls:
+                nursery.start_soon(run_one, call)
+    finally:
+        for call in calls:
+            content, is_error = results.get(call.call_id, ("cancelled", True))
+            turn.record("tool/result", _result_message(call.call_id, content, is_error))
+
+
+async def _run_tool(agent: AgentActor, call: ToolCallBlock) -> tuple[str, bool]:
+    tool = agent.tools.lookup(call.name)
+    if tool is None:
+        visible = ", ".join(t.name for t in agent.tools.visible()) or "none"
+        return f"unknown tool {call.name!r}; available tools: {visible}", True
+    try:
+        arguments = json.loads(call.arguments or "{}")
+    except json.JSONDecodeError as exc:
+        return f"arguments of {call.name} are not valid JSON: {exc.msg}", True
+    if not isinstance(arguments, dict):
+        return f"arguments of {call.name} must be a JSON object", True
+    ctx = ToolContext(session_id=agent.id, cwd=agent.cwd, call_id=call.call_id)
+    try:
+        return await tool.run(arguments, ctx), False
+    except ToolError as exc:
+        return str(exc), True
+    except Exception as exc:
+        agent.log.warning("tool failed", tool=call.name, error=repr(exc))
+        return f"internal error in tool {call.name}: {type(exc).__name__}", True
+
+
+class ReactDriver:
+    """The shipped driver. ``owner`` is the runtime's Supervisor."""
+
+    async def create_agent(self, owner: Supervisor, options: CreateAgentOptions) -> AgentHandle:
+        owner.adapters.get(options.agent_options.provider)  # fail before anything is made
+        session = await owner.new_session(
+            options.session_id,
+            cwd=options.cwd or options.agent_options.cwd,
+            parent_session=options.parent_session,
+            agent_preset=options.agent_preset,
+        )
+        try:
+            agent = AgentActor(owner, session, options.agent_options, ReactLoop())
+        except BaseException:
+            session.discard()
+            raise
+        return await publish_agent(owner, agent, [options.setup], source="startup")
+
+    async def resume(self, owner: Supervisor, options: ResumeAgentOptions) -> AgentHandle:
+        owner.adapters.get(options.agent_options.provider)
+        session = await owner.load_session(options.resume_session_id)
+        try:
+            agent = AgentActor(owner, session, options.agent_options, ReactLoop())
+        except BaseException:
+            session.discard()
+            raise
+        return await publish_agent(owner, agent, [options.setup], source="resume")

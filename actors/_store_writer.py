@@ -1,0 +1,65 @@
+"""StoreWriter: the one task that makes sessions durable.
+
+Sessions schedule themselves when they have pending events; the writer takes everything
+scheduled, commits it in one SQLite transaction on a worker thread, then tells each
+session. Batching falls out naturally: whatever arrives while a commit is in flight goes
+into the next one, so the cost per event shrinks as load grows.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import structlog
+import trio
+
+from runtime._store import SessionStore
+
+if TYPE_CHECKING:
+    from ._session import SessionActor
+
+log = structlog.get_logger(__name__)
+
+
+class StoreWriter:
+    def __init__(self, store: SessionStore) -> None:
+        self.store = store
+        self._scheduled: list[SessionActor] = []
+        self._wakeup = trio.Event()
+        self.commits = 0  # transactions committed (for statistics and tests)
+        # One commit at a time: two overlapping drains could land a session's later
+        # batch before its earlier one.
+        self._lock = trio.Lock()
+
+    def schedule(self, session: SessionActor) -> None:
+        self._scheduled.append(session)
+        self._wakeup.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Commit scheduled sessions until cancelled; cancel only after a final ``drain``."""
+        task_status.started()
+        while True:
+            await self._wakeup.wait()
+            await self.drain()
+
+    async def drain(self) -> None:
+        """Commit everything scheduled so far (and what arrives meanwhile)."""
+        async with self._lock:
+            await self._drain_locked()
+
+    async def _drain_locked(self) -> None:
+        while self._scheduled:
+            sessions, self._scheduled = self._scheduled, []
+            self._wakeup = trio.Event()
+            writes = [session._take_write() for session in sessions]
+            error: BaseException | None = None
+            try:
+                # Shielded: a commit that has started must finish so memory and disk agree.
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(self.store.commit, writes)
+                self.commits += 1
+            except Exception as exc:  # a disk or schema failure: report it to the sessions
+                error = exc
+                log.error("store commit failed", sessions=len(writes), error=repr(exc))
+            for session, write in zip(sessions, writes):
+                session._commit_done(write, error)

@@ -1,0 +1,238 @@
+"""Supervisor: owns the actor tree of one runtime.
+
+It holds the nursery every agent runs in, the session and agent registries, the store
+writer, the shared registries (model adapters, tools, services) and the live event
+stream. Drivers receive it as their ``owner``. Closing it disposes every agent, flushes
+every session, and only then stops the writer: nothing outlives it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import structlog
+import trio
+
+from runtime._errors import (
+    AgentBusyError,
+    LoopdockError,
+    SessionExistsError,
+    SessionNotFoundError,
+)
+from runtime._events import Event, SessionHeader
+from runtime._ids import check_session_id
+from runtime._store import SessionStore
+from runtime.models import AdapterRegistry
+from runtime.tools import ToolRegistry
+
+from ._agent import AgentActor
+from ._fanout import Fanout
+from ._session import SessionActor, _now_ms
+from ._store_writer import StoreWriter
+
+log = structlog.get_logger(__name__)
+
+
+class UnknownServiceError(LoopdockError):
+    """Raised when ``agent_ctx.get(name)`` names a service nobody provides."""
+
+    code = "UNKNOWN_SERVICE"
+
+
+class RuntimeClosedError(LoopdockError):
+    """Raised when creating or resuming an agent while the runtime shuts down."""
+
+    code = "RUNTIME_CLOSED"
+
+
+@attrs.frozen
+class LiveEvent:
+    """A live, not persisted, agent event: ``agent/created``, ``agent/status``, ..."""
+
+    type: str
+    agent_id: str
+    data: Mapping[str, Any]
+
+
+class Supervisor:
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        store: SessionStore,
+        writer: StoreWriter,
+        adapters: AdapterRegistry,
+        tools: ToolRegistry,
+    ) -> None:
+        self.nursery = nursery
+        self.store = store
+        self.writer = writer
+        self.adapters = adapters
+        self.tools = tools
+        self.services: dict[str, Any] = {}
+        self.sessions: dict[str, SessionActor] = {}
+        self.agents: dict[str, AgentActor] = {}
+        self.live: Fanout[LiveEvent] = Fanout("live")
+        self.closing = False
+
+    # -- services ----------------------------------------------------------------------
+
+    def provide(self, name: str, service: Any) -> Callable[[], None]:
+        """Publish a runtime service for setups (``agent_ctx.get(name)``)."""
+        if name in self.services:
+            raise LoopdockError(f"service {name!r} is already provided")
+        self.services[name] = service
+
+        def dispose() -> None:
+            if self.services.get(name) is service:
+                del self.services[name]
+
+        return dispose
+
+    def service(self, name: str) -> Any:
+        try:
+            return self.services[name]
+        except KeyError:
+            raise UnknownServiceError(
+                f"no service {name!r}; provided: {', '.join(sorted(self.services)) or 'none'}"
+            ) from None
+
+    def announce(self, event_type: str, agent_id: str, data: Mapping[str, Any]) -> None:
+        self.live.publish(LiveEvent(event_type, agent_id, data))
+
+    # -- sessions ----------------------------------------------------------------------
+
+    def check_open(self) -> None:
+        if self.closing:
+            raise RuntimeClosedError("the runtime is shutting down")
+
+    async def new_session(
+        self,
+        session_id: str,
+        *,
+        cwd: str | None = None,
+        parent_session: str | None = None,
+        agent_preset: str | None = None,
+        events: Sequence[Event] = (),
+    ) -> SessionActor:
+        """A fresh, unpublished session (nothing is written until it is published)."""
+        check_session_id(session_id)
+        self.check_open()
+        if session_id in self.sessions or await trio.to_thread.run_sync(
+            self.store.exists, session_id
+        ):
+            raise SessionExistsError(
+                f"session {session_id!r} already exists; resume it instead of creating it"
+            )
+        header = SessionHeader(
+            id=session_id,
+            created_at=_now_ms(),
+            cwd=cwd or os.getcwd(),
+            parent_session=parent_session,
+            agent_preset=agent_preset,
+        )
+        session = SessionActor(header, self.writer)
+        for event in events:
+            session.append(event.type, event.data)
+        return session
+
+    async def load_session(self, session_id: str) -> SessionActor:
+        """A persisted session, ready to resume; an open turn is repaired as interrupted."""
+        check_session_id(session_id, what="resume session id")
+        self.check_open()
+        if session_id in self.agents:
+            raise AgentBusyError(f"session {session_id!r} already has a live agent")
+        loaded = await trio.to_thread.run_sync(self.store.load, session_id)
+        if loaded is None:
+            raise SessionNotFoundError(f"no persisted session {session_id!r}")
+        header, events = loaded
+        session = SessionActor(header, self.writer, events=events, persisted=True)
+        open_turn = _open_turn(events)
+        if open_turn is not None:
+            session.append("turn/end", {"turn": open_turn, "reason": {"kind": "interrupted"}})
+        return session
+
+    async def fork_session(self, source_id: str, new_id: str, *, upto_seq: int | None = None) -> str:
+        """Persist a new session holding the longest prefix of ``source_id`` that ends at a
+        completed turn boundary (at or before ``upto_seq``); returns the new id."""
+        check_session_id(new_id)
+        loaded = await trio.to_thread.run_sync(self.store.load, check_session_id(source_id))
+        live = self.sessions.get(source_id)
+        if loaded is None and live is None:
+            raise SessionNotFoundError(f"no session {source_id!r} to fork")
+        header, events = (live.header, list(live.events)) if live else loaded  # type: ignore[misc]
+        if upto_seq is not None:
+            events = events[: upto_seq + 1]
+        prefix = events[: _prefix_end(events)]
+        session = await self.new_session(
+            new_id, cwd=header.cwd, parent_session=header.id, agent_preset=header.agent_preset,
+            events=prefix,
+        )
+        session.publish()
+        await session.close()
+        return new_id
+
+    # -- agents ------------------------------------------------------------------------
+
+    def enter(self, agent: AgentActor) -> None:
+        if agent.id in self.agents or agent.id in self.sessions:
+            raise AgentBusyError(f"agent {agent.id!r} is already live")
+        self.sessions[agent.id] = agent.session
+        self.agents[agent.id] = agent
+
+    def leave(self, agent: AgentActor) -> None:
+        if self.agents.get(agent.id) is agent:
+            del self.agents[agent.id]
+            del self.sessions[agent.id]
+
+    async def aclose(self) -> None:
+        """Dispose every agent (concurrently), then drain the writer."""
+        self.closing = True
+        async with trio.open_nursery() as nursery:
+            for agent in list(self.agents.values()):
+                nursery.start_soon(agent_dispose(self, agent))
+        await self.writer.drain()
+        self.live.close()
+
+
+def agent_dispose(owner: Supervisor, agent: AgentActor) -> Callable[[], Any]:
+    """The one disposal path: used by handles and by runtime shutdown (idempotent)."""
+
+    async def dispose() -> None:
+        if agent.closed and owner.agents.get(agent.id) is not agent:
+            return
+        await agent.stop("disposed")
+        agent.dispose_scoped()
+        owner.leave(agent)
+        try:
+            await agent.session.close()
+        finally:
+            owner.announce("agent/disposed", agent.id, {})
+
+    return dispose
+
+
+def _open_turn(events: Sequence[Event]) -> int | None:
+    open_turn = None
+    for event in events:
+        if event.type == "turn/start":
+            open_turn = event.data.get("turn")
+        elif event.type == "turn/end":
+            open_turn = None
+    return open_turn
+
+
+def _prefix_end(events: Sequence[Event]) -> int:
+    """Length of the longest prefix that does not cut a turn in two."""
+    end = 0
+    in_turn = False
+    for index, event in enumerate(events):
+        if event.type == "turn/start":
+            in_turn = True
+        elif event.type == "turn/end":
+            in_turn = False
+        if not in_turn:
+            end = index + 1
+    return end

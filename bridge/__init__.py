@@ -1,0 +1,1 @@
+"""The websocket bridge to DSH hosts and GoalBar clients (not built yet)."""

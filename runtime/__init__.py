@@ -1,0 +1,28 @@
+"""loopdock's runtime: the embedded API, the session-log model and the registries."""
+
+from ._driver import AgentHandle as AgentHandle
+from ._driver import CreateAgentOptions as CreateAgentOptions
+from ._driver import Driver as Driver
+from ._driver import ResumeAgentOptions as ResumeAgentOptions
+from ._errors import *  # noqa: F403  (the flat error set is public)
+from ._events import Event as Event
+from ._events import KNOWN_EVENT_TYPES as KNOWN_EVENT_TYPES
+from ._events import SessionHeader as SessionHeader
+from ._messages import Message as Message
+from ._messages import ProducerSource as ProducerSource
+from ._messages import SkillInvocationSource as SkillInvocationSource
+from ._messages import TextBlock as TextBlock
+from ._messages import ToolSource as ToolSource
+from ._messages import UserSource as UserSource
+from ._messages import user_message as user_message
+from ._options import AgentOptions as AgentOptions
+
+
+def __getattr__(name: str) -> object:
+    # Runtime sits on top of the actors, which import this package's value modules:
+    # loading it lazily lets `import actors` and `import runtime` come in either order.
+    if name == "Runtime":
+        from ._runtime import Runtime
+
+        return Runtime
+    raise AttributeError(f"module 'runtime' has no attribute {name!r}")

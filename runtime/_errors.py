@@ -1,0 +1,111 @@
+"""The runtime's error set: one base class, a stable ``code`` on every error.
+
+Each class's docstring says *when* it is raised. Callers branch on the class (or on
+``.code`` across a wire); messages name the offending value and, where it helps,
+what would have been accepted.
+"""
+
+from __future__ import annotations
+
+
+class LoopdockError(Exception):
+    """Base class of every error the runtime raises on purpose."""
+
+    code = "LOOPDOCK_ERROR"
+
+
+class InvalidSessionIdError(LoopdockError):
+    """Raised when a session id is missing, empty, too long or has forbidden characters."""
+
+    code = "INVALID_SESSION_ID"
+
+
+class UnknownEventTypeError(LoopdockError):
+    """Raised when something appends an event type the session log does not know.
+
+    DSH refuses to load a log with an unknown type, so we refuse to write one.
+    """
+
+    code = "UNKNOWN_EVENT_TYPE"
+
+
+class InvalidOptionsError(LoopdockError):
+    """Raised when agent options are malformed (``max_tokens <= 0``, wrong types, ...)."""
+
+    code = "INVALID_OPTIONS"
+
+
+class UnknownAdapterError(LoopdockError):
+    """Raised when agent options name a model provider no adapter is registered for."""
+
+    code = "UNKNOWN_ADAPTER"
+
+
+class UnknownToolError(LoopdockError):
+    """Raised when agent options or a restriction name a tool that is not registered."""
+
+    code = "UNKNOWN_TOOL"
+
+
+class DuplicateToolError(LoopdockError):
+    """Raised when a tool name is registered twice in the same scope."""
+
+    code = "DUPLICATE_TOOL"
+
+
+class SessionExistsError(LoopdockError):
+    """Raised when creating a session whose id is already persisted or live."""
+
+    code = "SESSION_EXISTS"
+
+
+class SessionNotFoundError(LoopdockError):
+    """Raised when resuming or forking a session that is not persisted."""
+
+    code = "SESSION_NOT_FOUND"
+
+
+class AgentBusyError(LoopdockError):
+    """Raised when resuming a session whose agent is already live in this runtime."""
+
+    code = "AGENT_BUSY"
+
+
+class SetupError(LoopdockError):
+    """Raised when a setup or commit fails during the publication transaction.
+
+    The original exception is chained as ``__cause__``; nothing was published.
+    """
+
+    code = "SETUP_FAILED"
+
+
+class AgentClosedError(LoopdockError):
+    """Raised when a message is sent to an agent that was disposed."""
+
+    code = "AGENT_CLOSED"
+
+
+class SubscriberDroppedError(LoopdockError):
+    """Raised from a subscription's iterator when the subscriber fell behind and was dropped.
+
+    ``reason`` says why (``"fell-behind"``); the subscriber never blocked the publisher.
+    """
+
+    code = "SUBSCRIBER_DROPPED"
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class ModelError(LoopdockError):
+    """Raised by a model adapter when a call fails for good (after its bounded retries)."""
+
+    code = "MODEL_ERROR"
+
+
+class ToolError(LoopdockError):
+    """Raised by a tool for a failure the model should see as the tool's result."""
+
+    code = "TOOL_ERROR"

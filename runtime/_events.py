@@ -1,0 +1,88 @@
+"""The session log's event envelope ``{type, seq, time, data}`` and its known types.
+
+DSH refuses to load a log that holds an event type it does not know, so the set of
+types is closed: new meaning travels inside known events (message source kinds,
+``agent-preset/selected`` data), never as a new type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from ._errors import UnknownEventTypeError
+
+#: Types the runtime itself writes.
+CORE_EVENT_TYPES = frozenset(
+    {
+        "turn/start",
+        "turn/end",
+        "step/start",
+        "step/end",
+        "user/message",
+        "assistant/message",
+        "tool/call",
+        "tool/result",
+        "request/header",
+        "request/context",
+        "agent/inbox/spliced",
+        "agent-preset/selected",
+        "command/run",
+        "command/done",
+        "goal/change",
+        "llm/retry",
+        "session/title",
+    }
+)
+
+#: Further types a real DSH 0.2.1 session writes; a mirror of a DSH session accepts them.
+DSH_EVENT_TYPES = frozenset(
+    {
+        "permission/preset",
+        "sandbox/mode",
+        "approval/policy",
+        "system/message",
+        "session/title-llm-request",
+    }
+)
+
+KNOWN_EVENT_TYPES = CORE_EVENT_TYPES | DSH_EVENT_TYPES
+
+#: Why a turn ended (``turn/end`` ``data.reason.kind``).
+TURN_END_REASONS = frozenset(
+    {"completed", "aborted", "blocked", "error", "max-tokens", "interrupted"}
+)
+
+
+def check_event_type(event_type: str) -> str:
+    if event_type not in KNOWN_EVENT_TYPES:
+        raise UnknownEventTypeError(
+            f"unknown event type {event_type!r}: a session log only holds known types "
+            "(carry new meaning in message sources or agent-preset/selected data)"
+        )
+    return event_type
+
+
+@attrs.frozen
+class Event:
+    """One committed-or-pending entry of a session log. ``data`` is wire-shaped JSON."""
+
+    type: str
+    seq: int
+    time: int  # milliseconds since the epoch, never decreasing within a session
+    data: Mapping[str, Any]
+
+
+SESSION_FORMAT_VERSION = 1
+
+
+@attrs.frozen
+class SessionHeader:
+    id: str
+    created_at: int
+    cwd: str
+    version: int = SESSION_FORMAT_VERSION
+    parent_session: str | None = None
+    agent_preset: str | None = None

@@ -1,0 +1,171 @@
+"""Messages, their content blocks and their typed sources, as frozen values.
+
+A message is ``{id, role, content, source}``. The ``source`` says who produced it, typed
+by ``kind``: humans (``user``, ``skill-invocation``), tools (``tool``) and producer-owned
+kinds (``loopx-continuation``, ...). Humans' messages have priority in an agent's inbox.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Literal, Union
+
+import attrs
+
+from ._errors import LoopdockError
+
+Role = Literal["user", "assistant", "tool", "system"]
+
+
+class InvalidMessageError(LoopdockError):
+    """Raised when a message, block or source is malformed (empty producer kind, bad role...)."""
+
+    code = "INVALID_MESSAGE"
+
+
+# -- content blocks -------------------------------------------------------------------
+
+
+@attrs.frozen
+class TextBlock:
+    text: str
+
+
+@attrs.frozen
+class ReasoningBlock:
+    text: str
+
+
+@attrs.frozen
+class ImageBlock:
+    media_type: str
+    data: str  # base64
+
+
+@attrs.frozen
+class ToolCallBlock:
+    call_id: str
+    name: str
+    arguments: str  # raw JSON text, exactly as the model produced it
+
+
+@attrs.frozen
+class ToolResultBlock:
+    call_id: str
+    content: str
+    is_error: bool = False
+
+
+Block = Union[TextBlock, ReasoningBlock, ImageBlock, ToolCallBlock, ToolResultBlock]
+
+# -- sources --------------------------------------------------------------------------
+
+
+@attrs.frozen
+class UserSource:
+    """A message typed by a person."""
+
+    rpc_id: str | None = None
+    kind: Literal["user"] = "user"
+
+
+@attrs.frozen
+class SkillInvocationSource:
+    """A skill's body injected because a person typed ``/name``: human input too."""
+
+    name: str
+    form: str = "instructions"
+    kind: Literal["skill-invocation"] = "skill-invocation"
+
+
+@attrs.frozen
+class ToolSource:
+    """The result of one tool call, paired with it by ``call_id``."""
+
+    call_id: str
+    kind: Literal["tool"] = "tool"
+
+
+BUILTIN_SOURCE_KINDS = frozenset(
+    {"user", "skill-invocation", "tool", "skill-catalog", "goal", "runtime-context"}
+)
+HUMAN_SOURCE_KINDS = frozenset({"user", "skill-invocation"})
+
+# DSH 0.2.1 ends a turn on the generic ``plugin`` kind: a producer must own its kind.
+_FORBIDDEN_PRODUCER_KINDS = BUILTIN_SOURCE_KINDS | {"plugin"}
+_PRODUCER_KIND = re.compile(r"^[a-z0-9][a-z0-9._/-]*$")
+
+
+def _freeze(value: Mapping[str, object]) -> Mapping[str, object]:
+    return MappingProxyType(dict(value))
+
+
+@attrs.frozen
+class ProducerSource:
+    """A message authored by a program (a driver, a plugin, a command).
+
+    ``kind`` is owned by the producer (``loopx-continuation``, ...); ``fields`` carry its
+    typed attribution exactly as it goes on the wire (camelCase keys).
+    """
+
+    kind: str
+    fields: Mapping[str, object] = attrs.field(factory=dict, converter=_freeze)
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.kind, str) or not _PRODUCER_KIND.match(self.kind):
+            raise InvalidMessageError(
+                f"producer source kind {self.kind!r} must match {_PRODUCER_KIND.pattern}"
+            )
+        if self.kind in _FORBIDDEN_PRODUCER_KINDS:
+            raise InvalidMessageError(
+                f"source kind {self.kind!r} is not producer-owned; pick a kind of your own"
+            )
+        if "kind" in self.fields:
+            raise InvalidMessageError("producer source fields must not contain 'kind'")
+
+    def __hash__(self) -> int:
+        return hash((self.kind, tuple(sorted(self.fields))))
+
+
+Source = Union[UserSource, SkillInvocationSource, ToolSource, ProducerSource]
+
+
+def is_human(source: Source) -> bool:
+    """True for sources a person authored: they go ahead of everything automatic."""
+    return source.kind in HUMAN_SOURCE_KINDS
+
+
+# -- the message ----------------------------------------------------------------------
+
+
+def _new_id() -> str:
+    return str(uuid.uuid4())
+
+
+@attrs.frozen
+class Message:
+    role: Role
+    content: tuple[Block, ...] = attrs.field(converter=tuple)
+    source: Source | None = None
+    id: str = attrs.field(factory=_new_id)
+
+    def __attrs_post_init__(self) -> None:
+        if self.role not in ("user", "assistant", "tool", "system"):
+            raise InvalidMessageError(f"unknown message role {self.role!r}")
+
+    @property
+    def text(self) -> str:
+        """The concatenated text blocks (what a transcript shows)."""
+        return "".join(b.text for b in self.content if isinstance(b, TextBlock))
+
+    @property
+    def tool_calls(self) -> tuple[ToolCallBlock, ...]:
+        return tuple(b for b in self.content if isinstance(b, ToolCallBlock))
+
+
+def user_message(text: str, *, source: Source | None = None) -> Message:
+    """A user-role text message; the source defaults to a person."""
+    return Message(role="user", content=(TextBlock(text),), source=source or UserSource())

@@ -1,0 +1,160 @@
+"""All (de)serialisation between runtime values and wire/JSON shapes, in one place.
+
+The wire follows DSH: camelCase keys, blocks tagged by ``type``, sources tagged by
+``kind``. Python values stay snake_case attrs classes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import cattrs
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
+
+from ._events import Event, SessionHeader
+from ._messages import (
+    Block,
+    ImageBlock,
+    InvalidMessageError,
+    Message,
+    ProducerSource,
+    ReasoningBlock,
+    SkillInvocationSource,
+    Source,
+    TextBlock,
+    ToolCallBlock,
+    ToolResultBlock,
+    ToolSource,
+    UserSource,
+)
+
+_BLOCK_TAGS: dict[type, str] = {
+    TextBlock: "text",
+    ReasoningBlock: "reasoning",
+    ImageBlock: "image",
+    ToolCallBlock: "tool-call",
+    ToolResultBlock: "tool-result",
+}
+_BLOCK_BY_TAG = {tag: cls for cls, tag in _BLOCK_TAGS.items()}
+_BUILTIN_SOURCES: dict[str, type] = {
+    "user": UserSource,
+    "skill-invocation": SkillInvocationSource,
+    "tool": ToolSource,
+}
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def _make_converter() -> cattrs.Converter:
+    conv = cattrs.Converter(omit_if_default=False)
+
+    def register_camel(cls: type, *, omit_none: bool = True) -> None:
+        overrides = {
+            f.name: override(rename=_camel(f.name)) for f in attrs.fields(cls) if "_" in f.name
+        }
+        unstructure = make_dict_unstructure_fn(cls, conv, **overrides)
+        structure = make_dict_structure_fn(cls, conv, **overrides)
+
+        def unstructure_hook(value: Any) -> dict[str, Any]:
+            raw = unstructure(value)
+            return {k: v for k, v in raw.items() if v is not None} if omit_none else raw
+
+        conv.register_unstructure_hook(cls, unstructure_hook)
+        conv.register_structure_hook(cls, structure)
+
+    for cls in (*_BLOCK_TAGS, UserSource, SkillInvocationSource, ToolSource, SessionHeader):
+        register_camel(cls)
+
+    def unstructure_block(block: Block) -> dict[str, Any]:
+        return {"type": _BLOCK_TAGS[type(block)], **conv.unstructure(block, type(block))}
+
+    def structure_block(raw: Any, _: Any) -> Block:
+        if not isinstance(raw, dict) or raw.get("type") not in _BLOCK_BY_TAG:
+            raise InvalidMessageError(f"unknown content block {raw!r}")
+        fields = {k: v for k, v in raw.items() if k != "type"}
+        return conv.structure(fields, _BLOCK_BY_TAG[raw["type"]])
+
+    def unstructure_source(source: Source) -> dict[str, Any]:
+        if isinstance(source, ProducerSource):
+            return {"kind": source.kind, **source.fields}
+        return conv.unstructure(source, type(source))
+
+    def structure_source(raw: Any, _: Any) -> Source:
+        if not isinstance(raw, dict) or not isinstance(raw.get("kind"), str):
+            raise InvalidMessageError(f"a message source needs a string kind, got {raw!r}")
+        cls = _BUILTIN_SOURCES.get(raw["kind"])
+        if cls is not None:
+            return conv.structure(raw, cls)
+        return ProducerSource(raw["kind"], {k: v for k, v in raw.items() if k != "kind"})
+
+    conv.register_unstructure_hook(Block, unstructure_block)
+    conv.register_structure_hook(Block, structure_block)
+    conv.register_unstructure_hook(Source, unstructure_source)
+    conv.register_unstructure_hook(ProducerSource, unstructure_source)
+    conv.register_structure_hook(Source, structure_source)
+
+    def unstructure_message(message: Message) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": message.id,
+            "role": message.role,
+            "content": [unstructure_block(b) for b in message.content],
+        }
+        if message.source is not None:
+            out["source"] = unstructure_source(message.source)
+        return out
+
+    def structure_message(raw: Any, _: Any) -> Message:
+        if not isinstance(raw, dict):
+            raise InvalidMessageError(f"a message must be an object, got {raw!r}")
+        try:
+            return Message(
+                id=raw["id"],
+                role=raw["role"],
+                content=tuple(structure_block(b, Block) for b in raw["content"]),
+                source=structure_source(raw["source"], Source) if raw.get("source") else None,
+            )
+        except (KeyError, TypeError) as exc:
+            raise InvalidMessageError(f"malformed message {raw!r}: {exc}") from exc
+
+    conv.register_unstructure_hook(Message, unstructure_message)
+    conv.register_structure_hook(Message, structure_message)
+    return conv
+
+
+converter = _make_converter()
+
+
+def message_to_wire(message: Message) -> dict[str, Any]:
+    return converter.unstructure(message, Message)
+
+
+def message_from_wire(raw: Any) -> Message:
+    return converter.structure(raw, Message)
+
+
+def source_to_wire(source: Source) -> dict[str, Any]:
+    return converter.unstructure(source, Source)
+
+
+def source_from_wire(raw: Any) -> Source:
+    return converter.structure(raw, Source)
+
+
+def header_to_wire(header: SessionHeader) -> dict[str, Any]:
+    return converter.unstructure(header, SessionHeader)
+
+
+def header_from_wire(raw: Any) -> SessionHeader:
+    return converter.structure(raw, SessionHeader)
+
+
+def event_to_wire(event: Event) -> dict[str, Any]:
+    return {"type": event.type, "seq": event.seq, "time": event.time, "data": event.data}
+
+
+def event_from_wire(raw: Any) -> Event:
+    return Event(type=raw["type"], seq=raw["seq"], time=raw["time"], data=raw["data"])

@@ -1,0 +1,289 @@
+"""The synchronous session store: session headers and their event logs in SQLite.
+
+Trio actors call every method through ``trio.to_thread.run_sync``, so calls arrive from
+arbitrary worker threads and may overlap (one task committing while another loads).
+One connection is shared (``check_same_thread=False``) and every operation holds a
+``threading.Lock``: SQLite serialises writers anyway, and a single lock also keeps two
+threads from interleaving statements inside one transaction.
+
+The interface is deliberately small (open/close, exists, load, commit, list_headers,
+last_seq) so that another backend (Redis) can take the same shape.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import attrs
+import structlog
+
+from ._errors import LoopdockError
+from ._events import Event, SessionHeader
+from ._serde import event_from_wire, event_to_wire, header_from_wire, header_to_wire
+
+log = structlog.get_logger(__name__)
+
+#: Bumped whenever the tables change shape; a store never opens a newer one.
+SCHEMA_VERSION = 1
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS meta("
+    "key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS sessions(id TEXT PRIMARY KEY, header TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS events("
+    "session_id TEXT NOT NULL, seq INTEGER NOT NULL, type TEXT NOT NULL, "
+    "time INTEGER NOT NULL, data TEXT NOT NULL, "
+    "PRIMARY KEY(session_id, seq)) WITHOUT ROWID",
+)
+
+
+class StoreError(LoopdockError):
+    """Raised when the session store refuses an operation or its database fails.
+
+    Cases: the database has a newer (or unknown) schema version, a batch would
+    re-create an existing session or repeat an event seq, a batch holds events for a
+    session that does not exist, event data is not JSON, the store is closed, or
+    SQLite itself fails (chained as ``__cause__``). A refused batch wrote nothing.
+    """
+
+    code = "STORE_ERROR"
+
+
+@attrs.frozen
+class Write:
+    """One session's part of a commit batch; ``header`` only when the session is new."""
+
+    session_id: str
+    header: SessionHeader | None
+    events: tuple[Event, ...] = attrs.field(converter=tuple)
+
+
+def _encode(value: Any) -> str:
+    # allow_nan=False: NaN/Infinity are not JSON and other readers (DSH) reject them.
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate (e.g. from surrogateescape-decoded tool output) cannot be
+        # stored as UTF-8 text; escaping it keeps the value exact instead of failing.
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return text
+
+
+@attrs.frozen
+class _Prepared:
+    session_id: str
+    header: str | None
+    events: tuple[tuple[str, int, str, int, str], ...]
+
+
+def _prepare(write: Write) -> _Prepared:
+    # Validate and encode before touching the database, so a bad value never opens
+    # (let alone half-fills) a transaction.
+    if write.header is not None and write.header.id != write.session_id:
+        raise StoreError(
+            f"write for session {write.session_id!r} carries the header of "
+            f"session {write.header.id!r}"
+        )
+    try:
+        header = None if write.header is None else _encode(header_to_wire(write.header))
+        events = tuple(
+            (write.session_id, wire["seq"], wire["type"], wire["time"], _encode(wire["data"]))
+            for wire in map(event_to_wire, write.events)
+        )
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"session {write.session_id!r}: value is not JSON: {exc}") from exc
+    return _Prepared(write.session_id, header, events)
+
+
+class SessionStore:
+    """Session headers and event logs in one SQLite database (see the module doc)."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+        self._path = path
+        self._conn: sqlite3.Connection | None = conn
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, path: Path) -> SessionStore:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            # isolation_level=None: no implicit transactions; we BEGIN/COMMIT ourselves
+            # so a batch is exactly one transaction. timeout: wait for another
+            # process's write lock instead of failing at once.
+            conn = sqlite3.connect(
+                path, check_same_thread=False, isolation_level=None, timeout=5.0
+            )
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open session store {str(path)!r}: {exc}") from exc
+        try:
+            # The version check runs before anything else changes the file, so a
+            # database from a newer loopdock is refused untouched.
+            _ensure_schema(conn, path)
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StoreError(f"session store {str(path)!r} cannot use WAL (got {mode!r})")
+            # WAL + synchronous=NORMAL: a returned commit survives an application
+            # crash (it is in the WAL file); only an OS crash or power loss may drop the
+            # most recent commits, and never corrupts the database.
+            conn.execute("PRAGMA synchronous=NORMAL")
+        except sqlite3.Error as exc:
+            conn.close()
+            raise StoreError(f"cannot open session store {str(path)!r}: {exc}") from exc
+        except BaseException:
+            conn.close()
+            raise
+        log.debug("store.opened", path=str(path), schema_version=SCHEMA_VERSION)
+        return cls(path, conn)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> SessionStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def exists(self, session_id: str) -> bool:
+        with self._use("check a session") as conn:
+            row = conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        return row is not None
+
+    def load(self, session_id: str) -> tuple[SessionHeader, list[Event]] | None:
+        """The session's header and all its events in seq order, or None if unknown."""
+        with self._use("load a session") as conn, _transaction(conn, "BEGIN"):
+            # One read transaction: the header and events come from the same snapshot
+            # even if another process commits in between.
+            row = conn.execute(
+                "SELECT header FROM sessions WHERE id = ?", (session_id,)
+            ).fetchone()
+            if row is None:
+                return None
+            rows = conn.execute(
+                "SELECT seq, type, time, data FROM events WHERE session_id = ? ORDER BY seq",
+                (session_id,),
+            ).fetchall()
+        header = header_from_wire(json.loads(row[0]))
+        events = [
+            event_from_wire({"seq": seq, "type": type_, "time": time, "data": json.loads(data)})
+            for seq, type_, time, data in rows
+        ]
+        return header, events
+
+    def commit(self, batch: Sequence[Write]) -> None:
+        """Write the whole batch in one transaction, or nothing of it (StoreError)."""
+        prepared = [_prepare(write) for write in batch]
+        with self._use("commit") as conn, _transaction(conn, "BEGIN IMMEDIATE"):
+            for write in prepared:
+                _apply(conn, write)
+
+    def list_headers(self) -> list[SessionHeader]:
+        """Every session's header, oldest first (ties broken by id)."""
+        with self._use("list sessions") as conn:
+            rows = conn.execute("SELECT header FROM sessions").fetchall()
+        headers = [header_from_wire(json.loads(header)) for (header,) in rows]
+        return sorted(headers, key=lambda h: (h.created_at, h.id))
+
+    def last_seq(self, session_id: str) -> int | None:
+        """The highest committed seq of the session; None if it has no events (or is unknown)."""
+        with self._use("read the last seq") as conn:
+            (seq,) = conn.execute(
+                "SELECT MAX(seq) FROM events WHERE session_id = ?", (session_id,)
+            ).fetchone()
+        return seq
+
+    @contextmanager
+    def _use(self, what: str) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            if self._conn is None:
+                raise StoreError(f"cannot {what}: session store {str(self._path)!r} is closed")
+            try:
+                yield self._conn
+            except sqlite3.Error as exc:
+                raise StoreError(f"{what} failed on {str(self._path)!r}: {exc}") from exc
+
+
+@contextmanager
+def _transaction(conn: sqlite3.Connection, begin: str) -> Iterator[None]:
+    conn.execute(begin)
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        # Also reached when COMMIT itself fails; only roll back what is still open.
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _apply(conn: sqlite3.Connection, write: _Prepared) -> None:
+    if write.header is not None:
+        try:
+            conn.execute(
+                "INSERT INTO sessions(id, header) VALUES (?, ?)", (write.session_id, write.header)
+            )
+        except sqlite3.IntegrityError as exc:
+            raise StoreError(f"session {write.session_id!r} already exists") from exc
+    elif write.events and not conn.execute(
+        "SELECT 1 FROM sessions WHERE id = ?", (write.session_id,)
+    ).fetchone():
+        # Sees sessions inserted earlier in this same batch: same transaction.
+        raise StoreError(
+            f"events for session {write.session_id!r}, which does not exist "
+            "(a new session's first write must carry its header)"
+        )
+    for row in write.events:
+        try:
+            conn.execute(
+                "INSERT INTO events(session_id, seq, type, time, data) VALUES (?, ?, ?, ?, ?)",
+                row,
+            )
+        except sqlite3.IntegrityError as exc:
+            raise StoreError(
+                f"session {write.session_id!r} already has an event with seq {row[1]}"
+            ) from exc
+
+
+def _ensure_schema(conn: sqlite3.Connection, path: Path) -> None:
+    # IMMEDIATE: two processes opening a fresh file at once cannot both create it.
+    with _transaction(conn, "BEGIN IMMEDIATE"):
+        has_meta = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
+        ).fetchone()
+        if has_meta:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            version = None if row is None else row[0]
+            if isinstance(version, int) and version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"session store {str(path)!r} has schema version {version}, newer than "
+                    f"the {SCHEMA_VERSION} this loopdock reads; upgrade loopdock to open it"
+                )
+            if version != SCHEMA_VERSION:
+                # No older schema ever shipped, so anything else is not our database.
+                raise StoreError(
+                    f"session store {str(path)!r} has unknown schema version {version!r} "
+                    f"(expected {SCHEMA_VERSION})"
+                )
+            return
+        for statement in _SCHEMA:
+            conn.execute(statement)
+        conn.execute(
+            "INSERT INTO meta(key, value) VALUES ('schema_version', ?)", (SCHEMA_VERSION,)
+        )

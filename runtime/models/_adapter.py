@@ -1,0 +1,92 @@
+"""The one interface every model adapter implements, and the values crossing it.
+
+An adapter turns a ``ModelRequest`` into an async stream of chunks. It never touches
+the session log: retries are reported through ``ModelRequest.on_retry`` so the agent
+can log ``llm/retry``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, Literal, Protocol, Union
+
+import attrs
+
+from .._messages import Message
+
+
+@attrs.frozen
+class ToolSpec:
+    """What the model is told about one tool."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]  # JSON schema of the arguments object
+
+
+@attrs.frozen
+class RetryNotice:
+    """One retried model call: logged by the agent as ``llm/retry``."""
+
+    attempt: int  # the attempt that failed, from 1
+    delay: float  # seconds until the next attempt
+    error: str  # a short, safe description (no secrets, no bodies)
+
+
+@attrs.frozen
+class ModelRequest:
+    provider: str
+    model: str
+    system: str
+    messages: tuple[Message, ...]
+    tools: tuple[ToolSpec, ...] = ()
+    max_tokens: int = 4096
+    reasoning_effort: str | None = None
+    on_retry: Callable[[RetryNotice], Awaitable[None]] | None = attrs.field(
+        default=None, eq=False, repr=False
+    )
+
+
+# -- chunks ---------------------------------------------------------------------------
+
+
+@attrs.frozen
+class TextDelta:
+    text: str
+
+
+@attrs.frozen
+class ReasoningDelta:
+    text: str
+
+
+@attrs.frozen
+class ToolCallChunk:
+    """One complete tool call (adapters assemble streamed fragments before yielding)."""
+
+    call_id: str
+    name: str
+    arguments: str  # raw JSON text
+
+
+@attrs.frozen
+class Usage:
+    input_tokens: int
+    output_tokens: int
+
+
+FinishReason = Literal["stop", "tool-calls", "max-tokens"]
+
+
+@attrs.frozen
+class Finish:
+    reason: FinishReason
+
+
+Chunk = Union[TextDelta, ReasoningDelta, ToolCallChunk, Usage, Finish]
+
+
+class ModelAdapter(Protocol):
+    """A model provider. ``stream`` must be cancellable at every await."""
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]: ...

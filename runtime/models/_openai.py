@@ -1,0 +1,430 @@
+"""``OpenAICompatibleAdapter``: streaming chat completions over httpx (DeepSeek, ...).
+
+httpx runs under trio through anyio. One ``httpx.AsyncClient`` is opened per model
+call and closed when the stream ends or is cancelled, so the adapter owns no resource
+between calls and needs no lifecycle of its own; a model call takes seconds, so the
+extra connection setup does not matter.
+
+Retries are bounded and only happen while the caller has seen nothing yet: once a chunk
+was yielded, repeating the call could duplicate text or tool calls, so a later failure
+is a ``ModelError``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import aclosing
+from typing import Any
+
+import attrs
+import httpx
+import structlog
+import trio
+
+from .._errors import ModelError
+from .._messages import (
+    ImageBlock,
+    Message,
+    ReasoningBlock,
+    TextBlock,
+    ToolCallBlock,
+    ToolResultBlock,
+)
+from ._adapter import (
+    Chunk,
+    Finish,
+    FinishReason,
+    ModelRequest,
+    ReasoningDelta,
+    RetryNotice,
+    TextDelta,
+    ToolCallChunk,
+    ToolSpec,
+    Usage,
+)
+
+log = structlog.get_logger(__name__)
+
+DEEPSEEK_BASE_URL = "https://api.deepseek.com"
+DEEPSEEK_MODELS: tuple[str, ...] = ("deepseek-v4-flash", "deepseek-v4-pro")
+
+# Streams can pause for a long time while a model thinks; connecting should not.
+DEFAULT_TIMEOUT = httpx.Timeout(120.0, connect=15.0)
+
+_FINISH_REASONS: Mapping[str, FinishReason] = {
+    "stop": "stop",
+    "tool_calls": "tool-calls",
+    "function_call": "tool-calls",  # the pre-tools name some servers still send
+    "length": "max-tokens",
+}
+_MAX_ERROR_CHARS = 200
+_MAX_ERROR_BODY_BYTES = 8192
+
+
+class _RetryableStatus(Exception):
+    """An HTTP 429 / 5xx answer: worth another attempt. Internal to this module."""
+
+    def __init__(self, summary: str) -> None:
+        super().__init__(summary)
+        self.summary = summary
+
+
+def _is_retryable_status(status: int) -> bool:
+    return status == 429 or status >= 500
+
+
+# -- request body ---------------------------------------------------------------------
+
+
+def _user_content(blocks: Sequence[Any]) -> str | list[dict[str, Any]]:
+    texts = [b.text for b in blocks if isinstance(b, TextBlock)]
+    images = [b for b in blocks if isinstance(b, ImageBlock)]
+    if not images:
+        return "".join(texts)
+    # Content parts only when needed: text-only servers accept the plain string form.
+    parts: list[dict[str, Any]] = [{"type": "text", "text": t} for t in texts]
+    for image in images:
+        url = f"data:{image.media_type};base64,{image.data}"
+        parts.append({"type": "image_url", "image_url": {"url": url}})
+    return parts
+
+
+def _convert_message(message: Message, *, echo_reasoning: bool) -> list[dict[str, Any]]:
+    """One loopdock message as one or more chat-completions messages."""
+    out: list[dict[str, Any]] = []
+    # Tool results become one ``tool`` message each, whatever role carried them.
+    results = [b for b in message.content if isinstance(b, ToolResultBlock)]
+    others = [b for b in message.content if not isinstance(b, ToolResultBlock)]
+    for result in results:
+        out.append({"role": "tool", "tool_call_id": result.call_id, "content": result.content})
+    if not others:
+        return out
+
+    if message.role == "assistant":
+        entry: dict[str, Any] = {"role": "assistant", "content": message.text or None}
+        calls = [b for b in others if isinstance(b, ToolCallBlock)]
+        if calls:
+            entry["tool_calls"] = [
+                {
+                    "id": c.call_id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in calls
+            ]
+        reasoning = "".join(b.text for b in others if isinstance(b, ReasoningBlock))
+        if reasoning and echo_reasoning:
+            # DeepSeek's thinking models answer 400 when an assistant turn that made
+            # tool calls comes back without its reasoning; other turns' is ignored.
+            entry["reasoning_content"] = reasoning
+        if entry["content"] is None and "tool_calls" not in entry:
+            entry["content"] = ""
+        out.append(entry)
+    elif message.role == "system":
+        out.append({"role": "system", "content": message.text})
+    else:
+        # ``user`` (and a ``tool`` message carrying text, which chat completions has
+        # no other place for).
+        out.append({"role": "user", "content": _user_content(others)})
+    return out
+
+
+def _tool_spec(spec: ToolSpec) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": spec.name,
+            "description": spec.description,
+            "parameters": dict(spec.parameters),
+        },
+    }
+
+
+def build_body(request: ModelRequest, *, echo_reasoning: bool = True) -> dict[str, Any]:
+    """The JSON body of a streaming chat-completions call for ``request``."""
+    messages: list[dict[str, Any]] = []
+    if request.system:
+        messages.append({"role": "system", "content": request.system})
+    for message in request.messages:
+        messages.extend(_convert_message(message, echo_reasoning=echo_reasoning))
+    body: dict[str, Any] = {
+        "model": request.model,
+        "messages": messages,
+        "max_tokens": request.max_tokens,
+        "stream": True,
+        # Without this, OpenAI-style servers send no usage at all when streaming.
+        "stream_options": {"include_usage": True},
+    }
+    if request.tools:
+        body["tools"] = [_tool_spec(t) for t in request.tools]
+    if request.reasoning_effort is not None:
+        body["reasoning_effort"] = request.reasoning_effort
+    return body
+
+
+# -- response stream ------------------------------------------------------------------
+
+
+@attrs.define
+class _PartialCall:
+    call_id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+@attrs.define
+class _StreamParser:
+    """Turns SSE lines into chunks; tool-call fragments are held until the end.
+
+    A plain (synchronous) object rather than an async generator, so the adapter's own
+    generator is the only one to close on cancellation.
+    """
+
+    redact: Callable[[str], str] = lambda text: text
+    calls: dict[int, _PartialCall] = attrs.field(factory=dict)
+    usage: Usage | None = None
+    finish: FinishReason | None = None
+    done: bool = False
+
+    def feed(self, line: str) -> list[Chunk]:
+        # Each ``data:`` line of an OpenAI-style stream holds one whole JSON event;
+        # comments (``:``), ``event:``/``id:`` fields and blank separators carry nothing.
+        if not line.startswith("data:"):
+            return []
+        data = line[len("data:") :].strip()
+        if data == "[DONE]":
+            self.done = True
+            return []
+        try:
+            event = json.loads(data)
+        except ValueError:
+            raise ModelError("model stream sent an event that is not JSON") from None
+        if not isinstance(event, dict):
+            return []
+        if "error" in event:
+            message = self.redact(_error_text(event)) or "no message"
+            raise ModelError(f"model stream reported an error: {message}")
+        chunks: list[Chunk] = []
+        usage = event.get("usage")
+        if isinstance(usage, dict):
+            # Some servers repeat a running total on every event: keep the last one.
+            self.usage = Usage(
+                int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+            )
+        for choice in event.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            if isinstance(reasoning, str) and reasoning:
+                chunks.append(ReasoningDelta(reasoning))
+            content = delta.get("content")
+            if isinstance(content, str) and content:
+                chunks.append(TextDelta(content))
+            for fragment in delta.get("tool_calls") or ():
+                self._add_fragment(fragment)
+            reason = choice.get("finish_reason")
+            if reason:
+                self.finish = self._map_finish(reason)
+        return chunks
+
+    def _add_fragment(self, fragment: Mapping[str, Any]) -> None:
+        index = int(fragment.get("index", 0))
+        call = self.calls.setdefault(index, _PartialCall())
+        if fragment.get("id"):
+            call.call_id = fragment["id"]
+        function = fragment.get("function") or {}
+        # Every field is a delta: names arrive whole from most servers, in pieces from
+        # a few, and concatenation is right for both.
+        call.name += function.get("name") or ""
+        call.arguments += function.get("arguments") or ""
+
+    @staticmethod
+    def _map_finish(reason: str) -> FinishReason:
+        mapped = _FINISH_REASONS.get(reason)
+        if mapped is None:
+            # content_filter, insufficient_system_resource, ...: the answer was cut off
+            # for a reason the agent cannot act on as a normal end of turn.
+            raise ModelError(f"model stopped with finish reason {_trim(reason)!r}")
+        return mapped
+
+    def end(self) -> list[Chunk]:
+        """The chunks due once the stream is over: assembled tool calls, usage, finish."""
+        if self.finish is None:
+            raise ModelError("model stream ended without a finish reason")
+        chunks: list[Chunk] = []
+        for index in sorted(self.calls):
+            call = self.calls[index]
+            if not call.name:
+                raise ModelError(f"model stream sent tool call #{index} without a name")
+            chunks.append(
+                ToolCallChunk(
+                    call_id=call.call_id or f"call-{index}",
+                    name=call.name,
+                    # A call with no parameters may stream no argument text at all.
+                    arguments=call.arguments or "{}",
+                )
+            )
+        if self.usage is not None:
+            chunks.append(self.usage)
+        chunks.append(Finish(self.finish))
+        return chunks
+
+
+# -- errors ---------------------------------------------------------------------------
+
+
+def _trim(text: str) -> str:
+    text = " ".join(text.split())
+    if len(text) > _MAX_ERROR_CHARS:
+        text = text[: _MAX_ERROR_CHARS - 3] + "..."
+    return text
+
+
+def _error_text(payload: Any) -> str:
+    """The human message of an OpenAI-style error payload, trimmed; '' if none."""
+    if not isinstance(payload, dict):
+        return ""
+    error = payload.get("error", payload)
+    if isinstance(error, dict):
+        error = error.get("message")
+    return _trim(error) if isinstance(error, str) else ""
+
+
+async def _status_summary(response: httpx.Response) -> str:
+    """``HTTP 401: <message>``, reading at most a few KB of the error body."""
+    body = b""
+    async for piece in response.aiter_bytes():
+        body += piece
+        if len(body) >= _MAX_ERROR_BODY_BYTES:
+            break
+    try:
+        message = _error_text(json.loads(body))
+    except ValueError:
+        message = ""  # not JSON: an HTML error page is noise, not an explanation
+    summary = f"HTTP {response.status_code}"
+    return f"{summary}: {message}" if message else summary
+
+
+# -- the adapter ----------------------------------------------------------------------
+
+
+class OpenAICompatibleAdapter:
+    """A model provider speaking the OpenAI chat-completions streaming protocol.
+
+    ``client_factory()`` must return a fresh ``httpx.AsyncClient``; the adapter enters
+    and closes it around each call. ``backoff`` lists the delays before the 1st, 2nd,
+    ... retry (the last one repeats), so ``max_attempts=3`` waits 0.5 s then 2 s.
+    ``echo_reasoning`` sends an assistant turn's reasoning back as
+    ``reasoning_content`` (DeepSeek requires it after tool calls).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        client_factory: Callable[[], httpx.AsyncClient] | None = None,
+        max_attempts: int = 3,
+        backoff: Sequence[float] = (0.5, 2.0),
+        timeout: httpx.Timeout | float | None = DEFAULT_TIMEOUT,
+        models: Sequence[str] = (),
+        echo_reasoning: bool = True,
+    ) -> None:
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
+        if not backoff or any(d < 0 for d in backoff):
+            raise ValueError(f"backoff must be a non-empty list of delays >= 0, got {backoff!r}")
+        self.base_url = base_url.rstrip("/")
+        self._api_key = api_key
+        self._timeout = timeout
+        self._client_factory = client_factory or self._default_client
+        self.max_attempts = max_attempts
+        self.backoff = tuple(float(d) for d in backoff)
+        self.models = tuple(models)
+        self.echo_reasoning = echo_reasoning
+
+    def __repr__(self) -> str:
+        # Never the key: adapters end up in logs and tracebacks.
+        return f"OpenAICompatibleAdapter(base_url={self.base_url!r})"
+
+    def _default_client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=self._timeout)
+
+    def _redact(self, text: str) -> str:
+        # An error body may echo the credential back; it must not reach a log.
+        return text.replace(self._api_key, "***") if self._api_key else text
+
+    def _delay(self, attempt: int) -> float:
+        return self.backoff[min(attempt - 1, len(self.backoff) - 1)]
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
+        url = f"{self.base_url}/chat/completions"
+        body = build_body(request, echo_reasoning=self.echo_reasoning)
+        headers = {
+            "Authorization": f"Bearer {self._api_key}",
+            "Accept": "text/event-stream",
+        }
+        async with self._client_factory() as client:
+            attempt = 0
+            while True:
+                attempt += 1
+                yielded = False
+                try:
+                    async with client.stream("POST", url, json=body, headers=headers) as response:
+                        if response.status_code != 200:
+                            summary = self._redact(await _status_summary(response))
+                            if _is_retryable_status(response.status_code):
+                                raise _RetryableStatus(summary)
+                            raise ModelError(f"model call to {self.base_url} failed: {summary}")
+                        parser = _StreamParser(redact=self._redact)
+                        async with aclosing(response.aiter_lines()) as lines:
+                            async for line in lines:
+                                for chunk in parser.feed(line):
+                                    yielded = True
+                                    yield chunk
+                                if parser.done:
+                                    break
+                        for chunk in parser.end():
+                            yielded = True
+                            yield chunk
+                    return
+                # Only failures of the connection or the server are retried; trio.Cancelled,
+                # GeneratorExit and ModelError are not caught here and propagate as is.
+                except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError,
+                        _RetryableStatus) as exc:  # fmt: skip
+                    short = (
+                        exc.summary if isinstance(exc, _RetryableStatus) else type(exc).__name__
+                    )
+                    if yielded:
+                        raise ModelError(
+                            f"model stream from {self.base_url} broke off: {short}"
+                        ) from exc
+                    if attempt >= self.max_attempts:
+                        raise ModelError(
+                            f"model call to {self.base_url} failed after {attempt} "
+                            f"attempt{'s' if attempt > 1 else ''}: {short}"
+                        ) from exc
+                except (httpx.HTTPError, httpx.InvalidURL) as exc:
+                    # Anything else from httpx (a bad URL or scheme, a proxy refusing, an
+                    # undecodable body) will not get better by retrying.
+                    raise ModelError(
+                        f"model call to {self.base_url} failed: {type(exc).__name__}"
+                    ) from exc
+                # Waiting happens outside the handler, so a cancellation arriving during
+                # the backoff is not chained to the failure that caused it.
+                delay = self._delay(attempt)
+                log.warning("model.retry", attempt=attempt, delay=delay, error=short)
+                if request.on_retry is not None:
+                    await request.on_retry(RetryNotice(attempt, delay, short))
+                await trio.sleep(delay)
+
+
+def deepseek_adapter(env: Mapping[str, str]) -> OpenAICompatibleAdapter | None:
+    """The DeepSeek adapter configured from ``env``, or None without ``DEEPSEEK_API_KEY``."""
+    key = (env.get("DEEPSEEK_API_KEY") or "").strip()
+    if not key:
+        return None
+    base_url = (env.get("DEEPSEEK_BASE_URL") or "").strip() or DEEPSEEK_BASE_URL
+    return OpenAICompatibleAdapter(base_url, key, models=DEEPSEEK_MODELS)

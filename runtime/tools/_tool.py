@@ -1,0 +1,38 @@
+"""A tool: a name, a JSON-schema description for the model, and an async body."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from ..models._adapter import ToolSpec
+
+
+@attrs.frozen
+class ToolContext:
+    """What a running tool may know about the agent that called it."""
+
+    session_id: str
+    cwd: Path
+    call_id: str
+
+
+@attrs.frozen
+class Tool:
+    """``run(arguments, ctx)`` returns the text the model sees.
+
+    Raise ``ToolError`` for a failure the model should read as the result; any other
+    exception is reported to the model as an internal error and logged.
+    """
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+    run: Callable[[Mapping[str, Any], ToolContext], Awaitable[str]] = attrs.field(eq=False)
+
+    @property
+    def spec(self) -> ToolSpec:
+        return ToolSpec(self.name, self.description, self.parameters)

@@ -1,0 +1,346 @@
+"""SessionStore: SQLite persistence of session headers and event logs."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import attrs
+import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runtime._errors import LoopdockError
+from runtime._events import Event, SessionHeader
+from runtime._store import SCHEMA_VERSION, SessionStore, StoreError, Write
+
+
+def header(session_id: str, created_at: int = 1_700_000_000_000, **kw: object) -> SessionHeader:
+    return SessionHeader(id=session_id, created_at=created_at, cwd="/w", **kw)  # type: ignore[arg-type]
+
+
+def event(seq: int, data: dict | None = None, type_: str = "user/message") -> Event:
+    return Event(type=type_, seq=seq, time=1_700_000_000_000 + seq, data=data or {"n": seq})
+
+
+@pytest.fixture
+def store(tmp_path):
+    with SessionStore.open(tmp_path / "db" / "sessions.sqlite") as s:
+        yield s
+
+
+def test_round_trip_header_and_events_with_unicode_and_nesting(store):
+    h = header("s1", parent_session="p0", agent_preset="coder")
+    data = {
+        "text": "héllo wörld — 你好 🌍",
+        "nested": {"list": [1, 2.5, None, True, {"deep": ["ß", {"x": []}]}], "empty": {}},
+        "lone surrogate": "\udc80",  # stored escaped, read back exactly
+    }
+    events = (event(0, data), event(1, {"k": "v"}, "assistant/message"))
+    store.commit([Write("s1", h, events)])
+
+    loaded = store.load("s1")
+    assert loaded == (h, list(events))
+    assert store.exists("s1")
+    assert store.last_seq("s1") == 1
+
+
+def test_data_is_stored_as_compact_unescaped_json(tmp_path):
+    path = tmp_path / "s.sqlite"
+    with SessionStore.open(path) as s:
+        s.commit([Write("s1", header("s1"), (event(0, {"a": [1, 2], "t": "é"}),))])
+    raw = sqlite3.connect(path)
+    (data,) = raw.execute("SELECT data FROM events").fetchone()
+    raw.close()
+    assert data == '{"a":[1,2],"t":"é"}'
+
+
+def test_events_load_in_seq_order_whatever_the_commit_order(store):
+    store.commit([Write("s1", header("s1"), (event(2), event(0)))])
+    store.commit([Write("s1", None, (event(1), event(3)))])
+    _, events = store.load("s1")
+    assert [e.seq for e in events] == [0, 1, 2, 3]
+
+
+def test_unknown_session(store):
+    assert store.load("nope") is None
+    assert not store.exists("nope")
+    assert store.last_seq("nope") is None
+
+
+def test_last_seq_is_none_for_a_session_without_events(store):
+    store.commit([Write("s1", header("s1"), ())])
+    assert store.exists("s1")
+    assert store.last_seq("s1") is None
+    assert store.load("s1") == (header("s1"), [])
+
+
+def test_duplicate_seq_in_the_middle_of_a_batch_writes_nothing(store):
+    store.commit([Write("old", header("old"), (event(0),))])
+    batch = [
+        Write("a", header("a"), (event(0), event(1))),
+        Write("a", None, (event(1, {"dup": True}),)),  # repeats (a, 1)
+        Write("b", header("b"), (event(0),)),
+    ]
+    with pytest.raises(StoreError, match=r"'a' already has an event with seq 1") as info:
+        store.commit(batch)
+    assert info.value.code == "STORE_ERROR"
+    assert isinstance(info.value, LoopdockError)
+
+    assert not store.exists("a") and not store.exists("b")
+    assert store.load("a") is None
+    assert store.load("old") == (header("old"), [event(0)])
+    # The failed transaction was rolled back, so the store still takes writes.
+    store.commit([Write("a", header("a"), (event(0),))])
+    assert store.load("a") == (header("a"), [event(0)])
+
+
+def test_duplicate_seq_against_committed_events_is_refused(store):
+    store.commit([Write("s1", header("s1"), (event(0),))])
+    with pytest.raises(StoreError, match="seq 0"):
+        store.commit([Write("s1", None, (event(1), event(0, {"other": 1})))])
+    assert store.load("s1") == (header("s1"), [event(0)])
+
+
+def test_duplicate_header_is_refused_and_nothing_of_the_batch_written(store):
+    store.commit([Write("a", header("a", created_at=1), (event(0),))])
+    batch = [
+        Write("b", header("b"), (event(0),)),
+        Write("a", header("a", created_at=5), ()),
+    ]
+    with pytest.raises(StoreError, match="'a' already exists"):
+        store.commit(batch)
+    assert not store.exists("b")
+    assert store.load("a") == (header("a", created_at=1), [event(0)])
+
+
+def test_same_header_twice_in_one_batch_is_refused(store):
+    with pytest.raises(StoreError, match="already exists"):
+        store.commit([Write("a", header("a"), ()), Write("a", header("a"), ())])
+    assert not store.exists("a")
+
+
+def test_events_for_a_session_without_header_are_refused(store):
+    with pytest.raises(StoreError, match="does not exist"):
+        store.commit([Write("ghost", None, (event(0),))])
+    assert store.last_seq("ghost") is None
+
+
+def test_header_and_events_of_a_new_session_may_come_in_separate_writes(store):
+    store.commit([Write("a", header("a"), ()), Write("a", None, (event(0),))])
+    assert store.load("a") == (header("a"), [event(0)])
+
+
+def test_header_id_must_match_the_write(store):
+    with pytest.raises(StoreError, match="carries the header of session 'b'"):
+        store.commit([Write("a", header("b"), ())])
+    assert not store.exists("a") and not store.exists("b")
+
+
+def test_non_json_data_is_refused_before_anything_is_written(store):
+    batch = [
+        Write("a", header("a"), (event(0),)),
+        Write("b", header("b"), (event(0, {"x": float("nan")}),)),
+    ]
+    with pytest.raises(StoreError, match="not JSON"):
+        store.commit(batch)
+    with pytest.raises(StoreError, match="not JSON"):
+        store.commit([Write("c", header("c"), (event(0, {"x": object()}),))])
+    assert store.list_headers() == []
+
+
+def test_list_headers_sorted_by_created_at_then_id(store):
+    store.commit(
+        [
+            Write("c", header("c", 10), ()),
+            Write("b", header("b", 20), ()),
+            Write("a", header("a", 20), ()),
+            Write("d", header("d", 5), ()),
+        ]
+    )
+    assert [h.id for h in store.list_headers()] == ["d", "c", "a", "b"]
+
+
+def test_reopen_after_close_keeps_everything(tmp_path):
+    path = tmp_path / "nested" / "dir" / "sessions.sqlite"
+    h = header("s1", agent_preset="x")
+    with SessionStore.open(path) as first:
+        first.commit([Write("s1", h, (event(0), event(1)))])
+        first.commit([Write("s1", None, (event(2),)), Write("s2", header("s2", 1), ())])
+
+    with SessionStore.open(path) as second:
+        assert second.load("s1") == (h, [event(0), event(1), event(2)])
+        assert second.last_seq("s1") == 2
+        assert [x.id for x in second.list_headers()] == ["s2", "s1"]
+
+
+def test_wal_mode_is_on_and_synchronous_is_normal(tmp_path):
+    path = tmp_path / "s.sqlite"
+    with SessionStore.open(path) as s:
+        # journal_mode=WAL is persistent in the file, so a separate connection sees it.
+        other = sqlite3.connect(path)
+        assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        other.close()
+        # synchronous is per connection: 1 == NORMAL.
+        assert s._conn.execute("PRAGMA synchronous").fetchone()[0] == 1
+
+
+def test_schema_version_is_recorded(tmp_path):
+    path = tmp_path / "s.sqlite"
+    SessionStore.open(path).close()
+    raw = sqlite3.connect(path)
+    row = raw.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    raw.close()
+    assert row == (SCHEMA_VERSION,)
+
+
+def test_newer_schema_version_is_refused(tmp_path):
+    path = tmp_path / "s.sqlite"
+    with SessionStore.open(path) as s:
+        s.commit([Write("a", header("a"), ())])
+    raw = sqlite3.connect(path, isolation_level=None)
+    raw.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (SCHEMA_VERSION + 1,))
+    raw.close()
+
+    with pytest.raises(StoreError, match=f"schema version {SCHEMA_VERSION + 1}, newer") as info:
+        SessionStore.open(path)
+    assert info.value.code == "STORE_ERROR"
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        "UPDATE meta SET value = 0 WHERE key = 'schema_version'",
+        "DELETE FROM meta WHERE key = 'schema_version'",
+    ],
+)
+def test_unknown_or_missing_schema_version_is_refused(tmp_path, tamper):
+    path = tmp_path / "s.sqlite"
+    SessionStore.open(path).close()
+    raw = sqlite3.connect(path, isolation_level=None)
+    raw.execute(tamper)
+    raw.close()
+    with pytest.raises(StoreError, match="unknown schema version"):
+        SessionStore.open(path)
+
+
+def test_a_file_that_is_not_a_database_is_refused(tmp_path):
+    path = tmp_path / "s.sqlite"
+    path.write_bytes(b"definitely not sqlite" * 100)
+    with pytest.raises(StoreError, match="cannot open"):
+        SessionStore.open(path)
+
+
+def test_closed_store_refuses_operations(tmp_path):
+    s = SessionStore.open(tmp_path / "s.sqlite")
+    s.close()
+    s.close()  # idempotent
+    with pytest.raises(StoreError, match="is closed"):
+        s.exists("a")
+    with pytest.raises(StoreError, match="is closed"):
+        s.commit([Write("a", header("a"), ())])
+
+
+def test_write_is_frozen_and_holds_a_tuple_of_events():
+    w = Write("a", None, [event(0)])  # type: ignore[arg-type]
+    assert w.events == (event(0),)
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        w.session_id = "b"  # type: ignore[misc]
+
+
+async def test_concurrent_commits_and_loads_from_worker_threads(store):
+    writers, batches, per_batch = 20, 5, 3
+    seen_partial: list[str] = []
+
+    async def writer(i: int) -> None:
+        sid = f"s{i}"
+        for b in range(batches):
+            events = tuple(event(b * per_batch + k) for k in range(per_batch))
+            write = Write(sid, header(sid, i) if b == 0 else None, events)
+            await trio.to_thread.run_sync(store.commit, [write])
+
+    async def reader(i: int) -> None:
+        for _ in range(batches):
+            loaded = await trio.to_thread.run_sync(store.load, f"s{i}")
+            await trio.to_thread.run_sync(store.list_headers)
+            if loaded is not None:
+                seqs = [e.seq for e in loaded[1]]
+                # Batches are atomic: a reader sees whole batches, contiguous from 0.
+                if len(seqs) % per_batch or seqs != list(range(len(seqs))):
+                    seen_partial.append(f"s{i}: {seqs}")
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            for i in range(writers):
+                nursery.start_soon(writer, i)
+                nursery.start_soon(reader, i)
+
+    assert seen_partial == []
+    assert [h.id for h in store.list_headers()] == [f"s{i}" for i in range(writers)]
+    for i in range(writers):
+        h, events = store.load(f"s{i}")
+        assert h == header(f"s{i}", i)
+        assert [e.seq for e in events] == list(range(batches * per_batch))
+
+
+# --- property: any sequence of valid batches, then load == what was committed ---
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda children: st.lists(children, max_size=3)
+    | st.dictionaries(st.text(max_size=4), children, max_size=3),
+    max_leaves=6,
+)
+event_data = st.dictionaries(st.text(max_size=6), json_values, max_size=3)
+session_ids = st.sampled_from(["a", "b", "c", "d"])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_property_committed_batches_load_back_in_seq_order(tmp_path_factory, data):
+    path = tmp_path_factory.mktemp("prop") / "s.sqlite"
+    # The model: what the store must hold. Seqs are handed out in a shuffled order so
+    # load's ordering is really exercised.
+    model: dict[str, tuple[SessionHeader, dict[int, Event]]] = {}
+    free_seqs: dict[str, list[int]] = {}
+
+    with SessionStore.open(path) as s:
+        for _ in range(data.draw(st.integers(1, 6), label="batches")):
+            batch: list[Write] = []
+            staged: dict[str, tuple[SessionHeader, dict[int, Event]]] = {}
+            for sid in data.draw(st.lists(session_ids, min_size=1, max_size=4), label="ids"):
+                is_new = sid not in model and sid not in staged
+                h = header(sid, data.draw(st.integers(0, 3))) if is_new else None
+                if sid not in free_seqs:
+                    free_seqs[sid] = data.draw(st.permutations(range(40)))
+                pool = free_seqs[sid]
+                n = data.draw(st.integers(0, min(3, len(pool))))
+                events = tuple(
+                    Event(
+                        type=data.draw(st.sampled_from(["user/message", "tool/result"])),
+                        seq=pool.pop(),
+                        time=data.draw(st.integers(0, 2**62)),
+                        data=data.draw(event_data),
+                    )
+                    for _ in range(n)
+                )
+                batch.append(Write(sid, h, events))
+                hdr, evs = staged.get(sid) or model.get(sid) or (h, {})
+                staged[sid] = (hdr, {**evs, **{e.seq: e for e in events}})
+
+            s.commit(batch)
+            model.update(staged)
+
+        for sid in ["a", "b", "c", "d"]:
+            if sid not in model:
+                assert s.load(sid) is None
+                continue
+            hdr, evs = model[sid]
+            assert s.load(sid) == (hdr, [evs[seq] for seq in sorted(evs)])
+            assert s.last_seq(sid) == (max(evs) if evs else None)
+        expected = sorted((hdr for hdr, _ in model.values()), key=lambda h: (h.created_at, h.id))
+        assert s.list_headers() == expected
