@@ -52,8 +52,9 @@ class SessionActor:
         self.header = header
         self._writer = writer
         self._events: list[Event] = list(events)
-        # Loaded events are already durable; a new session's header is not, yet.
-        self._persisted = persisted
+        # Loaded sessions are durable; a new session's header is not, yet.
+        self._header_sent = persisted  # handed to the writer
+        self._durable = persisted  # the header is committed
         self._committed = len(self._events)  # number of durable events
         self._pending: list[Event] = []
         self._scheduled = False
@@ -102,7 +103,7 @@ class SessionActor:
         if self._closed:
             raise SessionClosedError(f"session {self.id} is closed")
         self._published = True
-        self._schedule(force=not self._persisted)
+        self._schedule(force=not self._header_sent)
 
     def discard(self) -> None:
         """Roll back a session that was never published: nothing of it is written."""
@@ -118,7 +119,7 @@ class SessionActor:
         session (nothing of it is meant to be durable yet).
         """
         target = len(self._events)
-        while self._published and self._committed < target:
+        while self._published and (not self._durable or self._committed < target):
             if self._store_error is not None:
                 raise self._store_error
             await self._committed_changed.wait()
@@ -144,8 +145,8 @@ class SessionActor:
         self._scheduled = False
         events = tuple(self._pending)
         self._pending.clear()
-        header = None if self._persisted else self.header
-        self._persisted = True
+        header = None if self._header_sent else self.header
+        self._header_sent = True
         return Write(self.id, header, events)
 
     def _commit_done(self, write: Write, error: BaseException | None) -> None:
@@ -153,6 +154,7 @@ class SessionActor:
             self._store_error = error
             log.error("session commit failed", session_id=self.id, error=repr(error))
         else:
+            self._durable = True
             self._committed += len(write.events)
             for event in write.events:
                 self._fanout.publish(event)
