@@ -16,6 +16,9 @@ from ._fanout import Subscription as Subscription
 from ._inbox import Placement as Placement
 from ._inbox import Reservation as Reservation
 from ._publication import publish_agent as publish_agent
+from ._publication import compose_setups as compose_setups
+from ._publication import create_with_loop as create_with_loop
+from ._publication import resume_with_loop as resume_with_loop
 from ._publication import run_setups as run_setups
 from ._react import ReactDriver as ReactDriver
 from ._react import ReactLoop as ReactLoop

@@ -64,12 +64,13 @@ class AgentContext:
 
         return self.agent.add_scoped(dispose)
 
-    def on(self, hook: str, listener: Callable[..., Any]) -> Callable[[], None]:
-        """Add a waterfall listener (``agent/pre-step`` or ``agent/request``)."""
+    def on(self, hook: str, listener: Callable[..., Any], *, prepend: bool = False) -> Callable[[], None]:
+        """Add a waterfall listener (``agent/pre-step`` or ``agent/request``); ``prepend``
+        makes it the outermost one."""
         if hook == "agent/pre-step":
-            return self.agent.add_scoped(self.agent.pre_step.add(listener))
+            return self.agent.add_scoped(self.agent.pre_step.add(listener, prepend=prepend))
         if hook == "agent/request":
-            return self.agent.add_scoped(self.agent.request.add(listener))
+            return self.agent.add_scoped(self.agent.request.add(listener, prepend=prepend))
         raise UnknownHookError(f"unknown hook {hook!r}; hooks: {', '.join(HOOKS)}")
 
     def get(self, service: str) -> Any:

@@ -9,35 +9,67 @@ scoped registration, nothing persisted.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
-from runtime._driver import AgentHandle, Setup
+from runtime._driver import AgentHandle, CreateAgentOptions, ResumeAgentOptions, Setup
 from runtime._errors import LoopdockError, SetupError
 
-from ._agent import AgentActor
+from ._agent import AgentActor, TurnLoop
 from ._agent_context import AgentContext
 from ._supervisor import Supervisor, agent_dispose
 
 
-async def run_setups(ctx: AgentContext, setups: Sequence[Setup | None]) -> None:
-    """Run setups in order, collect their commits, then run the commits in order."""
-    commits = []
+async def collect_setups(ctx: AgentContext, setups: Sequence[Setup | None]) -> list[Callable[[], Any]]:
+    """Run setups in order; return their commits (as plain callables), in the same order.
+
+    A setup that raises stops the rest, and no commit runs.
+    """
+    commits: list[Callable[[], Any]] = []
     for setup in setups:
         if setup is None:
             continue
         result = setup(ctx)
         if inspect.isawaitable(result):
             result = await result
-        if result is not None:
+        if result is None:
+            continue
+        commit = getattr(result, "commit", None)
+        if callable(commit):
+            commits.append(commit)
+        elif callable(result):
             commits.append(result)
-    for commit in commits:
-        if callable(getattr(commit, "commit", None)):
-            commit.commit()
-        elif callable(commit):
-            commit()
         else:
-            raise SetupError(f"a setup returned {commit!r}: expected a commit or nothing")
+            raise SetupError(f"a setup returned {result!r}: expected a commit or nothing")
+    return commits
+
+
+def compose_setups(setups: Sequence[Setup | None]) -> Setup | None:
+    """One setup running ``setups`` in order, whose commit runs all their commits in order."""
+    active = [s for s in setups if s is not None]
+    if not active:
+        return None
+    if len(active) == 1:
+        return active[0]
+
+    async def composed(ctx: AgentContext) -> Callable[[], None] | None:
+        commits = await collect_setups(ctx, active)
+        if not commits:
+            return None
+
+        def commit_all() -> None:
+            for commit in commits:  # a commit that raises stops the later ones
+                commit()
+
+        return commit_all
+
+    return composed
+
+
+async def run_setups(ctx: AgentContext, setups: Sequence[Setup | None]) -> None:
+    """Run setups in order, then their commits in order."""
+    for commit in await collect_setups(ctx, setups):
+        commit()
 
 
 async def publish_agent(
@@ -71,3 +103,32 @@ async def publish_agent(
         raise
     agent.log.info("agent published", source=source)
     return AgentHandle(agent, agent_dispose(owner, agent))
+
+
+async def create_with_loop(owner: Supervisor, options: CreateAgentOptions, loop: TurnLoop) -> AgentHandle:
+    """A driver's whole ``create_agent`` when its only difference is the turn loop."""
+    owner.adapters.get(options.agent_options.provider)  # fail before anything is made
+    session = await owner.new_session(
+        options.session_id,
+        cwd=options.cwd or options.agent_options.cwd,
+        parent_session=options.parent_session,
+        agent_preset=options.agent_preset,
+    )
+    try:
+        agent = AgentActor(owner, session, options.agent_options, loop)
+    except BaseException:
+        session.discard()
+        raise
+    return await publish_agent(owner, agent, [options.setup], source="startup")
+
+
+async def resume_with_loop(owner: Supervisor, options: ResumeAgentOptions, loop: TurnLoop) -> AgentHandle:
+    """A driver's whole ``resume`` when its only difference is the turn loop."""
+    owner.adapters.get(options.agent_options.provider)
+    session = await owner.load_session(options.resume_session_id)
+    try:
+        agent = AgentActor(owner, session, options.agent_options, loop)
+    except BaseException:
+        session.discard()
+        raise
+    return await publish_agent(owner, agent, [options.setup], source="resume")

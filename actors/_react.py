@@ -33,7 +33,7 @@ from runtime.models import (
 from runtime.tools import ToolContext
 
 from ._agent import AgentActor, Turn
-from ._publication import publish_agent
+from ._publication import create_with_loop, resume_with_loop
 from ._supervisor import Supervisor
 
 log = structlog.get_logger(__name__)
@@ -154,29 +154,10 @@ async def _run_tool(agent: AgentActor, call: ToolCallBlock) -> tuple[str, bool]:
 
 
 class ReactDriver:
-    """The shipped driver. ``owner`` is the runtime's Supervisor."""
+    """The shipped driver (registered as ``default``). ``owner`` is the Supervisor."""
 
     async def create_agent(self, owner: Supervisor, options: CreateAgentOptions) -> AgentHandle:
-        owner.adapters.get(options.agent_options.provider)  # fail before anything is made
-        session = await owner.new_session(
-            options.session_id,
-            cwd=options.cwd or options.agent_options.cwd,
-            parent_session=options.parent_session,
-            agent_preset=options.agent_preset,
-        )
-        try:
-            agent = AgentActor(owner, session, options.agent_options, ReactLoop())
-        except BaseException:
-            session.discard()
-            raise
-        return await publish_agent(owner, agent, [options.setup], source="startup")
+        return await create_with_loop(owner, options, ReactLoop())
 
     async def resume(self, owner: Supervisor, options: ResumeAgentOptions) -> AgentHandle:
-        owner.adapters.get(options.agent_options.provider)
-        session = await owner.load_session(options.resume_session_id)
-        try:
-            agent = AgentActor(owner, session, options.agent_options, ReactLoop())
-        except BaseException:
-            session.discard()
-            raise
-        return await publish_agent(owner, agent, [options.setup], source="resume")
+        return await resume_with_loop(owner, options, ReactLoop())

@@ -55,8 +55,9 @@ class SessionActor:
         # Loaded sessions are durable; a new session's header is not, yet.
         self._header_sent = persisted  # handed to the writer
         self._durable = persisted  # the header is committed
-        self._committed = len(self._events)  # number of durable events
-        self._pending: list[Event] = []
+        # A forked session starts with copied events that are not durable yet.
+        self._committed = len(self._events) if persisted else 0  # number of durable events
+        self._pending: list[Event] = [] if persisted else list(self._events)
         self._scheduled = False
         self._published = False
         self._closed = False

@@ -133,10 +133,7 @@ class Supervisor:
             parent_session=parent_session,
             agent_preset=agent_preset,
         )
-        session = SessionActor(header, self.writer)
-        for event in events:
-            session.append(event.type, event.data)
-        return session
+        return SessionActor(header, self.writer, events=events)
 
     async def load_session(self, session_id: str) -> SessionActor:
         """A persisted session, ready to resume; an open turn is repaired as interrupted."""
@@ -225,7 +222,11 @@ def _open_turn(events: Sequence[Event]) -> int | None:
 
 
 def _prefix_end(events: Sequence[Event]) -> int:
-    """Length of the longest prefix that does not cut a turn in two."""
+    """Length of the longest prefix that does not cut a turn in two.
+
+    Inbox splices outside a turn belong to the turn that will claim the message, so
+    they never extend the prefix: a fork must not hold a queued message nobody claims.
+    """
     end = 0
     in_turn = False
     for index, event in enumerate(events):
@@ -233,6 +234,6 @@ def _prefix_end(events: Sequence[Event]) -> int:
             in_turn = True
         elif event.type == "turn/end":
             in_turn = False
-        if not in_turn:
+        if not in_turn and event.type != "agent/inbox/spliced":
             end = index + 1
     return end

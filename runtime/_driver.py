@@ -37,7 +37,9 @@ class CreateAgentOptions:
     cwd: str | None = None
     parent_session: str | None = None
     agent_preset: str | None = None
-    loop: str | None = None  # the loop dock's selected loop id
+    # The loop dock's selection: set by the dock before a driver sees the options.
+    loop: str | None = None
+    driver: str | None = None
 
 
 @attrs.frozen
@@ -48,6 +50,7 @@ class ResumeAgentOptions:
     agent_options: AgentOptions = attrs.field(factory=AgentOptions, converter=AgentOptions.from_value)
     setup: Setup | None = None
     loop: str | None = None
+    driver: str | None = None
 
 
 @attrs.frozen

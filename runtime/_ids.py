@@ -22,7 +22,7 @@ def check_session_id(value: object, *, what: str = "session id") -> str:
             f"{what} {value[:20]!r}... is {len(value)} characters long; "
             f"at most {MAX_SESSION_ID_LENGTH} are allowed"
         )
-    if not _SESSION_ID.match(value):
+    if not _SESSION_ID.fullmatch(value):
         raise InvalidSessionIdError(
             f"{what} {value!r} must start with a letter or digit and contain only "
             "letters, digits and . _ : @ + -"

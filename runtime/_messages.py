@@ -115,7 +115,7 @@ class ProducerSource:
     fields: Mapping[str, object] = attrs.field(factory=dict, converter=_freeze)
 
     def __attrs_post_init__(self) -> None:
-        if not isinstance(self.kind, str) or not _PRODUCER_KIND.match(self.kind):
+        if not isinstance(self.kind, str) or not _PRODUCER_KIND.fullmatch(self.kind):
             raise InvalidMessageError(
                 f"producer source kind {self.kind!r} must match {_PRODUCER_KIND.pattern}"
             )

@@ -22,10 +22,14 @@ class Waterfall(Generic[V, R]):
         self.name = name
         self._listeners: list[Listener[V, R]] = []
 
-    def add(self, listener: Listener[V, R]) -> Callable[[], None]:
-        """Append a listener; returns an idempotent disposer removing exactly this one."""
+    def add(self, listener: Listener[V, R], *, prepend: bool = False) -> Callable[[], None]:
+        """Add a listener (last, or first with ``prepend``: the outermost one sees the
+        final answer of all others); returns an idempotent disposer for exactly this one."""
         entry = _Entry(listener)
-        self._listeners.append(entry)  # type: ignore[arg-type]
+        if prepend:
+            self._listeners.insert(0, entry)  # type: ignore[arg-type]
+        else:
+            self._listeners.append(entry)  # type: ignore[arg-type]
 
         def dispose() -> None:
             if entry in self._listeners:
