@@ -29,3 +29,4 @@ from ._supervisor import LiveEvent as LiveEvent
 from ._supervisor import RuntimeClosedError as RuntimeClosedError
 from ._supervisor import Supervisor as Supervisor
 from ._supervisor import UnknownServiceError as UnknownServiceError
+from ._fake import FakeDriver as FakeDriver

@@ -15,7 +15,11 @@ from ._messages import TextBlock as TextBlock
 from ._messages import ToolSource as ToolSource
 from ._messages import UserSource as UserSource
 from ._messages import user_message as user_message
+from ._logging import configure_logging as configure_logging
 from ._options import AgentOptions as AgentOptions
+from .dock import DockError as DockError
+from .dock import DriverLoop as DriverLoop
+from .dock import StrategyLoop as StrategyLoop
 
 
 def __getattr__(name: str) -> object:

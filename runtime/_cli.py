@@ -3,46 +3,43 @@
 from __future__ import annotations
 
 import argparse
-import logging
+import os
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TextIO
 
-import structlog
 import trio
 
 from ._driver import AgentHandle
 from ._errors import LoopdockError
 from ._events import Event
+from ._logging import configure_logging
 from ._runtime import Runtime, resolve_home
+from .dock import read_binding
 
-DEMO_AGENTS = {
-    "planner": ["Plan a small website.", 'call: list_dir {"path": "."}\nWhat is here?'],
-    "coder": ['call: write_file {"path": "hello.txt", "content": "hi"}\nWrite hello.txt.', "Done?"],
-    "reviewer": ['call: read_file {"path": "hello.txt"}\nReview hello.txt.'],
-}
-
-
-def _configure_logging(verbose: bool) -> None:
-    level = logging.INFO if verbose else logging.WARNING
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-    )
+# The seed's v0.0 proof of concept: two agents, two models, two loops, one runtime.
+DEMO_AGENTS = (
+    ("flash", "deepseek-v4-flash", "standard"),
+    ("pro", "deepseek-v4-pro", "minimal-first"),
+)
+# On the offline ping model a `call:` line makes it call that tool; a real model reads
+# the same text as an instruction.
+DEMO_TASK = 'call: list_dir {"path": "."}\nList the files here, then say which one to read first.'
 
 
 def format_transcript(events: Sequence[Event]) -> list[str]:
-    """One line per message or tool call, as a person wants to read it."""
-    lines = []
+    """One entry per message or tool call, as a person wants to read it."""
+    lines: list[str] = []
     for event in events:
         data = event.data
         if event.type in ("user/message", "assistant/message", "tool/result"):
             for block in data["content"]:
                 if block["type"] == "text" and block["text"]:
                     who = "user" if event.type == "user/message" else "assistant"
-                    lines.append(f"  {who:>9}: {block['text']}")
+                    lines.append(f"  {who:>9}: " + block["text"].replace("\n", "\n" + " " * 13))
                 elif block["type"] == "tool-result":
                     lines.append(f"  {'tool':>9}: {block['content'].replace(chr(10), ' | ')}")
         elif event.type == "tool/call":
@@ -54,28 +51,36 @@ def format_transcript(events: Sequence[Event]) -> list[str]:
 
 def _print_agent(handle: AgentHandle, out: TextIO) -> None:
     agent = handle.agent
-    print(f"== {agent.id}  [{agent.options.provider}/{agent.options.model}]", file=out)
+    binding = read_binding(agent.session.events)  # read back from the log, not assumed
+    where = f"loop {binding.loop} on driver {binding.driver or '-'}" if binding else "no binding"
+    print(f"== {agent.id}  [{agent.options.provider}/{agent.options.model}, {where}]", file=out)
     for line in format_transcript(agent.session.events):
         print(line, file=out)
 
 
 async def _demo(home: str | None, out: TextIO) -> None:
+    provider = "deepseek" if os.environ.get("DEEPSEEK_API_KEY") else "ping"
     with tempfile.TemporaryDirectory(prefix="loopdock-demo-") as scratch:
-        async with Runtime.open(home or f"{scratch}/home") as rt:
+        work = Path(scratch, "work")
+        work.mkdir()
+        for name in ("README.md", "notes.txt"):
+            (work / name).write_text(f"{name}: demo file\n")
+        async with Runtime.open(home or Path(scratch, "home")) as rt:
             handles = []
-            for name, messages in DEMO_AGENTS.items():
+            for name, model, loop in DEMO_AGENTS:
                 handle = await rt.create_agent(
-                    session_id=f"{name}-{time.time_ns()}", agent_options={"cwd": scratch}
+                    session_id=f"{name}-{time.time_ns()}",
+                    loop=loop,
+                    agent_options={"provider": provider, "model": model, "cwd": str(work)},
                 )
-                for message in messages:
-                    handle.agent.followup(message)
+                handle.agent.followup(DEMO_TASK)
                 handles.append(handle)
             async with trio.open_nursery() as nursery:  # the agents work concurrently
                 for handle in handles:
                     nursery.start_soon(handle.agent.wait_idle)
             for handle in handles:
                 _print_agent(handle, out)
-            print(f"{len(handles)} agents ran concurrently in one runtime.", file=out)
+            print(f"{len(handles)} agents, {len(handles)} loops, one runtime.", file=out)
 
 
 async def _run(task: str, session_id: str | None, home: str | None, provider: str, model: str, out: TextIO) -> None:
@@ -96,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="loopdock", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at info level")
     commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="several agents at once on the offline ping model")
+    demo = commands.add_parser("demo", help="two agents on two loops at once (offline unless DEEPSEEK_API_KEY)")
     demo.add_argument("--home", help="runtime home (default: a temporary directory)")
     run = commands.add_parser("run", help="run one task on one agent and print its transcript")
     run.add_argument("task")
@@ -105,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--provider", default="ping")
     run.add_argument("--model", default="ping-1")
     args = parser.parse_args(argv)
-    _configure_logging(args.verbose)
+    configure_logging(verbose=args.verbose)
     try:
         if args.command == "demo":
             trio.run(_demo, args.home, sys.stdout)

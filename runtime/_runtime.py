@@ -13,7 +13,6 @@ every session durable and closes the database.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -25,36 +24,32 @@ import trio
 from actors import AgentActor, LiveEvent, ReactDriver, StoreWriter, Subscription, Supervisor
 
 from ._driver import AgentHandle, CreateAgentOptions, Driver, ResumeAgentOptions, Setup
-from ._errors import LoopdockError
 from ._events import SessionHeader
 from ._options import AgentOptions
 from ._store import SessionStore
+from .dock import (
+    BUILTIN_LOOPS,
+    AgentPresets,
+    DockConfig,
+    LoopDock,
+    load_config,
+    load_loop_packages,
+    parse_config,
+)
 from .models import AdapterRegistry, ModelAdapter, default_adapters
 from .tools import ShellPolicy, Tool, ToolRegistry, builtin_tools, shell_tool
 
 log = structlog.get_logger(__name__)
 
 DEFAULT_HOME = ".loopdock"
-DEFAULT_DRIVER = "default"
-_DRIVER_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
 
-class UnknownDriverError(LoopdockError):
-    """Raised when an agent asks for a driver name that is not registered."""
-
-    code = "UNKNOWN_DRIVER"
-
-
-class InvalidDriverError(LoopdockError):
-    """Raised when registering a driver with a bad name or without create_agent/resume."""
-
-    code = "INVALID_DRIVER"
-
-
-class DuplicateDriverError(LoopdockError):
-    """Raised when a driver name is registered twice."""
-
-    code = "DUPLICATE_DRIVER"
+def _dock_config(value: DockConfig | Mapping[str, Any] | str | os.PathLike[str] | None) -> DockConfig:
+    if isinstance(value, DockConfig):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        return load_config(value)
+    return parse_config(value)
 
 
 def resolve_home(home: str | os.PathLike[str] | None) -> Path:
@@ -62,10 +57,10 @@ def resolve_home(home: str | os.PathLike[str] | None) -> Path:
 
 
 class Runtime:
-    def __init__(self, home: Path, supervisor: Supervisor) -> None:
+    def __init__(self, home: Path, supervisor: Supervisor, dock: LoopDock) -> None:
         self.home = home
         self._supervisor = supervisor
-        self._drivers: dict[str, Driver] = {}
+        self.dock = dock
 
     @classmethod
     @asynccontextmanager
@@ -73,14 +68,19 @@ class Runtime:
         cls,
         home: str | os.PathLike[str] | None = None,
         *,
+        config: DockConfig | Mapping[str, Any] | str | os.PathLike[str] | None = None,
         shell: ShellPolicy | None = None,
         env: Mapping[str, str] | None = None,
     ) -> AsyncIterator[Runtime]:
         """Open the runtime on ``home`` (``$LOOPDOCK_HOME``, default ``./.loopdock``).
 
+        ``config`` is the loop dock's config: a DockConfig, a mapping, or a YAML file path.
         ``shell`` enables the shell tool under that policy (it is off by default).
         Model adapters: ``ping`` always, ``deepseek`` when ``DEEPSEEK_API_KEY`` is set.
+        The ``default`` driver is the ``react`` driver; the loops ``standard`` and
+        ``minimal-first`` are built in; loop packages are loaded, then configured agents start.
         """
+        dock_config = _dock_config(config)
         path = resolve_home(home)
         store = await trio.to_thread.run_sync(SessionStore.open, path / "sessions.db")
         try:
@@ -96,8 +96,14 @@ class Runtime:
                 supervisor = Supervisor(
                     nursery, store, writer, default_adapters(env if env is not None else os.environ), tools
                 )
-                rt = cls(path, supervisor)
-                rt.register_driver(ReactDriver())
+                supervisor.provide("agentPresets", AgentPresets())
+                dock = LoopDock(supervisor, dock_config)
+                rt = cls(path, supervisor, dock)
+                dock.register_driver(ReactDriver())
+                for loop in BUILTIN_LOOPS:
+                    dock.register(loop)
+                dock.warnings.extend(load_loop_packages(dock.register, dock_config.loop_packages).warnings)
+                dock.start_configured_agents()
                 try:
                     yield rt
                 except BaseException as exc:
@@ -140,33 +146,8 @@ class Runtime:
 
     def register_driver(self, name_or_driver: str | Driver, driver: Driver | None = None) -> Callable[[], None]:
         """``register_driver(driver)`` registers ``default``; ``register_driver(name, driver)``
-        a named one. Returns an idempotent disposer removing only that same driver."""
-        if driver is None:
-            name, driver = DEFAULT_DRIVER, name_or_driver  # type: ignore[assignment]
-        else:
-            name = name_or_driver  # type: ignore[assignment]
-        if not isinstance(name, str) or not _DRIVER_NAME.match(name):
-            raise InvalidDriverError(f"driver name {name!r} must match {_DRIVER_NAME.pattern}")
-        if not (callable(getattr(driver, "create_agent", None)) and callable(getattr(driver, "resume", None))):
-            raise InvalidDriverError(f"driver {name!r} must have create_agent() and resume()")
-        if name in self._drivers:
-            raise DuplicateDriverError(f"driver {name!r} is already registered")
-        self._drivers[name] = driver
-
-        def dispose() -> None:
-            if self._drivers.get(name) is driver:
-                del self._drivers[name]
-
-        return dispose
-
-    def _driver(self, name: str | None) -> Driver:
-        name = name or DEFAULT_DRIVER
-        try:
-            return self._drivers[name]
-        except KeyError:
-            raise UnknownDriverError(
-                f"no driver {name!r}; registered: {', '.join(sorted(self._drivers)) or 'none'}"
-            ) from None
+        a named one (see ``rt.dock``)."""
+        return self.dock.register_driver(name_or_driver, driver)
 
     # -- agents ----------------------------------------------------------------------------
 
@@ -176,17 +157,26 @@ class Runtime:
         session_id: str,
         agent_options: AgentOptions | Mapping[str, Any] | None = None,
         setup: Setup | None = None,
+        loop: str | None = None,
         driver: str | None = None,
+        agent_preset: str | None = None,
         cwd: str | None = None,
         meta: Mapping[str, Any] | None = None,
     ) -> AgentHandle:
-        """Create and start a new agent (its id is ``session_id``). Nothing is left behind
-        if it fails: the error is raised and no session or agent exists afterwards."""
+        """Create and start a new agent (its id is ``session_id``) on the loop and driver
+        the dock selects (``loop``/``driver`` here or in ``agent_options`` win over routes).
+        Nothing is left behind if it fails: no session, no agent, no binding."""
         options = CreateAgentOptions(
-            session_id=session_id, agent_options=agent_options, setup=setup, cwd=cwd, meta=meta
+            session_id=session_id,
+            agent_options=agent_options,
+            setup=setup,
+            cwd=cwd,
+            meta=meta,
+            agent_preset=agent_preset,
+            loop=loop,
+            driver=driver,
         )
-        chosen = self._driver(driver or options.agent_options.driver)
-        return await chosen.create_agent(self._supervisor, options)
+        return await self.dock.create_agent(self._supervisor, options)
 
     async def resume_agent(
         self,
@@ -194,15 +184,16 @@ class Runtime:
         resume_session_id: str,
         agent_options: AgentOptions | Mapping[str, Any] | None = None,
         setup: Setup | None = None,
+        loop: str | None = None,
         driver: str | None = None,
     ) -> AgentHandle:
-        """Bring a persisted session back as a live agent; an interrupted turn is closed
-        as ``turn/end {reason: interrupted}`` first."""
+        """Bring a persisted session back as a live agent on its bound loop and driver
+        (asking for another one raises LOOP_SWITCH); an interrupted turn is closed as
+        ``turn/end {reason: interrupted}`` first."""
         options = ResumeAgentOptions(
-            resume_session_id=resume_session_id, agent_options=agent_options, setup=setup
+            resume_session_id=resume_session_id, agent_options=agent_options, setup=setup, loop=loop, driver=driver
         )
-        chosen = self._driver(driver or options.agent_options.driver)
-        return await chosen.resume(self._supervisor, options)
+        return await self.dock.resume(self._supervisor, options)
 
     async def fork_session(self, source_id: str, new_id: str, *, upto_seq: int | None = None) -> str:
         """Copy the longest prefix of a session that ends at a turn boundary into a new one."""
