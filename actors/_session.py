@@ -75,6 +75,10 @@ class SessionActor:
         """Every event appended so far (committed or pending), in seq order."""
         return tuple(self._events)
 
+    def events_since(self, index: int) -> list[Event]:
+        """The events from position ``index`` on (for incremental folds)."""
+        return self._events[index:]
+
     @property
     def committed_count(self) -> int:
         return self._committed

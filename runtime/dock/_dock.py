@@ -82,10 +82,11 @@ class LoopDock:
         self._loops: dict[str, Loop] = {}
         self._drivers: dict[str, Driver] = {}
         self._default_driver: str | None = None  # the live setting; None: the config's
-        self._pending: list[AgentEntry] = []
+        self._registry_changed = trio.Event()  # wakes configured agents waiting for a loop
         self._warned: set[str] = set()
         self.warnings: list[str] = []
         self.configured: dict[str, AgentHandle] = {}  # configured agent id -> handle
+        self.starting: set[str] = set()  # configured agents waiting for a loop or starting
 
     # -- loop registry ---------------------------------------------------------------
 
@@ -101,13 +102,17 @@ class LoopDock:
                 "DUPLICATE_LOOP", f"loop {loop.id!r} is already registered (as a {self._loops[loop.id].kind} loop)"
             )
         self._loops[loop.id] = loop
-        self._start_ready_agents()
+        self._changed()
 
         def dispose() -> None:
             if self._loops.get(loop.id) is loop:
                 del self._loops[loop.id]
 
         return dispose
+
+    def _changed(self) -> None:
+        self._registry_changed.set()
+        self._registry_changed = trio.Event()
 
     def unregister(self, loop_id: str) -> bool:
         return self._loops.pop(check_loop_id(loop_id), None) is not None
@@ -141,7 +146,7 @@ class LoopDock:
         if name in self._drivers:
             raise DockError("DUPLICATE_DRIVER", f"driver {name!r} is already registered")
         self._drivers[name] = driver
-        self._start_ready_agents()
+        self._changed()
 
         def dispose() -> None:
             if self._drivers.get(name) is driver:
@@ -167,8 +172,7 @@ class LoopDock:
     # -- the factory -------------------------------------------------------------------
 
     async def create_agent(self, owner: Supervisor, options: CreateAgentOptions) -> AgentHandle:
-        explicit = Selection(options.loop or options.agent_options.loop, options.driver or options.agent_options.driver)
-        decision = resolve_create(explicit, options.session_id, options.agent_preset, self.config)
+        decision = resolve_create(_explicit(options), options.session_id, options.agent_preset, self.config)
         loop, binding, provider = self._materialize(decision)
         decorated = attrs.evolve(
             options,
@@ -180,9 +184,8 @@ class LoopDock:
         return await provider.create_agent(owner, decorated)
 
     async def resume(self, owner: Supervisor, options: ResumeAgentOptions) -> AgentHandle:
-        explicit = Selection(options.loop or options.agent_options.loop, options.driver or options.agent_options.driver)
         persisted, preset = await self._inspect(options.resume_session_id)
-        decision = resolve_resume(explicit, options.resume_session_id, persisted, preset, self.config)
+        decision = resolve_resume(_explicit(options), options.resume_session_id, persisted, preset, self.config)
         loop, binding, provider = self._materialize(decision)
         decorated = attrs.evolve(
             options,
@@ -283,33 +286,37 @@ class LoopDock:
     # -- configured agents ---------------------------------------------------------------
 
     def start_configured_agents(self) -> None:
-        """Queue the config's agents; each starts as soon as its loop and driver exist."""
-        self._pending.extend(self.config.agents)
-        self._start_ready_agents()
+        """Start the config's agents; each waits until its loop and driver are registered."""
+        for entry in self.config.agents:
+            self._owner.nursery.start_soon(self._start_configured, entry, name=f"configured agent {entry.id}")
 
-    def _ready(self, entry: AgentEntry) -> bool:
-        loop = self._loops.get(entry.loop or self.config.default_loop)
+    def _ready(self, decision: Decision) -> bool:
+        loop = self._loops.get(decision.loop)
         if loop is None:
             return False
         if isinstance(loop, DriverLoop):
             return True
-        return (entry.driver or loop.driver or self.default_driver) in self._drivers
-
-    def _start_ready_agents(self) -> None:
-        ready = [entry for entry in self._pending if self._ready(entry)]
-        for entry in ready:
-            self._pending.remove(entry)
-            self._owner.nursery.start_soon(self._start_configured, entry, name=f"start {entry.id}")
+        return (decision.driver or loop.driver or self.default_driver) in self._drivers
 
     async def _start_configured(self, entry: AgentEntry) -> None:
+        explicit = Selection(entry.loop, entry.driver)
         options: dict[str, Any] = entry.agent_options()
+        self.starting.add(entry.id)
         try:
             session_id = entry.resume_session_id or entry.session_id
-            persisted = session_id is not None and (
-                entry.resume_session_id is not None
-                or await trio.to_thread.run_sync(self._owner.store.exists, session_id)
+            resume = entry.resume_session_id is not None or (
+                session_id is not None and await trio.to_thread.run_sync(self._owner.store.exists, session_id)
             )
-            if persisted:
+            session_id = session_id or f"{entry.id}-session-{uuid.uuid4()}"
+            while True:  # the same decision the factory will make, so we wait for the right loop
+                if resume:
+                    decision = resolve_resume(explicit, session_id, *await self._inspect(session_id), self.config)
+                else:
+                    decision = resolve_create(explicit, session_id, None, self.config)
+                if self._ready(decision):
+                    break
+                await self._registry_changed.wait()
+            if resume:
                 handle = await self.resume(
                     self._owner,
                     ResumeAgentOptions(
@@ -320,16 +327,14 @@ class LoopDock:
                 handle = await self.create_agent(
                     self._owner,
                     CreateAgentOptions(
-                        session_id=session_id or f"{entry.id}-session-{uuid.uuid4()}",
-                        agent_options=options,
-                        cwd=entry.cwd,
-                        loop=entry.loop,
-                        driver=entry.driver,
+                        session_id=session_id, agent_options=options, cwd=entry.cwd, loop=entry.loop, driver=entry.driver
                     ),
                 )
             self.configured[entry.id] = handle
         except Exception as exc:  # a configured agent must never take the runtime down
             self._warn(f"configured agent {entry.id!r} failed to start: {exc}")
+        finally:
+            self.starting.discard(entry.id)
 
     def _warn(self, message: str) -> None:
         if message in self._warned:
@@ -337,6 +342,14 @@ class LoopDock:
         self._warned.add(message)
         self.warnings.append(message)
         log.warning("loop dock", problem=message)
+
+
+def _explicit(options: CreateAgentOptions | ResumeAgentOptions) -> Selection:
+    """The caller's choice: the option itself, else the same key in the agent options.
+    An empty string is a choice too (and an invalid one), never "not given"."""
+    loop = options.loop if options.loop is not None else options.agent_options.loop
+    driver = options.driver if options.driver is not None else options.agent_options.driver
+    return Selection(loop, driver)
 
 
 def _effective_preset(ctx: AgentContext) -> str | None:
