@@ -30,3 +30,4 @@ from ._supervisor import RuntimeClosedError as RuntimeClosedError
 from ._supervisor import Supervisor as Supervisor
 from ._supervisor import UnknownServiceError as UnknownServiceError
 from ._fake import FakeDriver as FakeDriver
+from ._loopx_driver import LoopxContinuation as LoopxContinuation

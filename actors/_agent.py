@@ -133,6 +133,8 @@ class AgentActor:
         self._stopped = trio.Event()
         self._closed = False
         self._scoped: list[Callable[[], None]] = []  # undone on rollback and dispose
+        self._companions: trio.Nursery | None = None
+        self.status_version = 0  # counts status changes, for observers that must not miss one
 
     # -- public ----------------------------------------------------------------------
 
@@ -188,6 +190,16 @@ class AgentActor:
                 return True
         return False
 
+    def withdraw_reservations(self, reason: str = "withdrawn") -> int:
+        """Withdraw every queued, unadmitted reservation (e.g. before a command runs);
+        returns how many were withdrawn. Each one settles ``cancelled`` with ``reason``."""
+        pending = [e.reservation for e in self._inbox.entries() if e.reservation is not None]
+        return sum(self.withdraw(reservation, reason) for reservation in pending)
+
+    async def wait_stopped(self) -> None:
+        """Wait until the agent's task has ended (it was disposed or its runtime closed)."""
+        await self._stopped.wait()
+
     def cancel(self, cause: str = "cancelled", *, keep_inbox: bool = True) -> None:
         """End the current turn ``aborted``; with ``keep_inbox=False`` drop queued messages too."""
         if self._turn_scope is not None:
@@ -199,7 +211,9 @@ class AgentActor:
         self._notify()
 
     async def wait_idle(self) -> None:
-        """Wait until the agent is idle with nothing queued that would wake it."""
+        """Wait until the agent is idle with nothing queued that would wake it (or it is
+        disposed). Always a checkpoint, as trio's conventions ask."""
+        await trio.lowlevel.checkpoint()
         while not self._quiescent():
             await self._changed.wait()
 
@@ -211,17 +225,32 @@ class AgentActor:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
             with trio.CancelScope() as self._scope:
-                task_status.started()
-                while True:
-                    if not self._inbox.has_wakeable():
-                        self._set_status("idle")
-                        self._wake = trio.Event()
-                        await self._wake.wait()
-                        continue
-                    await self._run_turn()
+                async with trio.open_nursery() as self._companions:
+                    task_status.started()
+                    while True:
+                        if not self._inbox.has_wakeable():
+                            self._set_status("idle")
+                            self._wake = trio.Event()
+                            await self._wake.wait()
+                            continue
+                        await self._run_turn()
         finally:
             self._set_status("idle")
             self._stopped.set()
+
+    async def start_companion(self, actor: Callable[..., Any], *args: Any) -> None:
+        """Start an actor that lives exactly as long as this agent (``nursery.start``
+        semantics: returns once it called ``task_status.started()``)."""
+        if self._companions is None:
+            raise AgentClosedError(f"agent {self.id} is not running")
+        await self._companions.start(actor, *args)
+
+    async def wait_status_change(self, since: int) -> None:
+        """Wait until the status changed after version ``since`` (see ``status_version``),
+        or the agent is disposed. Always a checkpoint."""
+        await trio.lowlevel.checkpoint()
+        while self.status_version <= since and not self._closed:
+            await self._changed.wait()
 
     async def stop(self, cause: str = "disposed") -> None:
         """Cancel everything the agent owns and wait for its task to end."""
@@ -291,6 +320,7 @@ class AgentActor:
     def _set_status(self, status: Status) -> None:
         if status != self._status:
             self._status = status
+            self.status_version += 1
             self._live("agent/status", status=status)
             self._notify()
 
@@ -361,6 +391,8 @@ class Turn:
     async def begin_step(self) -> tuple[Message, ...]:
         """Claim the step's inbox messages, run ``agent/pre-step``, then open the step.
 
+        Each admitted message is passed through the owner's expanders (``/name`` skill
+        invocations, ...) and what they return is recorded; returns the recorded messages.
         Raises TurnBlocked when a listener rejects (the claimed messages are consumed).
         """
         agent = self.agent
@@ -384,9 +416,12 @@ class Turn:
         self._entries = []
         self.step += 1
         self.log("step/start", {"turn": self.number, "step": self.step})
-        for message in messages:
+        # Expanded only after admission: listeners judge what the person sent, and a
+        # vetoed message must not leave an injected skill body behind.
+        recorded = tuple(m for message in messages for m in agent.owner.expand(message))
+        for message in recorded:
             self.record("user/message", message)
-        return messages
+        return recorded
 
     def end_step(self) -> None:
         self.log("step/end", {"turn": self.number, "step": self.step})

@@ -97,6 +97,8 @@ class Fanout(Generic[T]):
 
     def publish(self, item: T) -> None:
         """Deliver ``item`` to every subscriber without waiting (never a checkpoint)."""
+        if not self._subscribers:  # the common case: every event, nobody listening
+            return
         for subscription, send in list(self._subscribers.items()):
             try:
                 send.send_nowait(item)

@@ -102,6 +102,11 @@ async def publish_agent(
             agent.session.discard()
         raise
     agent.log.info("agent published", source=source)
+    for hook in list(owner.agent_started):
+        try:
+            await hook(agent)
+        except Exception as exc:  # the agent is published: a hook cannot undo that
+            agent.log.warning("agent-started hook failed", error=repr(exc))
     return AgentHandle(agent, agent_dispose(owner, agent))
 
 

@@ -127,6 +127,7 @@ class SessionActor:
         while self._published and (not self._durable or self._committed < target):
             if self._store_error is not None:
                 raise self._store_error
+            self._writer.expedite()  # someone waits: no group-commit delay
             await self._committed_changed.wait()
         if self._store_error is not None:
             raise self._store_error

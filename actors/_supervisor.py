@@ -9,7 +9,7 @@ every session, and only then stops the writer: nothing outlives it.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -24,6 +24,7 @@ from runtime._errors import (
 )
 from runtime._events import Event, SessionHeader
 from runtime._ids import check_session_id
+from runtime._messages import Message
 from runtime._store import SessionStore
 from runtime.models import AdapterRegistry
 from runtime.tools import ToolRegistry
@@ -76,6 +77,12 @@ class Supervisor:
         self.agents: dict[str, AgentActor] = {}
         self.live: Fanout[LiveEvent] = Fanout("live")
         self.closing = False
+        # Applied in order to every message admitted into a model step; each returns the
+        # messages to record in place of the one it got (``[m]`` leaves it alone).
+        self.expanders: list[Callable[[Message], Sequence[Message]]] = []
+        # Called with every agent once it runs (e.g. to start its LoopX continuation
+        # driver as a companion actor); a failing hook is logged, never fatal.
+        self.agent_started: list[Callable[[AgentActor], Awaitable[None]]] = []
 
     # -- services ----------------------------------------------------------------------
 
@@ -99,6 +106,27 @@ class Supervisor:
                 f"no service {name!r}; provided: {', '.join(sorted(self.services)) or 'none'}"
             ) from None
 
+    def expand(self, message: Message) -> list[Message]:
+        """Run ``message`` through every expander; the result replaces it in the log.
+
+        An expander that fails, or returns anything but a non-empty sequence of messages,
+        is skipped with a warning: an admitted message is never lost to a broken one.
+        """
+        messages = [message]
+        for expander in list(self.expanders):
+            expanded: list[Message] = []
+            for current in messages:
+                try:
+                    result = list(expander(current))
+                    if not result or not all(isinstance(m, Message) for m in result):
+                        raise TypeError("an expander must return a non-empty sequence of Message")
+                except Exception as exc:
+                    log.warning("message expander failed", expander=repr(expander), error=repr(exc))
+                    result = [current]
+                expanded.extend(result)
+            messages = expanded
+        return messages
+
     def announce(self, event_type: str, agent_id: str, data: Mapping[str, Any]) -> None:
         self.live.publish(LiveEvent(event_type, agent_id, data))
 
@@ -116,6 +144,7 @@ class Supervisor:
         parent_session: str | None = None,
         agent_preset: str | None = None,
         events: Sequence[Event] = (),
+        forked_events: int | None = None,
     ) -> SessionActor:
         """A fresh, unpublished session (nothing is written until it is published)."""
         check_session_id(session_id)
@@ -132,6 +161,7 @@ class Supervisor:
             cwd=cwd or os.getcwd(),
             parent_session=parent_session,
             agent_preset=agent_preset,
+            forked_events=forked_events,
         )
         return SessionActor(header, self.writer, events=events)
 
@@ -165,7 +195,7 @@ class Supervisor:
         prefix = events[: _prefix_end(events)]
         session = await self.new_session(
             new_id, cwd=header.cwd, parent_session=header.id, agent_preset=header.agent_preset,
-            events=prefix,
+            events=prefix, forked_events=len(prefix),
         )
         session.publish()
         await session.close()

@@ -1,5 +1,13 @@
 """loopdock's runtime: the embedded API, the session-log model and the registries."""
 
+from ._commands import Command as Command
+from ._commands import CommandContext as CommandContext
+from ._commands import CommandRegistry as CommandRegistry
+from ._commands import CommandResult as CommandResult
+from ._commands import DuplicateCommandError as DuplicateCommandError
+from ._commands import InvalidCommandError as InvalidCommandError
+from ._commands import UnknownAgentError as UnknownAgentError
+from ._commands import UnknownCommandError as UnknownCommandError
 from ._driver import AgentHandle as AgentHandle
 from ._driver import CreateAgentOptions as CreateAgentOptions
 from ._driver import Driver as Driver

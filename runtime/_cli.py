@@ -1,4 +1,4 @@
-"""The ``loopdock`` command: ``demo`` and ``run``."""
+"""The ``loopdock`` command: ``demo``, ``run`` and ``bench``."""
 
 from __future__ import annotations
 
@@ -109,11 +109,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--home", help="runtime home (default: $LOOPDOCK_HOME or ./.loopdock)")
     run.add_argument("--provider", default="ping")
     run.add_argument("--model", default="ping-1")
+    bench = commands.add_parser("bench", help="measure many agents, human priority, floor and peer (benchmarks/)")
+    from benchmarks._run import add_arguments as add_bench_arguments  # argparse only: nothing runs
+
+    add_bench_arguments(bench)
+    serve = commands.add_parser("serve", help="the websocket bridge for DSH hosts and GoalBar clients, until interrupted")
+    serve.add_argument("--port", type=int, default=0, help="port to listen on (default: any free port)")
+    serve.add_argument("--host", help="address to bind (default: 127.0.0.1)")
+    serve.add_argument("--home", help="runtime home (default: $LOOPDOCK_HOME or ./.loopdock)")
     args = parser.parse_args(argv)
     configure_logging(verbose=args.verbose)
+    if args.command == "bench":
+        from benchmarks._run import run_from_args
+
+        try:
+            return run_from_args(args)
+        except KeyboardInterrupt:
+            return 130
     try:
         if args.command == "demo":
             trio.run(_demo, args.home, sys.stdout)
+        elif args.command == "serve":
+            from bridge._serve import serve_command  # the bridge sits on top of the runtime
+
+            trio.run(serve_command, args.home, args.host, args.port, sys.stdout)
         else:
             trio.run(_run, args.task, args.session_id, args.home, args.provider, args.model, sys.stdout)
     except LoopdockError as exc:

@@ -86,3 +86,6 @@ class SessionHeader:
     version: int = SESSION_FORMAT_VERSION
     parent_session: str | None = None
     agent_preset: str | None = None
+    # A fork's first ``forked_events`` events are copies of its parent's: history that
+    # per-session state (such as LoopX activation) must not inherit.
+    forked_events: int | None = None

@@ -12,6 +12,7 @@ every session durable and closes the database.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -23,10 +24,12 @@ import trio
 
 from actors import AgentActor, LiveEvent, ReactDriver, StoreWriter, Subscription, Supervisor
 
+from ._commands import CommandRegistry, CommandResult, UnknownAgentError, run_command
 from ._driver import AgentHandle, CreateAgentOptions, Driver, ResumeAgentOptions, Setup
 from ._events import SessionHeader
 from ._options import AgentOptions
 from ._store import SessionStore
+from .loopx import LoopxIntegration, LoopxSettings
 from .dock import (
     BUILTIN_LOOPS,
     AgentPresets,
@@ -37,6 +40,7 @@ from .dock import (
     parse_config,
 )
 from .models import AdapterRegistry, ModelAdapter, default_adapters
+from .skills import SkillCatalog, expand_skill_invocations, skill_tool
 from .tools import ShellPolicy, Tool, ToolRegistry, builtin_tools, shell_tool
 
 log = structlog.get_logger(__name__)
@@ -57,10 +61,21 @@ def resolve_home(home: str | os.PathLike[str] | None) -> Path:
 
 
 class Runtime:
-    def __init__(self, home: Path, supervisor: Supervisor, dock: LoopDock) -> None:
+    def __init__(
+        self,
+        home: Path,
+        supervisor: Supervisor,
+        dock: LoopDock,
+        *,
+        skills: SkillCatalog | None = None,
+        commands: CommandRegistry | None = None,
+    ) -> None:
         self.home = home
         self._supervisor = supervisor
         self.dock = dock
+        self.skills = skills if skills is not None else SkillCatalog(None)
+        self.commands = commands if commands is not None else CommandRegistry()
+        self.loopx: LoopxIntegration | None = None  # set when opened with ``loopx=``
 
     @classmethod
     @asynccontextmanager
@@ -71,6 +86,8 @@ class Runtime:
         config: DockConfig | Mapping[str, Any] | str | os.PathLike[str] | None = None,
         shell: ShellPolicy | None = None,
         env: Mapping[str, str] | None = None,
+        skills: SkillCatalog | None = None,
+        loopx: LoopxSettings | None = None,
     ) -> AsyncIterator[Runtime]:
         """Open the runtime on ``home`` (``$LOOPDOCK_HOME``, default ``./.loopdock``).
 
@@ -79,8 +96,17 @@ class Runtime:
         Model adapters: ``ping`` always, ``deepseek`` when ``DEEPSEEK_API_KEY`` is set.
         The ``default`` driver is the ``react`` driver; the loops ``standard`` and
         ``minimal-first`` are built in; loop packages are loaded, then configured agents start.
+        ``skills`` is the skill catalog (``rt.skills``); by default the DSH roots seen from
+        the process's cwd and ``env`` (``DSH_HOME``, ``DSH_AGENTS_HOME``, ``HOME``). Its
+        ``skill`` tool is registered and ``/name`` in a person's message injects the skill.
+        Slash commands go in ``rt.commands`` and run with ``rt.execute_command``.
+        ``loopx`` enables the LoopX integration (off by default in embedded use): every
+        agent gets a continuation driver (``rt.loopx``), passive until its session invokes
+        the ``loopx`` skill.
         """
         dock_config = _dock_config(config)
+        environ = env if env is not None else os.environ
+        catalog = skills if skills is not None else SkillCatalog.from_env(Path.cwd(), environ)
         path = resolve_home(home)
         store = await trio.to_thread.run_sync(SessionStore.open, path / "sessions.db")
         try:
@@ -89,20 +115,25 @@ class Runtime:
                 tools.register(tool)
             if shell is not None:
                 tools.register(shell_tool(shell))
+            tools.register(skill_tool(catalog))
             body_error: BaseException | None = None
             async with trio.open_nursery() as nursery:
                 writer = StoreWriter(store)
                 await nursery.start(writer.run)
                 supervisor = Supervisor(
-                    nursery, store, writer, default_adapters(env if env is not None else os.environ), tools
+                    nursery, store, writer, default_adapters(environ), tools
                 )
+                supervisor.expanders.append(functools.partial(expand_skill_invocations, catalog=catalog))
                 supervisor.provide("agentPresets", AgentPresets())
                 dock = LoopDock(supervisor, dock_config)
-                rt = cls(path, supervisor, dock)
+                rt = cls(path, supervisor, dock, skills=catalog)
                 dock.register_driver(ReactDriver())
                 for loop in BUILTIN_LOOPS:
                     dock.register(loop)
                 dock.warnings.extend(load_loop_packages(dock.register, dock_config.loop_packages).warnings)
+                if loopx is not None:
+                    rt.loopx = LoopxIntegration(loopx)
+                    await rt.loopx.start(supervisor, rt.commands, Path.cwd())
                 dock.start_configured_agents()
                 try:
                     yield rt
@@ -198,6 +229,21 @@ class Runtime:
     async def fork_session(self, source_id: str, new_id: str, *, upto_seq: int | None = None) -> str:
         """Copy the longest prefix of a session that ends at a turn boundary into a new one."""
         return await self._supervisor.fork_session(source_id, new_id, upto_seq=upto_seq)
+
+    async def execute_command(self, agent_id: str, line: str) -> CommandResult:
+        """Run the slash command ``line`` (``"/name args"``) against a live agent.
+
+        Withdraws the agent's unadmitted reservations first (reason ``command``), logs
+        ``command/run`` and ``command/done`` on its session, and returns the command's
+        result; a command that raises gives ``ok=False`` and never stops the agent.
+        Raises UnknownCommandError (UNKNOWN_COMMAND) or UnknownAgentError (UNKNOWN_AGENT).
+        """
+        command, args = self.commands.parse(line)
+        agent = self._supervisor.agents.get(agent_id) if isinstance(agent_id, str) else None
+        if agent is None or agent.closed:
+            # Other agents' ids are not listed: a command line may come from a remote client.
+            raise UnknownAgentError(f"no live agent {str(agent_id)[:128]!r} in this runtime")
+        return await run_command(self._supervisor, agent, command, args)
 
     def get_agent(self, agent_id: str) -> AgentActor | None:
         return self._supervisor.agents.get(agent_id)

@@ -2,6 +2,9 @@
 sleep, an absolute ``trio.fail_after`` on every I/O test, temporary homes everywhere."""
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -31,9 +34,10 @@ async def rt(tmp_path):
 
 
 def assert_no_leaked_agent_tasks(runtime):
-    """Every live agent owns exactly one task in the supervisor's nursery; the store
-    writer owns the other one. Anything more is a task that outlived its owner."""
-    expected = 1 + len(runtime.list_agents())
+    """Every live agent owns exactly one task in the supervisor's nursery, and so does
+    every configured agent still waiting to start; the store writer owns the other one.
+    Anything more is a task that outlived its owner."""
+    expected = 1 + len(runtime.list_agents()) + len(runtime.dock.starting)
     tasks = runtime.supervisor.nursery.child_tasks
     assert len(tasks) == expected, [t.name for t in tasks]
 
@@ -42,3 +46,76 @@ def assert_no_leaked_agent_tasks(runtime):
 def no_leaks():
     """The leak check, for tests that dispose agents mid-test."""
     return assert_no_leaked_agent_tasks
+
+
+# -- The real LoopX CLI -------------------------------------------------------------------
+# loopx 2.1.1 (from the test extra) runs a TypeScript runtime that needs Node >= 22.22.3;
+# scripts/test installs it from the npm registry and exports LOOPDOCK_NODE22_BIN. These
+# tests are never skipped: CI must run them.
+
+_MIN_NODE = (22, 22, 3)
+
+
+@pytest.fixture(scope="session")
+def node22_bin() -> Path:
+    """The directory holding Node 22 (``$LOOPDOCK_NODE22_BIN``), checked once per session."""
+    raw = os.environ.get("LOOPDOCK_NODE22_BIN")
+    if not raw:
+        pytest.fail(
+            "LOOPDOCK_NODE22_BIN is not set: run the tests through scripts/test, which "
+            "installs Node 22 into .cache/node22 and exports it",
+            pytrace=False,
+        )
+    bin_dir = Path(raw).resolve()
+    try:
+        out = subprocess.run(
+            [str(bin_dir / "node"), "--version"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+    except OSError as exc:
+        pytest.fail(f"LOOPDOCK_NODE22_BIN={raw}: cannot run node ({exc}); rerun scripts/test", pytrace=False)
+    try:
+        version = tuple(int(part) for part in out.lstrip("v").split("."))
+    except ValueError:
+        version = ()
+    if not version or version[0] != 22 or version < _MIN_NODE:
+        pytest.fail(
+            f"LOOPDOCK_NODE22_BIN={raw}: node --version says {out!r}, LoopX needs "
+            "22.x >= 22.22.3; rerun scripts/test",
+            pytrace=False,
+        )
+    return bin_dir
+
+
+@pytest.fixture
+def loopx_env(node22_bin, tmp_path_factory) -> dict[str, str]:
+    """The environment for one test's loopx calls: Node 22 first on PATH, then this
+    interpreter's bin directory (where the ``loopx`` script lives), a fresh HOME, and no
+    usage ping."""
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join(
+        [str(node22_bin), str(Path(sys.executable).parent), env.get("PATH", "")]
+    )
+    env["HOME"] = str(tmp_path_factory.mktemp("loopx-home"))
+    env["LOOPX_USAGE_PING"] = "0"
+    return env
+
+
+@pytest.fixture
+def loopx_command() -> list[str]:
+    """The argv prefix that runs the installed loopx CLI."""
+    script = Path(sys.executable).parent / "loopx"
+    if not script.exists():
+        pytest.fail(f"no loopx script next to {sys.executable}: rerun scripts/test", pytrace=False)
+    return [str(script)]
+
+
+@pytest.fixture
+def loopx_project(tmp_path_factory) -> Path:
+    """An empty project directory: the cwd of every loopx call in one test."""
+    return tmp_path_factory.mktemp("loopx-project")
+
+
+@pytest.fixture
+def loopx_runtime_root(tmp_path_factory) -> Path:
+    """A temporary LoopX runtime root (``--runtime-root``), outside the project."""
+    return tmp_path_factory.mktemp("loopx-runtime") / "root"

@@ -1,0 +1,5 @@
+"""loopdock's benchmarks (``loopdock bench``): many agents, human priority under load,
+against the bare trio channel floor and the autogen-core peer. See benchmarks/README.md.
+
+Entry point: ``benchmarks._run.run(mode, out_dir)`` (kept out of this module so that the
+autogen-core worker process never imports trio or loopdock)."""

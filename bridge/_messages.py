@@ -1,0 +1,293 @@
+"""The bridge's message set: one frozen class per wire ``type``, and the frame around it.
+
+Python names are snake_case; ``_protocol`` renames them to the camelCase the DSH plugin
+speaks. Payloads that belong to DSH (event data, live data, messages, agent options) stay
+opaque JSON objects here: the runtime converts them where it uses them (``runtime._serde``).
+
+Who sends what (runtime = the server; host = the DSH plugin; goalbar = a GoalBar page):
+
+=========== ===================== ========================================
+type        direction             answered by
+=========== ===================== ========================================
+hello       peer -> runtime       welcome, or error + close
+welcome     runtime -> peer
+error       either                (may carry ``re``: it then answers that request)
+events      host -> runtime,      (batched: many items per frame)
+            runtime -> goalbar
+live        host -> runtime,      (batched)
+            runtime -> goalbar
+followup    runtime -> host       ack
+wake        runtime -> host       ack
+cancel      runtime -> host       ack
+preStep     host -> runtime       verdict
+select      host -> runtime       selection, or error (e.g. LOOP_SWITCH)
+ping        either                pong
+=========== ===================== ========================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, Literal
+
+import attrs
+
+from actors import LiveEvent
+from runtime._events import Event
+
+from ._errors import ErrorCode, ProtocolError
+
+Role = Literal["dsh-host", "goalbar"]
+Placement = Literal["followup", "steer", "inject"]  # DSH's three inbox methods
+
+#: Longest ``id``/``re`` accepted: ids are correlation handles, not payload.
+MAX_ID_LENGTH = 128
+
+
+# -- handshake and errors -------------------------------------------------------------
+
+
+@attrs.frozen
+class Hello:
+    """The peer's first frame. Unknown keys are tolerated (a newer peer may say more)."""
+
+    token: str = attrs.field(repr=False)  # never in logs
+    role: Role
+    protocol: int
+    capabilities: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class Welcome:
+    """The runtime's answer to a good hello. ``capabilities`` are those both sides named.
+    Unknown keys are tolerated (a newer runtime may say more)."""
+
+    protocol: int
+    capabilities: tuple[str, ...]
+    connection_id: str
+
+
+@attrs.frozen
+class ErrorNotice:
+    """The ``error`` frame: a code (``ErrorCode`` or a handler's, e.g. ``LOOP_SWITCH``)
+    and a message for people. Unknown keys are tolerated (details may be added)."""
+
+    code: str
+    message: str
+
+
+# -- event traffic (batched) ------------------------------------------------------------
+
+
+@attrs.frozen
+class SessionEvent:
+    """One session-log event ``{type, seq, time, data}`` of session ``session_id``.
+
+    The event object and its ``data`` belong to DSH: unknown keys inside ``event`` are
+    tolerated (and dropped), ``data`` is kept as it came.
+    """
+
+    session_id: str
+    event: Event
+
+
+@attrs.frozen
+class Events:
+    items: tuple[SessionEvent, ...]
+
+
+@attrs.frozen
+class Live:
+    """Live agent events (``agent/created``, ``agent/status``, ``agent/inbox/*``,
+    ``agent/disposed``, and whatever else DSH emits): ``type`` is not restricted."""
+
+    items: tuple[LiveEvent, ...]
+
+
+# -- runtime -> host commands, answered by ack -------------------------------------------
+
+
+@attrs.frozen
+class Followup:
+    """Put ``message`` (a DSH message ``{id, role, content, source}``) into the exact live
+    agent's inbox with ``placement``: ``followup`` (next turn, wakes it), ``steer`` (next
+    step, wakes it) or ``inject`` (next step, no wake)."""
+
+    agent_id: str
+    message: Mapping[str, Any]
+    placement: Placement = "followup"
+
+
+@attrs.frozen
+class Wake:
+    """Wake an idle agent whose inbox stalled (DSH leaves it so after a pre-step reject)."""
+
+    agent_id: str
+
+
+@attrs.frozen
+class Cancel:
+    agent_id: str
+    cause: str
+    keep_inbox: bool = True
+
+
+@attrs.frozen
+class Ack:
+    """``ok`` false with ``error``: the host understood the command and could not do it
+    (e.g. the agent is not live); a malformed command gets an ``error`` frame instead."""
+
+    ok: bool
+    error: ErrorNotice | None = None
+
+
+# -- host -> runtime requests ------------------------------------------------------------
+
+
+@attrs.frozen
+class PreStep:
+    """DSH's ``agent/pre-step``: ``messages`` (DSH messages) are about to enter step
+    ``step`` of turn ``turn``. The host asks only for messages whose source kind the
+    runtime owns, with a deadline, and rejects if no verdict arrives in time."""
+
+    agent_id: str
+    session_id: str
+    turn: int
+    step: int
+    messages: tuple[Mapping[str, Any], ...]
+
+
+@attrs.frozen
+class Verdict:
+    kind: Literal["enter", "reject"]
+    reason: str | None = None
+
+
+@attrs.frozen
+class Select:
+    """Dock mode: DSH is about to create or resume ``session_id``; which loop and driver?"""
+
+    op: Literal["create", "resume"]
+    session_id: str
+    agent_options: Mapping[str, Any] = attrs.field(factory=dict)
+    agent_preset: str | None = None
+
+
+@attrs.frozen
+class SelectionParts:
+    """What DSH applies for a strategy, declaratively: a preset to mount, tool allow/deny
+    lists, and a provider/model pin. ``None`` means "leave as is"."""
+
+    preset: str | None = None
+    allow_tools: tuple[str, ...] | None = None
+    deny_tools: tuple[str, ...] | None = None
+    provider: str | None = None
+    model: str | None = None
+
+
+@attrs.frozen
+class Selection:
+    """The dock's decision: ``loop`` on ``driver`` (``None``: DSH's default driver)."""
+
+    loop: str
+    driver: str | None = None
+    parts: SelectionParts = SelectionParts()
+
+
+# -- liveness --------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Ping:
+    pass
+
+
+@attrs.frozen
+class Pong:
+    pass
+
+
+BridgeMessage = (
+    Hello | Welcome | ErrorNotice | Events | Live | Followup | Wake | Cancel | Ack
+    | PreStep | Verdict | Select | Selection | Ping | Pong
+)
+
+#: Wire ``type`` -> class.
+MESSAGE_TYPES: Mapping[str, type[Any]] = MappingProxyType(
+    {
+        "hello": Hello,
+        "welcome": Welcome,
+        "error": ErrorNotice,
+        "events": Events,
+        "live": Live,
+        "followup": Followup,
+        "wake": Wake,
+        "cancel": Cancel,
+        "ack": Ack,
+        "preStep": PreStep,
+        "verdict": Verdict,
+        "select": Select,
+        "selection": Selection,
+        "ping": Ping,
+        "pong": Pong,
+    }
+)
+TYPE_NAMES: Mapping[type[Any], str] = MappingProxyType({cls: name for name, cls in MESSAGE_TYPES.items()})
+
+#: Request class -> the class of its reply (an ``error`` frame may answer any request).
+REPLY_TYPES: Mapping[type[Any], type[Any]] = MappingProxyType(
+    {Followup: Ack, Wake: Ack, Cancel: Ack, PreStep: Verdict, Select: Selection, Ping: Pong}
+)
+REPLIES = frozenset(REPLY_TYPES.values())
+
+
+def _check_id(name: str, value: str | None) -> None:
+    if value is not None and not (0 < len(value) <= MAX_ID_LENGTH):
+        raise ProtocolError(
+            ErrorCode.BAD_ENVELOPE, f"{name!r} must be 1 to {MAX_ID_LENGTH} characters"
+        )
+
+
+@attrs.frozen
+class Frame:
+    """One wire frame: a message, and its correlation ids.
+
+    ``id`` names a request (required on requests, absent otherwise); ``re`` is the id of
+    the request a reply answers (required on replies, optional on ``error``, absent
+    otherwise). A frame that breaks these rules cannot be built (BAD_ENVELOPE).
+    """
+
+    message: BridgeMessage
+    id: str | None = None
+    re: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        cls = type(self.message)
+        name = TYPE_NAMES.get(cls)
+        if name is None:
+            raise TypeError(f"{cls.__name__} is not a bridge message")
+        _check_id("id", self.id)
+        _check_id("re", self.re)
+        if cls in REPLY_TYPES:
+            if self.id is None or self.re is not None:
+                raise ProtocolError(
+                    ErrorCode.BAD_ENVELOPE,
+                    f"{name} is a request: it needs an 'id' and has no 're'",
+                    request_id=self.id,
+                )
+        elif cls in REPLIES:
+            if self.re is None or self.id is not None:
+                raise ProtocolError(
+                    ErrorCode.BAD_ENVELOPE, f"{name} is a reply: it needs an 're' and has no 'id'"
+                )
+        elif self.id is not None or (self.re is not None and cls is not ErrorNotice):
+            raise ProtocolError(
+                ErrorCode.BAD_ENVELOPE,
+                f"{name} is neither a request nor a reply: it has no 'id'"
+                + ("" if cls is ErrorNotice else " and no 're'"),
+            )
+
+    @property
+    def type(self) -> str:
+        return TYPE_NAMES[type(self.message)]

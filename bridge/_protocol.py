@@ -1,0 +1,299 @@
+"""The wire codec (sans-IO): JSON text <-> ``Frame``, with cattrs in this one place.
+
+A frame is ``{"v": 1, "type": str, "id"?: str, "re"?: str, "data": object}``. ``decode``
+never raises anything but ``ProtocolError``, whatever the text; ``encode`` writes compact
+JSON that ``decode`` reads back to an equal frame.
+
+Strictness: the envelope and our own payloads are strict (missing, mistyped or unknown
+keys are BAD_DATA naming the field); unknown keys are tolerated only in ``hello``,
+``welcome`` and ``error`` (so that a newer peer may say more without a version bump) and
+inside what belongs to DSH (a session event's envelope and every opaque ``data``,
+``message``, ``messages`` and ``agentOptions`` object).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, get_args, get_origin
+
+import attrs
+import cattrs
+from cattrs.cols import homogenous_tuple_structure_factory
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
+from cattrs.v import format_exception, transform_error
+
+from actors import LiveEvent
+from runtime._events import Event
+
+from ._errors import ErrorCode, ProtocolError
+from ._messages import (
+    MESSAGE_TYPES,
+    Ack,
+    Cancel,
+    ErrorNotice,
+    Events,
+    Followup,
+    Frame,
+    Hello,
+    Live,
+    Ping,
+    Pong,
+    PreStep,
+    Select,
+    Selection,
+    SelectionParts,
+    SessionEvent,
+    Verdict,
+    Wake,
+    Welcome,
+)
+
+PROTOCOL_VERSION = 1
+
+_ENVELOPE_KEYS = frozenset({"v", "type", "id", "re", "data"})
+# Classes whose wire objects may carry keys we do not know (see the module docstring).
+_TOLERANT = frozenset({Hello, Welcome, ErrorNotice, Event})
+# A JSON escape of a UTF-16 surrogate: the only way lone surrogates get into decoded text.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+class _WrongType(TypeError):
+    """A JSON value of the wrong kind; its message is shown to the peer as it is."""
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def _make_converter() -> cattrs.Converter:
+    """The only converter: strict JSON types (no ``str(5)``, no ``int(True)``, no string
+    iterated into a tuple), camelCase on the wire, ``None`` fields left out."""
+    conv = cattrs.Converter(forbid_extra_keys=True)
+
+    def strict(expected: type, what: str) -> Callable[[Any, Any], Any]:
+        def hook(value: Any, _: Any) -> Any:
+            if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+                raise _WrongType(f"expected {what}, got {_json_kind(value)}")
+            return value
+
+        return hook
+
+    conv.register_structure_hook(str, strict(str, "a string"))
+    conv.register_structure_hook(int, strict(int, "an integer"))
+    conv.register_structure_hook(bool, strict(bool, "a boolean"))
+    # Opaque JSON objects (DSH's data, messages, agent options): checked to be objects only.
+    def is_opaque(tp: Any) -> bool:
+        return tp == Mapping[str, Any]
+
+    conv.register_structure_hook_func(is_opaque, strict(dict, "an object"))
+    conv.register_unstructure_hook_func(is_opaque, dict)
+
+    def is_literal(tp: Any) -> bool:
+        return get_origin(tp) is Literal
+
+    def literal_hook(tp: Any) -> Callable[[Any, Any], Any]:
+        allowed = get_args(tp)
+
+        def hook(value: Any, _: Any) -> Any:
+            if isinstance(value, str) and value in allowed:
+                return value
+            raise _WrongType(f"expected one of {', '.join(map(repr, allowed))}, got {value!r}"[:200])
+
+        return hook
+
+    conv.register_structure_hook_factory(is_literal, literal_hook)
+
+    def is_homogeneous_tuple(tp: Any) -> bool:
+        args = get_args(tp)
+        return get_origin(tp) is tuple and len(args) == 2 and args[1] is Ellipsis
+
+    def tuple_hook(tp: Any) -> Callable[[Any, Any], Any]:
+        elements = homogenous_tuple_structure_factory(tp, conv)
+
+        def hook(value: Any, _: Any) -> Any:
+            if not isinstance(value, list):
+                raise _WrongType(f"expected an array, got {_json_kind(value)}")
+            return elements(value, tp)
+
+        return hook
+
+    conv.register_structure_hook_factory(is_homogeneous_tuple, tuple_hook)
+
+    def register(cls: type) -> None:
+        renames = {f.name: override(rename=_camel(f.name)) for f in attrs.fields(cls) if "_" in f.name}
+        structure = make_dict_structure_fn(
+            cls, conv, _cattrs_forbid_extra_keys=cls not in _TOLERANT, **renames
+        )
+        unstructure = make_dict_unstructure_fn(cls, conv, **renames)
+
+        def structure_object(value: Any, tp: Any) -> Any:
+            if not isinstance(value, dict):
+                raise _WrongType(f"expected an object, got {_json_kind(value)}")
+            return structure(value, tp)
+
+        def unstructure_object(value: Any) -> dict[str, Any]:
+            return {k: v for k, v in unstructure(value).items() if v is not None}
+
+        conv.register_structure_hook(cls, structure_object)
+        conv.register_unstructure_hook(cls, unstructure_object)
+
+    # Nested classes first, so that the outer ones are generated with their hooks.
+    for cls in (Event, LiveEvent, SessionEvent, ErrorNotice, SelectionParts):
+        register(cls)
+    for cls in (Hello, Welcome, Events, Live, Followup, Wake, Cancel, Ack, PreStep, Verdict,
+                Select, Selection, Ping, Pong):
+        register(cls)
+    return conv
+
+
+_CONVERTER = _make_converter()
+
+
+def _format(exc: BaseException, tp: Any) -> str:
+    if isinstance(exc, _WrongType):
+        return str(exc)
+    return format_exception(exc, tp)
+
+
+def _describe(exc: BaseException) -> str:
+    """cattrs' error tree as ``problem @ data.field`` lines, with wire (camelCase) names."""
+    lines = []
+    for line in transform_error(exc, path="data", format_exception=_format):  # type: ignore[arg-type]
+        problem, _, path = line.rpartition(" @ ")
+        lines.append(f"{problem} @ {re.sub(r'[A-Za-z_]+', lambda m: _camel(m.group()), path)}")
+    return "; ".join(lines)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
+def _check_unicode(text: str, parsed: Any = None) -> None:
+    """Refuse lone surrogates: they cannot be sent as UTF-8, so a frame holding one
+    would fail later, in whichever task relays it."""
+    try:
+        text.encode("utf-8")
+        if parsed is not None and _SURROGATE_ESCAPE.search(text):
+            json.dumps(parsed, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ProtocolError(ErrorCode.MALFORMED_JSON, "the text holds a lone UTF-16 surrogate") from None
+
+
+def decode(text: str) -> Frame:
+    """Read one frame; raises ProtocolError (and nothing else) if ``text`` is not one."""
+    if not isinstance(text, str):
+        raise ProtocolError(ErrorCode.BAD_ENVELOPE, "a frame is JSON text, not binary")
+    _check_unicode(text)
+    try:
+        raw = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError(ErrorCode.MALFORMED_JSON, f"not JSON: {str(exc)[:200]}") from None
+    try:
+        _check_unicode(text, raw)
+    except RecursionError:
+        raise ProtocolError(ErrorCode.MALFORMED_JSON, "the JSON is nested too deeply") from None
+    if not isinstance(raw, dict):
+        raise ProtocolError(ErrorCode.BAD_ENVELOPE, f"a frame is a JSON object, got {_json_kind(raw)}")
+    version = raw.get("v")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ProtocolError(ErrorCode.BAD_ENVELOPE, "a frame needs an integer protocol version 'v'")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            ErrorCode.BAD_VERSION,
+            f"protocol version {version} is not supported (this runtime speaks {PROTOCOL_VERSION})",
+        )
+    extra = raw.keys() - _ENVELOPE_KEYS
+    if extra:
+        raise ProtocolError(
+            ErrorCode.BAD_ENVELOPE, f"unknown envelope keys: {', '.join(sorted(map(repr, extra)))[:200]}"
+        )
+    for key in ("id", "re"):
+        if key in raw and not isinstance(raw[key], str):
+            raise ProtocolError(ErrorCode.BAD_ENVELOPE, f"{key!r} must be a string")
+    request_id = raw.get("id")
+    type_name = raw.get("type")
+    if not isinstance(type_name, str):
+        raise ProtocolError(ErrorCode.BAD_ENVELOPE, "a frame needs a string 'type'", request_id=request_id)
+    cls = MESSAGE_TYPES.get(type_name)
+    if cls is None:
+        raise ProtocolError(
+            ErrorCode.UNKNOWN_TYPE, f"unknown message type {type_name[:100]!r}", request_id=request_id
+        )
+    data = raw.get("data")
+    if not isinstance(data, dict):
+        raise ProtocolError(
+            ErrorCode.BAD_ENVELOPE,
+            f"{type_name}: 'data' must be an object, got {_json_kind(data) if 'data' in raw else 'nothing'}",
+            request_id=request_id,
+        )
+    try:
+        message = _CONVERTER.structure(data, cls)
+    except Exception as exc:  # cattrs reports every structuring failure as some exception
+        raise ProtocolError(
+            ErrorCode.BAD_DATA, f"{type_name}: {_describe(exc)}"[:1000], request_id=request_id
+        ) from None
+    return Frame(message, id=request_id, re=raw.get("re"))
+
+
+def _dumps(value: Any, what: str) -> str:
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ProtocolError(ErrorCode.BAD_DATA, f"{what} is not JSON: {exc}") from None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ProtocolError(ErrorCode.BAD_DATA, f"{what} holds a lone UTF-16 surrogate") from None
+    return text
+
+
+def encode(frame: Frame) -> str:
+    """Write one frame as compact JSON text; raises ProtocolError (BAD_DATA) if an opaque
+    payload is not JSON (``NaN``, a set, a lone surrogate, ...)."""
+    envelope: dict[str, Any] = {"v": PROTOCOL_VERSION, "type": frame.type}
+    if frame.id is not None:
+        envelope["id"] = frame.id
+    if frame.re is not None:
+        envelope["re"] = frame.re
+    envelope["data"] = _CONVERTER.unstructure(frame.message, type(frame.message))
+    return _dumps(envelope, frame.type)
+
+
+BatchKind = Literal["events", "live"]
+
+
+def encode_item(item: SessionEvent | LiveEvent) -> tuple[BatchKind, str]:
+    """One item of an ``events``/``live`` frame, encoded once when it is published (so
+    that batching can count its size, and a bad item fails its producer, not the sender)."""
+    kind: BatchKind = "events" if isinstance(item, SessionEvent) else "live"
+    return kind, _dumps(_CONVERTER.unstructure(item, type(item)), f"a {kind} item")
+
+
+def encode_batch(kind: BatchKind, items: Sequence[str]) -> str:
+    """The ``events``/``live`` frame holding ``items`` (from ``encode_item``); the same
+    text ``encode`` writes for that frame."""
+    return f'{{"v":{PROTOCOL_VERSION},"type":"{kind}","data":{{"items":[{",".join(items)}]}}}}'

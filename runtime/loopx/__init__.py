@@ -1,0 +1,34 @@
+"""The LoopX CLI client: typed calls to the only authority for goals, bindings, quota,
+receipts, lifecycle and progress (see ``_client`` for the contract and the CLI facts)."""
+
+from ._client import ATTEMPT_BACKOFF as ATTEMPT_BACKOFF
+from ._client import HOST_SURFACE as HOST_SURFACE
+from ._client import LOOPX_TURN_PATTERN as LOOPX_TURN_PATTERN
+from ._client import MAX_ATTEMPTS as MAX_ATTEMPTS
+from ._client import MAX_TASK_BODY_CHARS as MAX_TASK_BODY_CHARS
+from ._client import LifecycleResult as LifecycleResult
+from ._client import LoopxClient as LoopxClient
+from ._client import LoopxFailure as LoopxFailure
+from ._client import LoopxFailureResult as LoopxFailureResult
+from ._client import LoopxOk as LoopxOk
+from ._client import LoopxRequestError as LoopxRequestError
+from ._client import LoopxResult as LoopxResult
+from ._client import LoopxVersion as LoopxVersion
+from ._client import MalformedOutput as MalformedOutput
+from ._client import ShouldRun as ShouldRun
+from ._client import SkillsResult as SkillsResult
+from ._client import TaskBody as TaskBody
+from ._client import ThreadBinding as ThreadBinding
+from ._client import TodoProgress as TodoProgress
+from ._client import TransportFailure as TransportFailure
+from ._client import check_thread_id as check_thread_id
+from ._client import check_turn_id as check_turn_id
+from ._activation import Activation as Activation
+from ._integration import LoopxIntegration as LoopxIntegration
+from ._integration import LoopxSettings as LoopxSettings
+from ._init import INIT_SOURCE_KIND as INIT_SOURCE_KIND
+from ._init import InitOutcome as InitOutcome
+from ._init import InitSettings as InitSettings
+from ._init import initialize as initialize
+from ._init import loopx_init_command as loopx_init_command
+from ._init import startup_initialize as startup_initialize

@@ -1,0 +1,87 @@
+"""Whether a session has activated the LoopX continuation driver, folded from its log.
+
+Activation is intent, never authority, and only this exact session's history counts:
+
+- a ``user/message`` whose source is exactly ``{kind: skill-invocation, name: loopx,
+  form: instructions}`` (a person typed ``/loopx ...``); or
+- a ``tool/call`` named exactly ``skill`` whose arguments parse to a JSON object (not an
+  array) with exactly ``name: loopx``, followed by a successful ``tool/result`` paired by
+  the same call id.
+
+Everything else fails closed: prose, a call without a result, a failed or unmatched
+result, other skills, init-command or continuation input, files on disk, bindings.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from .._events import Event
+
+SKILL_NAME = "loopx"
+
+
+def _is_loopx_invocation(data: Mapping[str, Any]) -> bool:
+    source = data.get("source")
+    return (
+        isinstance(source, Mapping)
+        and source.get("kind") == "skill-invocation"
+        and source.get("name") == SKILL_NAME
+        and source.get("form") == "instructions"
+    )
+
+
+def _is_loopx_skill_call(data: Mapping[str, Any]) -> bool:
+    if data.get("name") != "skill" or not isinstance(data.get("arguments"), str):
+        return False
+    try:
+        arguments = json.loads(data["arguments"])
+    except ValueError:
+        return False
+    return isinstance(arguments, dict) and arguments.get("name") == SKILL_NAME
+
+
+def _tool_result(data: Mapping[str, Any]) -> tuple[str | None, bool]:
+    """(call id, succeeded) of a tool result; (None, False) when malformed."""
+    content = data.get("content")
+    if not isinstance(content, list) or len(content) != 1 or not isinstance(content[0], Mapping):
+        return None, False
+    block = content[0]
+    call_id = block.get("callId")
+    if block.get("type") != "tool-result" or not isinstance(call_id, str):
+        return None, False
+    return call_id, block.get("isError") is False
+
+
+@attrs.define
+class Activation:
+    """An incremental fold: feed events in order; ``active`` never goes back to False."""
+
+    active: bool = False
+    _pending_calls: set[str] = attrs.field(factory=set)
+
+    def feed(self, event: Event) -> bool:
+        """Fold one event; True when this event activated the session."""
+        if self.active:
+            return False
+        if event.type == "user/message" and _is_loopx_invocation(event.data):
+            self.active = True
+        elif event.type == "tool/call" and _is_loopx_skill_call(event.data):
+            self._pending_calls.add(event.data.get("callId"))
+        elif event.type == "tool/result":
+            call_id, succeeded = _tool_result(event.data)
+            if succeeded and call_id in self._pending_calls:
+                self.active = True
+            self._pending_calls.discard(call_id)  # a failed result settles the call too
+        return self.active
+
+    @classmethod
+    def fold(cls, events: Iterable[Event]) -> Activation:
+        activation = cls()
+        for event in events:
+            activation.feed(event)
+        return activation

@@ -1,0 +1,736 @@
+"""The LoopX CLI client: fixed argv, no shell, JSON on stdout, typed results.
+
+LoopX is the only authority for goals, agent lanes, todos, thread bindings, quota,
+heartbeat receipts, lifecycle and progress; this module only calls its CLI
+(``../shared/contracts/loopx.md``) and turns each answer into a typed value. It never reads
+or writes ``.loopx/`` itself.
+
+Every call is ``[*command, --registry .loopx/registry.json, [--runtime-root R,]
+--format json, SUB, ...]`` run with ``cwd=project`` through :func:`trio.run_process` inside
+the caller's cancel scope. A per-attempt timeout is a ``trio.move_on_after``; cancellation
+(the timeout's or the caller's) terminates the child's whole process group -- loopx is a
+Python process that starts Node children -- and waits for the child before returning.
+
+One call ends in exactly one of four results:
+
+- :class:`LoopxOk`: exit 0 and a JSON object with ``ok: true``.
+- :class:`LoopxFailure`: a non-zero exit with a JSON object with ``ok: false``. LoopX's
+  typed answer: authoritative, never retried.
+- :class:`TransportFailure`: a timeout, a spawn failure, or a non-zero exit without a JSON
+  object. The only result that is ever retried, and only when the call asked for it.
+- :class:`MalformedOutput`: exit 0 without a JSON object, or JSON whose ``ok`` disagrees with
+  the exit code; the typed command methods also return it when an answer breaks its
+  schema (a wrong turn id, a task body without exactly one ``LOOPX_TURN``, ...). Never
+  retried.
+
+``reason`` strings are safe to show to a model or a UI: they are built from fixed phrases
+and numbers only, never from the child's output, and never contain a local path.
+
+Facts about the real CLI (loopx 2.1.1 with Node 22.23.3), checked by
+``tests/runtime/test_loopx_cli.py``:
+
+- Global options go before the subcommand. ``--registry .loopx/registry.json`` is relative
+  to the cwd; ``--runtime-root`` moves the global registry, authority and goal runtime
+  state out of ``$HOME``. Both are echoed into every command template LoopX hands back
+  (the settlement plan, ``next_cli_actions``, the thin task body), with the runtime root
+  and the registry made absolute in the task body.
+- Exit code 0 iff ``ok: true`` held for every command we call; an ``ok: false`` answer
+  exits 1. An argparse usage error exits 2 with usage text on stderr and nothing on
+  stdout. A typed refusal names itself in ``error_kind`` (bindings) or ``error_code``
+  (quota), sometimes in neither (``heartbeat-prompt``, ``todo list``, ``goal-lifecycle``
+  only have ``error``).
+- ``--version`` prints ``loopx 2.1.1`` (not JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union
+
+import attrs
+import trio
+
+from .._errors import LoopdockError
+
+__all__ = [
+    "ATTEMPT_BACKOFF",
+    "HOST_SURFACE",
+    "MAX_ATTEMPTS",
+    "MAX_TASK_BODY_CHARS",
+    "LOOPX_TURN_PATTERN",
+    "LoopxClient",
+    "LoopxFailure",
+    "LoopxFailureResult",
+    "LoopxOk",
+    "LoopxRequestError",
+    "LoopxResult",
+    "LoopxVersion",
+    "MalformedOutput",
+    "ShouldRun",
+    "SkillsResult",
+    "TaskBody",
+    "ThreadBinding",
+    "TodoProgress",
+    "TransportFailure",
+    "LifecycleResult",
+    "check_thread_id",
+    "check_turn_id",
+]
+
+#: The host surface of a visible, same-session DSH integration.
+HOST_SURFACE = "deepseek-harness-native"
+#: The retry policy (the contract's, kept from the reference plugin): at most three
+#: attempts in all, waiting ~0.2 s and then ~0.75 s, for transport failures only.
+MAX_ATTEMPTS = 3
+ATTEMPT_BACKOFF = (0.2, 0.75)
+#: A thin task body must be at most this long ...
+MAX_TASK_BODY_CHARS = 32_000
+#: ... and contain exactly one match of this, naming the requested turn id.
+LOOPX_TURN_PATTERN = re.compile(r"\bLOOPX_TURN=([^\s`'\";]+)")
+
+HEARTBEAT_SCHEMAS = frozenset({"heartbeat_agent_input_v1", "loopx_heartbeat_prompt_v0"})
+BINDING_RESOLUTION_SCHEMA = "loopx_thread_agent_binding_resolution_v0"
+SKILL_INSTALL_SCHEMA = "loopx_workflow_skill_install_v0"
+RECEIPT_STATUSES = frozenset({"committed", "replayed", "upgraded", "write_failed"})
+
+# After SIGTERM to the child's process group, how long before SIGKILL.
+_KILL_GRACE = 2.0
+_REGISTRY = ".loopx/registry.json"
+# Goal and agent ids: a superset of LoopX's rules (goal ids ``[A-Za-z0-9][A-Za-z0-9_.-]*``,
+# agent ids ``[a-z][a-z0-9_.:@-]{0,79}``); LoopX refuses the finer cases itself.
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+# What a LoopX error kind/code looks like; anything else is not passed on.
+_KIND = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
+# LoopX's own turn-id rule (loopx.turn_identity.TURN_INSTANCE_ID_RE).
+_TURN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+_VERSION_LINE = re.compile(r"^loopx (\d+)\.(\d+)\.(\d+)\S*$")
+
+
+class LoopxRequestError(LoopdockError):
+    """Raised before any CLI call when a request is invalid: an identity (thread, goal,
+    agent or turn id) breaks LoopX's rules, or an argument is out of range."""
+
+    code = "INVALID_LOOPX_REQUEST"
+
+
+# -- Raw results ----------------------------------------------------------------------------
+
+
+@attrs.frozen
+class LoopxOk:
+    """Exit 0 with a JSON object whose ``ok`` is true."""
+
+    payload: Mapping[str, Any]
+
+
+@attrs.frozen
+class LoopxFailure:
+    """A non-zero exit with a JSON object whose ``ok`` is false: LoopX's authoritative,
+    typed answer. Never retried. ``error_kind`` is LoopX's ``error_kind`` (or
+    ``error_code``) when it is a plain token, else ``None``."""
+
+    payload: Mapping[str, Any]
+    error_kind: str | None
+
+    @property
+    def reason(self) -> str:
+        return f"loopx refused: {self.error_kind}" if self.error_kind else "loopx refused"
+
+
+@attrs.frozen
+class TransportFailure:
+    """The call did not produce an answer: ``kind`` is ``timeout``, ``spawn`` or ``exit``
+    (a non-zero exit without a JSON object). The only retryable result."""
+
+    reason: str
+    kind: Literal["timeout", "spawn", "exit"]
+
+
+@attrs.frozen
+class MalformedOutput:
+    """An answer this client cannot trust; never retried. ``kind`` is ``not-json``,
+    ``ok-mismatch`` or ``schema`` (the typed methods' checks)."""
+
+    reason: str
+    kind: Literal["not-json", "ok-mismatch", "schema"] = "schema"
+
+
+LoopxResult = Union[LoopxOk, LoopxFailure, TransportFailure, MalformedOutput]
+_R = TypeVar("_R")
+LoopxFailureResult = Union[LoopxFailure, TransportFailure, MalformedOutput]
+
+
+# -- Parsed results -------------------------------------------------------------------------
+
+
+@attrs.frozen
+class LoopxVersion:
+    """``loopx --version``: the first line ``loopx X.Y.Z``."""
+
+    version: str
+    parts: tuple[int, int, int]
+
+
+@attrs.frozen
+class ThreadBinding:
+    """``resolve-agent-thread``: ``missing`` (no ids), ``bound`` (exactly one goal/agent),
+    ``ambiguous`` (more than one) or ``unavailable`` (an invalid request or a LoopX failure).
+    The last two come from LoopX as ``ok: false`` answers; ``error_kind`` then says which."""
+
+    status: Literal["missing", "bound", "ambiguous", "unavailable"]
+    goal_id: str | None = None
+    agent_id: str | None = None
+    error_kind: str | None = None
+
+
+@attrs.frozen
+class ShouldRun:
+    """``quota should-run`` with a turn id: LoopX's admission decision and its receipt.
+
+    ``wait_minutes`` is ``scheduler_hint.cold_path_detail.local_scheduler
+    .recommended_interval_minutes`` (only present with ``--include-detail scheduler``, and
+    absent when LoopX says stop); ``scheduler_action`` is ``scheduler_hint.action``
+    (``run_now``, ``stop_until_explicit_resume``, ...). ``effect_id`` and ``todo_id`` come
+    from the receipt's settlement identity, which a skip has none of.
+    ``settlement_plan`` is ``interaction_contract.cli_channel.settlement_plan`` as given.
+    """
+
+    should_run: bool
+    decision: str
+    turn_id: str
+    wait_minutes: float | None
+    scheduler_action: str | None
+    receipt_status: str
+    effect_id: str | None
+    todo_id: str | None
+    settlement_plan: Mapping[str, Any] | None
+    payload: Mapping[str, Any]
+
+
+@attrs.frozen
+class TaskBody:
+    """The canonical thin task body for one exact turn (``heartbeat-prompt --thin``)."""
+
+    text: str
+    turn_id: str
+    schema_version: str
+
+
+@attrs.frozen
+class LifecycleResult:
+    """``goal-lifecycle``: ``readback_status`` is ``verified`` after an executed, read-back
+    mutation, ``not_executed`` for a preview."""
+
+    operation: str
+    before_state: str
+    after_state: str
+    changed: bool
+    written: bool
+    readback_status: str | None
+    readback_verified: bool
+    payload: Mapping[str, Any]
+
+
+@attrs.frozen
+class TodoProgress:
+    """An agent lane's todo counts (``todo list ... --limit 1`` -> ``agent_todos``)."""
+
+    done: int
+    open: int
+    total: int
+
+
+@attrs.frozen
+class SkillsResult:
+    """``workflow-skills``: ``operation`` is ``install`` or ``inspect`` (LoopX reports a
+    ``--install --dry-run`` as an inspection). ``installed`` maps each packaged skill to
+    ``created|updated|unchanged`` (install only); ``entry_status`` is the ``loopx`` entry
+    skill's status; ``ready`` is the managed readback's ``ready`` (after an install, before
+    it for an inspection)."""
+
+    operation: str
+    installed: Mapping[str, str]
+    entry_status: str | None
+    install_required: bool | None
+    ready: bool | None
+    payload: Mapping[str, Any]
+
+
+# -- Identity checks ------------------------------------------------------------------------
+
+_FORBIDDEN_IN_THREAD = frozenset("/\\\"'")
+
+
+def check_thread_id(value: object) -> str:
+    """A thread id: 1-128 chars, no whitespace, control chars, ``/``, ``\\``, ``"`` or ``'``."""
+    if not isinstance(value, str) or not value or len(value) > 128:
+        raise LoopxRequestError("a thread id must be a string of 1-128 characters")
+    for ch in value:
+        if ch.isspace() or ord(ch) < 32 or ord(ch) == 127 or ch in _FORBIDDEN_IN_THREAD:
+            raise LoopxRequestError(
+                "a thread id may not contain whitespace, control characters, / \\ \" or '"
+            )
+    return value
+
+
+def _check_token(value: object, what: str) -> str:
+    if not isinstance(value, str) or not _ID.fullmatch(value):
+        raise LoopxRequestError(
+            f"{what} must be 1-128 letters, digits or . _ : @ - starting with a letter or digit"
+        )
+    return value
+
+
+def check_turn_id(value: object) -> str:
+    """A turn id, by LoopX's own rule: 1-128 letters, digits or ``._:-``."""
+    if not isinstance(value, str) or not _TURN_ID.fullmatch(value):
+        raise LoopxRequestError(
+            "a turn id must be 1-128 letters, digits or . _ : - starting with a letter or digit"
+        )
+    return value
+
+
+def _token_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) and _KIND.fullmatch(value) else None
+
+
+# -- The client -----------------------------------------------------------------------------
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+async def _terminate_group(process: trio.Process) -> None:
+    # The child leads its own process group (start_new_session), so its Node children
+    # go with it. trio cancels this as soon as the child exits; the SIGKILL in `finally`
+    # then still reaches any grandchild that outlived it.
+    try:
+        _signal_group(process.pid, signal.SIGTERM)
+        await trio.sleep(_KILL_GRACE)
+    finally:
+        _signal_group(process.pid, signal.SIGKILL)
+
+
+class LoopxClient:
+    """Runs the LoopX CLI for one project.
+
+    ``command`` is the argv prefix that starts the CLI (``["loopx"]``, or
+    ``[python, launcher]`` for a managed install); ``env`` is the child's whole environment
+    (``None``: this process's, as of construction), always with ``LOOPX_USAGE_PING=0``;
+    ``timeout`` bounds each attempt in seconds; ``runtime_root`` is passed as
+    ``--runtime-root`` when given.
+    """
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        *,
+        project: Path,
+        env: Mapping[str, str] | None = None,
+        timeout: float = 60.0,
+        runtime_root: Path | None = None,
+    ) -> None:
+        if isinstance(command, str) or not command or not all(isinstance(a, str) and a for a in command):
+            raise LoopxRequestError("command must be a non-empty sequence of argv strings")
+        if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
+            raise LoopxRequestError("timeout must be a positive number of seconds")
+        self.command: tuple[str, ...] = tuple(command)
+        self.project = Path(project)
+        # LoopX pings a usage endpoint daily unless told not to; this runtime never lets it.
+        self.env = {**(os.environ if env is None else env), "LOOPX_USAGE_PING": "0"}
+        self.timeout = float(timeout)
+        self.runtime_root = Path(runtime_root) if runtime_root is not None else None
+
+    # -- Raw calls ---------------------------------------------------------------------
+
+    def argv(self, *args: str) -> list[str]:
+        """The full argv of ``run(*args)``: global options, then the subcommand."""
+        glob = ["--registry", _REGISTRY]
+        if self.runtime_root is not None:
+            glob += ["--runtime-root", str(self.runtime_root)]
+        glob += ["--format", "json"]
+        return [*self.command, *glob, *args]
+
+    async def run(self, *args: str, retry: bool = False) -> LoopxResult:
+        """Run one subcommand (``args``) with the global options and classify the answer.
+
+        With ``retry=True`` (read-only calls, and ``quota should-run`` repeated with the
+        same turn id) a :class:`TransportFailure` is retried: at most ``MAX_ATTEMPTS``
+        attempts in all, after ``ATTEMPT_BACKOFF`` seconds. Every other result is final.
+        """
+        argv = self.argv(*args)
+        return await self._attempts(lambda: self._run_json(argv), retry)
+
+    async def _attempts(self, attempt: Callable[[], Awaitable[_R]], retry: bool) -> _R:
+        attempts = MAX_ATTEMPTS if retry else 1
+        for number in range(attempts):
+            result = await attempt()
+            if not isinstance(result, TransportFailure) or number + 1 == attempts:
+                return result
+            await trio.sleep(ATTEMPT_BACKOFF[number])
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _exec(self, argv: list[str]) -> tuple[int, bytes] | TransportFailure:
+        completed = None
+        with trio.move_on_after(self.timeout):
+            try:
+                completed = await trio.run_process(
+                    argv,
+                    cwd=self.project,
+                    env=self.env,
+                    capture_stdout=True,
+                    capture_stderr=True,
+                    check=False,
+                    start_new_session=True,
+                    deliver_cancel=_terminate_group,
+                )
+            except OSError:
+                return TransportFailure("could not start the loopx command", "spawn")
+        if completed is None:
+            return TransportFailure(f"timed out after {self.timeout:g}s", "timeout")
+        return completed.returncode, completed.stdout
+
+    async def _run_json(self, argv: list[str]) -> LoopxResult:
+        outcome = await self._exec(argv)
+        if isinstance(outcome, TransportFailure):
+            return outcome
+        code, stdout = outcome
+        payload = _json_object(stdout)
+        if payload is None:
+            if code == 0:
+                return MalformedOutput("exit code 0 without a JSON object", "not-json")
+            if code < 0:
+                return TransportFailure(f"killed by signal {-code} without JSON", "exit")
+            return TransportFailure(f"exit code {code} without JSON", "exit")
+        ok = payload.get("ok")
+        if not isinstance(ok, bool):
+            return MalformedOutput("JSON answer without a boolean ok", "ok-mismatch")
+        if ok and code == 0:
+            return LoopxOk(payload)
+        if not ok and code != 0:
+            kind = _token_or_none(payload.get("error_kind")) or _token_or_none(payload.get("error_code"))
+            return LoopxFailure(payload, kind)
+        return MalformedOutput(f"ok is {str(ok).lower()} but the exit code is {code}", "ok-mismatch")
+
+    # -- Typed commands ----------------------------------------------------------------
+
+    async def version(self, *, retry: bool = True) -> LoopxVersion | TransportFailure | MalformedOutput:
+        """``[*command, "--version"]`` (no global options) -> first line ``loopx X.Y.Z``."""
+        argv = [*self.command, "--version"]
+
+        async def attempt():
+            outcome = await self._exec(argv)
+            if isinstance(outcome, TransportFailure):
+                return outcome
+            code, stdout = outcome
+            if code != 0:
+                return TransportFailure(f"exit code {code} from --version", "exit")
+            first = stdout.decode("utf-8", "replace").strip().splitlines()[:1]
+            match = _VERSION_LINE.fullmatch(first[0].strip()) if first else None
+            if match is None:
+                return MalformedOutput("--version did not print 'loopx X.Y.Z'", "not-json")
+            parts = (int(match[1]), int(match[2]), int(match[3]))
+            return LoopxVersion(".".join(map(str, parts)), parts)
+
+        return await self._attempts(attempt, retry)
+
+    async def resolve_thread(self, thread_id: str) -> ThreadBinding | TransportFailure | MalformedOutput | LoopxFailure:
+        """``resolve-agent-thread --host-surface deepseek-harness-native --thread-id T``.
+
+        Read-only, retried. ``missing``/``bound`` are ``ok: true``; ``ambiguous``
+        (``error_kind: thread_agent_binding_ambiguous``, every match listed) and
+        ``unavailable`` (e.g. ``thread_agent_binding_invalid_request``) are ``ok: false``
+        with the same schema and still come back as a :class:`ThreadBinding`. Any other
+        ``ok: false`` answer is returned as the :class:`LoopxFailure` itself.
+        """
+        check_thread_id(thread_id)
+        result = await self.run(
+            "resolve-agent-thread", "--host-surface", HOST_SURFACE, "--thread-id", thread_id, retry=True
+        )
+        if isinstance(result, TransportFailure | MalformedOutput):
+            return result
+        payload = result.payload
+        if payload.get("schema_version") != BINDING_RESOLUTION_SCHEMA:
+            if isinstance(result, LoopxFailure):
+                return result
+            return MalformedOutput("binding answer has an unknown schema")
+        status = payload.get("status")
+        matches = payload.get("matches")
+        if not isinstance(matches, list):
+            return MalformedOutput("binding answer has no matches list")
+        if isinstance(result, LoopxOk):
+            if payload.get("thread_id") != thread_id or payload.get("host_surface") != HOST_SURFACE:
+                return MalformedOutput("binding answer is for another thread")
+            if status == "missing":
+                if matches or payload.get("goal_id") is not None or payload.get("agent_id") is not None:
+                    return MalformedOutput("a missing binding came with ids")
+                return ThreadBinding("missing")
+            if status == "bound":
+                goal_id, agent_id = payload.get("goal_id"), payload.get("agent_id")
+                if not (isinstance(goal_id, str) and goal_id and isinstance(agent_id, str) and agent_id):
+                    return MalformedOutput("a bound binding came without its ids")
+                if matches != [{"goal_id": goal_id, "agent_id": agent_id}]:
+                    return MalformedOutput("a bound binding must have exactly its own match")
+                return ThreadBinding("bound", goal_id, agent_id)
+            return MalformedOutput("binding answer has an unknown ok status")
+        if status in ("ambiguous", "unavailable"):
+            if status == "ambiguous" and (len(matches) < 2 or payload.get("thread_id") != thread_id):
+                return MalformedOutput("an ambiguous binding must list two or more matches for this thread")
+            return ThreadBinding(status, error_kind=result.error_kind)
+        return MalformedOutput("binding refusal has an unknown status")
+
+    async def should_run(
+        self, goal_id: str, agent_id: str, turn_id: str
+    ) -> ShouldRun | TransportFailure | MalformedOutput | LoopxFailure:
+        """``quota should-run --goal-id G --agent-id A --runtime-profile generic_cli
+        --include-detail scheduler --turn-instance-id T``.
+
+        Retried on transport failures: safe because every call with a turn id writes a
+        heartbeat receipt and the same T replays it (``status: replayed``, the same event
+        and effect id). The receipt must name T; a settlement identity, when present, must
+        be T's too. A skip (e.g. a stopped goal) has a receipt without one.
+        """
+        _check_token(goal_id, "a goal id")
+        _check_token(agent_id, "an agent id")
+        check_turn_id(turn_id)
+        result = await self.run(
+            "quota", "should-run",
+            "--goal-id", goal_id,
+            "--agent-id", agent_id,
+            "--runtime-profile", "generic_cli",
+            "--include-detail", "scheduler",
+            "--turn-instance-id", turn_id,
+            retry=True,
+        )
+        if not isinstance(result, LoopxOk):
+            return result
+        payload = result.payload
+        should, decision = payload.get("should_run"), payload.get("decision")
+        if not isinstance(should, bool) or not isinstance(decision, str):
+            return MalformedOutput("should-run answer without should_run/decision")
+        receipt = payload.get("heartbeat_receipt")
+        if not isinstance(receipt, Mapping) or receipt.get("turn_instance_id") != turn_id:
+            return MalformedOutput("should-run answer without a receipt for this turn")
+        status = receipt.get("status")
+        if status not in RECEIPT_STATUSES:
+            return MalformedOutput("should-run receipt has an unknown status")
+        identity = receipt.get("settlement_identity")
+        effect_id = todo_id = None
+        if identity is not None:
+            if not isinstance(identity, Mapping) or identity.get("turn_instance_id") != turn_id:
+                return MalformedOutput("settlement identity is for another turn")
+            if identity.get("goal_id") != goal_id or identity.get("agent_id") != agent_id:
+                return MalformedOutput("settlement identity is for another goal or agent")
+            effect_id = identity.get("effect_id")
+            todo_id = identity.get("todo_id")
+            if not isinstance(effect_id, str) or not effect_id.endswith(f":{turn_id}"):
+                return MalformedOutput("settlement identity has no effect id for this turn")
+            if todo_id is not None and not isinstance(todo_id, str):
+                return MalformedOutput("settlement identity has a malformed todo id")
+        elif should:
+            return MalformedOutput("an admitted turn came without a settlement identity")
+        plan = _path(payload, "interaction_contract", "cli_channel", "settlement_plan")
+        if plan is not None and not isinstance(plan, Mapping):
+            return MalformedOutput("settlement plan is not an object")
+        hint = payload.get("scheduler_hint")
+        action = hint.get("action") if isinstance(hint, Mapping) else None
+        wait = _path(payload, "scheduler_hint", "cold_path_detail", "local_scheduler", "recommended_interval_minutes")
+        if wait is not None and (
+            isinstance(wait, bool) or not isinstance(wait, (int, float)) or not math.isfinite(wait) or wait < 0
+        ):
+            return MalformedOutput("scheduler interval is not a non-negative number")
+        return ShouldRun(
+            should_run=should,
+            decision=decision,
+            turn_id=turn_id,
+            wait_minutes=float(wait) if wait is not None else None,
+            scheduler_action=action if isinstance(action, str) else None,
+            receipt_status=status,
+            effect_id=effect_id,
+            todo_id=todo_id,
+            settlement_plan=plan,
+            payload=payload,
+        )
+
+    async def heartbeat_prompt(
+        self, goal_id: str, agent_id: str, turn_id: str
+    ) -> TaskBody | TransportFailure | MalformedOutput | LoopxFailure:
+        """``heartbeat-prompt --thin --goal-id G --agent-id A --runtime-profile generic_cli
+        --turn-instance-id T``: read-only, retried.
+
+        Accepts 2.x ``heartbeat_agent_input_v1`` and 0.5.x ``loopx_heartbeat_prompt_v0``
+        (both carry ``goal_id``, ``agent_id``, ``turn_instance_id`` and ``task_body``). The
+        body is rejected (:class:`MalformedOutput`) unless it is at most 32,000 characters
+        and has exactly one ``LOOPX_TURN=<T>`` naming T. 2.1.1's body embeds a shell block
+        ``LOOPX_TURN=T`` + the should-run guard with the absolute runtime root and registry.
+        """
+        _check_token(goal_id, "a goal id")
+        _check_token(agent_id, "an agent id")
+        check_turn_id(turn_id)
+        result = await self.run(
+            "heartbeat-prompt", "--thin",
+            "--goal-id", goal_id,
+            "--agent-id", agent_id,
+            "--runtime-profile", "generic_cli",
+            "--turn-instance-id", turn_id,
+            retry=True,
+        )
+        if not isinstance(result, LoopxOk):
+            return result
+        payload = result.payload
+        schema = payload.get("schema_version")
+        if schema not in HEARTBEAT_SCHEMAS:
+            return MalformedOutput("heartbeat answer has an unknown schema")
+        if payload.get("goal_id") != goal_id or payload.get("agent_id") != agent_id:
+            return MalformedOutput("heartbeat answer is for another goal or agent")
+        if payload.get("turn_instance_id") != turn_id:
+            return MalformedOutput("heartbeat answer is for another turn")
+        body = payload.get("task_body")
+        if not isinstance(body, str) or not body.strip():
+            return MalformedOutput("heartbeat answer has no task body")
+        if len(body) > MAX_TASK_BODY_CHARS:
+            return MalformedOutput(f"task body is longer than {MAX_TASK_BODY_CHARS} characters")
+        turns = LOOPX_TURN_PATTERN.findall(body)
+        if len(turns) != 1:
+            return MalformedOutput(f"task body has {len(turns)} LOOPX_TURN markers, not exactly one")
+        if turns[0] != turn_id:
+            return MalformedOutput("task body's LOOPX_TURN names another turn")
+        return TaskBody(body, turn_id, schema)
+
+    async def goal_lifecycle(
+        self, goal_id: str, operation: Literal["stop", "resume"], *, execute: bool
+    ) -> LifecycleResult | TransportFailure | MalformedOutput | LoopxFailure:
+        """``goal-lifecycle --goal-id G --operation stop|resume`` (a preview: writes nothing,
+        ``readback.status: not_executed``) or, with ``execute``, ``... --actor-kind owner
+        --execute`` (2.x refuses ``--execute`` without ``--actor-kind``). Never retried: an
+        execution is a mutation, and a preview is cheap to ask again. Repeating an executed
+        operation is a no-op (``changed: false``) that still reads back ``verified``."""
+        _check_token(goal_id, "a goal id")
+        if operation not in ("stop", "resume"):
+            raise LoopxRequestError("operation must be 'stop' or 'resume'")
+        args = ["goal-lifecycle", "--goal-id", goal_id, "--operation", operation]
+        if execute:
+            args += ["--actor-kind", "owner", "--execute"]
+        result = await self.run(*args)
+        if not isinstance(result, LoopxOk):
+            return result
+        payload = result.payload
+        before, after = payload.get("before_state"), payload.get("after_state")
+        changed, written = payload.get("changed"), payload.get("written")
+        if not (isinstance(before, str) and isinstance(after, str)):
+            return MalformedOutput("lifecycle answer without before/after states")
+        if not (isinstance(changed, bool) and isinstance(written, bool)):
+            return MalformedOutput("lifecycle answer without changed/written")
+        readback = payload.get("readback")
+        if readback is not None and not isinstance(readback, Mapping):
+            return MalformedOutput("lifecycle readback is not an object")
+        status = readback.get("status") if readback else None
+        verified = readback.get("verified") is True if readback else False
+        if not execute and written:
+            return MalformedOutput("a lifecycle preview says it wrote")
+        return LifecycleResult(
+            operation=operation,
+            before_state=before,
+            after_state=after,
+            changed=changed,
+            written=written,
+            readback_status=status if isinstance(status, str) else None,
+            readback_verified=verified,
+            payload=payload,
+        )
+
+    async def todo_progress(
+        self, goal_id: str, agent_id: str
+    ) -> TodoProgress | TransportFailure | MalformedOutput | LoopxFailure:
+        """``todo list --goal-id G --role agent --agent-id A --limit 1`` ->
+        ``agent_todos{done_count, open_count, total_count}``. Read-only, retried."""
+        _check_token(goal_id, "a goal id")
+        _check_token(agent_id, "an agent id")
+        result = await self.run(
+            "todo", "list", "--goal-id", goal_id, "--role", "agent", "--agent-id", agent_id, "--limit", "1",
+            retry=True,
+        )
+        if not isinstance(result, LoopxOk):
+            return result
+        counts = result.payload.get("agent_todos")
+        if not isinstance(counts, Mapping):
+            return MalformedOutput("todo list answer without agent_todos")
+        values = [counts.get(k) for k in ("done_count", "open_count", "total_count")]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+            return MalformedOutput("todo counts are not non-negative integers")
+        return TodoProgress(*values)
+
+    async def workflow_skills(
+        self, skills_dir: Path, *, install: bool, dry_run: bool = False, cli_bin: str | None = None
+    ) -> SkillsResult | TransportFailure | MalformedOutput | LoopxFailure:
+        """``workflow-skills [--install] --skills-dir D --host-surface
+        deepseek-harness-native [--cli-bin C] [--dry-run]``.
+
+        An install is never retried (it mutates); an inspection or a dry run is. A
+        user-owned ``loopx/SKILL.md`` makes an install answer ``ok: false``
+        (``skipped_user_file``): that comes back as the :class:`LoopxFailure`.
+        """
+        args = ["workflow-skills"]
+        if install:
+            args.append("--install")
+        args += ["--skills-dir", str(skills_dir), "--host-surface", HOST_SURFACE]
+        if cli_bin is not None:
+            if not isinstance(cli_bin, str) or not cli_bin or any(c.isspace() or ord(c) < 32 for c in cli_bin):
+                raise LoopxRequestError("cli_bin must be a non-empty string without whitespace")
+            args += ["--cli-bin", cli_bin]
+        if dry_run:
+            args.append("--dry-run")
+        result = await self.run(*args, retry=not install or dry_run)
+        if not isinstance(result, LoopxOk):
+            return result
+        payload = result.payload
+        if payload.get("schema_version") != SKILL_INSTALL_SCHEMA:
+            return MalformedOutput("workflow-skills answer has an unknown schema")
+        operation = payload.get("operation")
+        if not isinstance(operation, str):
+            return MalformedOutput("workflow-skills answer without an operation")
+        installed = payload.get("installed") or {}
+        if not isinstance(installed, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in installed.items()
+        ):
+            return MalformedOutput("workflow-skills installed map is malformed")
+        entry = payload.get("entry")
+        entry_status = entry.get("status") if isinstance(entry, Mapping) else None
+        readback = payload.get("after") if operation == "install" else payload.get("before")
+        ready = readback.get("ready") if isinstance(readback, Mapping) else None
+        required = payload.get("install_required")
+        return SkillsResult(
+            operation=operation,
+            installed=dict(installed),
+            entry_status=entry_status if isinstance(entry_status, str) else None,
+            install_required=required if isinstance(required, bool) else None,
+            ready=ready if isinstance(ready, bool) else None,
+            payload=payload,
+        )
+
+
+def _json_object(stdout: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(stdout.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _path(payload: Mapping[str, Any], *keys: str) -> Any:
+    value: Any = payload
+    for key in keys:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    return value

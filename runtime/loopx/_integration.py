@@ -1,0 +1,92 @@
+"""The LoopX integration switch: ``Runtime.open(loopx=LoopxSettings(...))``.
+
+When enabled, every agent gets a LoopX continuation driver as a companion actor (passive
+until its own session invokes the ``loopx`` skill), ``/loopx-init`` is registered as a
+repair command, and the runtime initialises the CLI and the workflow skills once at
+start-up, before it reports ready, without any model call.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import attrs
+import structlog
+
+from ._client import LoopxClient
+from ._init import InitOutcome, InitSettings, loopx_init_command, startup_initialize
+
+if TYPE_CHECKING:
+    from actors import AgentActor, Supervisor
+
+    from .._commands import CommandContext, CommandRegistry
+
+log = structlog.get_logger(__name__)
+
+
+@attrs.frozen
+class LoopxSettings:
+    """``env``: the environment of every loopx call (PATH must reach Node >= 22.22.3);
+    ``None`` means this process's. ``command``: the argv prefix that starts the CLI
+    (default ``loopx`` on that PATH, or the managed launcher that start-up installed).
+    ``timeout``: seconds per CLI attempt. ``initialize``: run the start-up initialisation."""
+
+    env: Mapping[str, str] | None = None
+    command: tuple[str, ...] = ("loopx",)
+    timeout: float = 60.0
+    initialize: bool = True
+
+
+class LoopxIntegration:
+    """Owns the continuation drivers of one runtime (``rt.loopx``)."""
+
+    def __init__(self, settings: LoopxSettings) -> None:
+        self.settings = settings
+        self.env: Mapping[str, str] = dict(os.environ if settings.env is None else settings.env)
+        self.command: tuple[str, ...] = settings.command
+        self.startup: InitOutcome | None = None
+        self.drivers: dict[str, object] = {}  # agent id -> its live LoopxContinuation
+
+    def client_for(self, project: Path) -> LoopxClient:
+        return LoopxClient(self.command, project=project, env=self.env, timeout=self.settings.timeout)
+
+    def init_settings(self, project: Path) -> InitSettings:
+        return InitSettings.from_env(self.env, project, timeout=self.settings.timeout)
+
+    def adopt(self, outcome: InitOutcome) -> None:
+        """Use the CLI an initialisation found or installed for every later call."""
+        if outcome.ok and outcome.command:
+            self.command = tuple(outcome.command)
+
+    async def start(self, supervisor: Supervisor, commands: CommandRegistry, project: Path) -> None:
+        """Attach the drivers, register ``/loopx-init``, and (if asked) initialise once,
+        before the runtime reports ready. A failure is kept as a safe stage/kind in
+        ``startup``; the runtime stays up and ``/loopx-init`` stays available to repair."""
+
+        def settings_for(ctx: CommandContext) -> InitSettings:
+            return self.init_settings(ctx.agent.cwd)
+
+        commands.register(loopx_init_command(settings_for, on_success=self.adopt))
+        supervisor.agent_started.append(self._start_driver)
+        if self.settings.initialize:
+            self.startup = await startup_initialize(self.init_settings(project))
+            self.adopt(self.startup)
+            log.info("loopx start-up initialisation", ok=self.startup.ok, stage=self.startup.stage, kind=self.startup.kind)
+
+    async def _start_driver(self, agent: AgentActor) -> None:
+        from actors import LoopxContinuation  # the actors build on this package's values
+
+        driver = LoopxContinuation(agent, self.client_for(agent.cwd))
+        self.drivers[agent.id] = driver
+
+        async def run(task_status):  # type: ignore[no-untyped-def]
+            try:
+                await driver.run(task_status=task_status)
+            finally:
+                if self.drivers.get(agent.id) is driver:
+                    del self.drivers[agent.id]
+
+        await agent.start_companion(run)

@@ -1,0 +1,243 @@
+"""Skill discovery: ``<root>/<name>/SKILL.md`` files found in ranked roots, hot-reloaded.
+
+Roots, highest rank first, as DSH orders them: ``<project>/.dsh/skills``,
+``<project>/.agents/skills``, custom dirs, ``$DSH_HOME/skills``, ``$DSH_AGENTS_HOME/skills``
+(default ``~/.agents/skills``). A higher-ranked root shadows a lower one by skill name.
+
+Hot reload works without a watcher task: every ``get``/``list`` first computes a cheap
+signature (a few ``stat`` calls: each root, each skill folder, each ``SKILL.md``) and
+rescans only when it differs from the last scan. That keeps the catalog a plain object
+with no lifetime to manage, and a change on disk is seen by the very next call.
+
+Nothing the model can see carries an absolute path: a ``Skill`` names its root by a label
+(``project-dsh``, ``dsh-home``, ...), and the warnings for skipped skills do the same.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+import structlog
+import yaml
+
+from .._errors import LoopdockError
+
+log = structlog.get_logger(__name__)
+
+SKILL_FILE = "SKILL.md"
+# A skill's body goes to the model whole; a runaway file must not fill its context.
+MAX_SKILL_BYTES = 256 * 1024
+# Names travel as ``/name`` tokens and as tool arguments: no spaces, no slashes.
+SKILL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)^---[ \t]*(?:\r?\n|\Z)", re.DOTALL | re.MULTILINE)
+
+
+def _freeze(value: Mapping[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(dict(value))
+
+
+@attrs.frozen
+class Skill:
+    """One loaded skill. ``rank`` 0 is the highest-ranked root; ``root`` is its label.
+
+    ``metadata`` holds the front matter's other fields (everything but name/description).
+    """
+
+    name: str
+    description: str
+    body: str
+    rank: int
+    root: str
+    # Excluded from hashing: YAML values may be lists or mappings.
+    metadata: Mapping[str, Any] = attrs.field(factory=dict, converter=_freeze, hash=False)
+
+
+@attrs.frozen
+class SkillRoot:
+    label: str
+    path: Path
+
+
+class InvalidSkillError(LoopdockError):
+    """Raised by ``parse_skill`` for a SKILL.md that is not a valid skill (the catalog logs
+    it and skips that skill; it never reaches a catalog caller)."""
+
+    code = "INVALID_SKILL"
+
+
+def parse_skill(text: str, folder: str, *, rank: int = 0, root: str = "") -> Skill:
+    """Parse a SKILL.md's text; raises InvalidSkillError when it is not a valid skill.
+
+    The front matter must be a YAML mapping; ``name`` defaults to the folder name and
+    must equal it when given (a skill is invoked by the name its folder shows).
+    """
+    match = _FRONT_MATTER.match(text)
+    if match is None:
+        raise InvalidSkillError("no front matter (the file must start with a '---' block)")
+    try:
+        meta = yaml.safe_load(match.group(1))
+    except yaml.YAMLError as exc:
+        raise InvalidSkillError(f"front matter is not valid YAML ({type(exc).__name__})") from None
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
+        raise InvalidSkillError("front matter is not a mapping")
+    name = meta.get("name", folder)
+    if not isinstance(name, str):
+        raise InvalidSkillError("front matter 'name' is not a string")
+    if name != folder:
+        raise InvalidSkillError(f"front matter name {name!r} does not match its folder {folder!r}")
+    if not SKILL_NAME.fullmatch(name):
+        raise InvalidSkillError(f"skill name {name!r} must match {SKILL_NAME.pattern}")
+    description = meta.get("description", "")
+    if not isinstance(description, str):
+        raise InvalidSkillError("front matter 'description' is not a string")
+    body = text[match.end():].lstrip("\r\n").rstrip()
+    extra = {k: v for k, v in meta.items() if k not in ("name", "description")}
+    return Skill(name, description.strip(), body, rank, root, extra)
+
+
+def _stat_key(path: Path) -> tuple[int, ...] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    # ctime and inode catch an atomic replace that keeps mtime and size.
+    return (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino)
+
+
+def _folders(root: Path) -> list[str]:
+    try:
+        with os.scandir(root) as it:
+            names = [e.name for e in it if not e.name.startswith(".")]
+    except OSError:  # missing or unreadable root: simply no skills there
+        return []
+    return sorted(n for n in names if (root / n).is_dir())
+
+
+class SkillCatalog:
+    """The skills visible from one project, by name, highest-ranked root first."""
+
+    def __init__(
+        self,
+        project: Path | None,
+        *,
+        dsh_home: Path | None = None,
+        agents_home: Path | None = None,
+        extra_dirs: Iterable[Path | str] = (),
+    ) -> None:
+        candidates: list[SkillRoot] = []
+        if project is not None:
+            project = Path(project)
+            candidates.append(SkillRoot("project-dsh", project / ".dsh" / "skills"))
+            candidates.append(SkillRoot("project-agents", project / ".agents" / "skills"))
+        for index, extra in enumerate(extra_dirs, start=1):
+            candidates.append(SkillRoot(f"custom-{index}", Path(extra)))
+        if dsh_home is not None:
+            candidates.append(SkillRoot("dsh-home", Path(dsh_home) / "skills"))
+        if agents_home is not None:
+            candidates.append(SkillRoot("agents-home", Path(agents_home) / "skills"))
+        # The same directory reached twice (project == $HOME, say) keeps its higher rank.
+        seen: set[Path] = set()
+        self.roots: tuple[SkillRoot, ...] = ()
+        for root in candidates:
+            key = Path(os.path.abspath(root.path))
+            if key not in seen:
+                seen.add(key)
+                self.roots += (SkillRoot(root.label, key),)
+        self._signature: tuple[Any, ...] | None = None
+        self._skills: dict[str, Skill] = {}
+
+    @classmethod
+    def from_env(
+        cls, project: Path | None, env: Mapping[str, str], *, extra_dirs: Iterable[Path | str] = ()
+    ) -> SkillCatalog:
+        """Roots from ``DSH_HOME``, ``DSH_AGENTS_HOME`` (default ``$HOME/.agents``)."""
+        dsh_home = env.get("DSH_HOME") or None
+        agents_home = env.get("DSH_AGENTS_HOME") or None
+        if agents_home is None and env.get("HOME"):
+            agents_home = str(Path(env["HOME"]) / ".agents")
+        return cls(
+            project,
+            dsh_home=Path(dsh_home) if dsh_home else None,
+            agents_home=Path(agents_home) if agents_home else None,
+            extra_dirs=extra_dirs,
+        )
+
+    # -- lookups ------------------------------------------------------------------------
+
+    def get(self, name: str) -> Skill | None:
+        self._refresh()
+        return self._skills.get(name)
+
+    def list(self) -> list[Skill]:
+        """Every visible skill, sorted by name."""
+        self._refresh()
+        return [self._skills[n] for n in sorted(self._skills)]
+
+    def names(self) -> list[str]:
+        self._refresh()
+        return sorted(self._skills)
+
+    # -- scanning -----------------------------------------------------------------------
+
+    def _current_signature(self) -> tuple[Any, ...]:
+        parts: list[Any] = []
+        for root in self.roots:
+            parts.append((root.label, _stat_key(root.path)))
+            for folder in _folders(root.path):
+                parts.append(
+                    (folder, _stat_key(root.path / folder), _stat_key(root.path / folder / SKILL_FILE))
+                )
+        return tuple(parts)
+
+    def _refresh(self) -> None:
+        signature = self._current_signature()
+        if signature == self._signature:
+            return
+        self._skills = self._scan()
+        self._signature = signature
+
+    def _scan(self) -> dict[str, Skill]:
+        skills: dict[str, Skill] = {}
+        for rank, root in enumerate(self.roots):
+            for folder in _folders(root.path):
+                if folder in skills:  # shadowed by a higher-ranked root
+                    continue
+                skill = self._load(root, rank, folder)
+                if skill is not None:
+                    skills[folder] = skill
+        log.debug("skills.scanned", count=len(skills))
+        return skills
+
+    def _load(self, root: SkillRoot, rank: int, folder: str) -> Skill | None:
+        path = root.path / folder / SKILL_FILE
+        try:
+            if not path.is_file():
+                return None  # a folder without SKILL.md is not a skill (no warning)
+            if path.stat().st_size > MAX_SKILL_BYTES:
+                raise InvalidSkillError(f"{SKILL_FILE} is larger than {MAX_SKILL_BYTES} bytes")
+            text = path.read_text(encoding="utf-8")
+        except InvalidSkillError as exc:
+            return self._skip(root, folder, str(exc))
+        except UnicodeDecodeError:
+            return self._skip(root, folder, f"{SKILL_FILE} is not UTF-8")
+        except OSError as exc:
+            return self._skip(root, folder, f"cannot read {SKILL_FILE} ({type(exc).__name__})")
+        try:
+            return parse_skill(text, folder, rank=rank, root=root.label)
+        except InvalidSkillError as exc:
+            return self._skip(root, folder, str(exc))
+
+    @staticmethod
+    def _skip(root: SkillRoot, folder: str, reason: str) -> None:
+        # Root label and folder name locate the file for an operator without putting an
+        # absolute path into logs that a bridge may forward.
+        log.warning("skill skipped", root=root.label, skill=folder, reason=reason)
+        return None

@@ -1,0 +1,394 @@
+"""The wire codec: exact wire shapes, every error code, and hypothesis fuzzing.
+
+The fuzzing states the codec's two promises: ``decode`` raises nothing but ProtocolError,
+whatever it is given, and every frame the codec can write reads back equal.
+"""
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from actors import LiveEvent
+from bridge import (
+    MESSAGE_TYPES,
+    Ack,
+    Cancel,
+    ErrorCode,
+    ErrorNotice,
+    Events,
+    Followup,
+    Frame,
+    Hello,
+    Live,
+    Ping,
+    Pong,
+    PreStep,
+    ProtocolError,
+    Select,
+    Selection,
+    SelectionParts,
+    SessionEvent,
+    Verdict,
+    Wake,
+    Welcome,
+    decode,
+    encode,
+)
+from bridge._messages import MAX_ID_LENGTH, REPLIES, REPLY_TYPES
+from bridge._protocol import encode_batch, encode_item
+from runtime import Event
+
+FUZZ = settings(max_examples=300, deadline=None)
+
+
+def wire(type_, data, **ids):
+    return json.dumps({"v": 1, "type": type_, **ids, "data": data})
+
+
+def error_of(text):
+    with pytest.raises(ProtocolError) as info:
+        decode(text)
+    return info.value
+
+
+# -- the wire shapes, pinned (camelCase names, None fields left out) ------------------------
+
+EVENT = Event("turn/start", 0, 1700000000000, {"turn": 1})
+MESSAGE = {"id": "m1", "role": "user", "content": [{"type": "text", "text": "hi"}], "source": {"kind": "loopx-continuation"}}
+
+WIRE_SHAPES = [
+    (
+        Frame(Hello(token="t", role="dsh-host", protocol=1, capabilities=("events", "dock"))),
+        {"type": "hello", "data": {"token": "t", "role": "dsh-host", "protocol": 1, "capabilities": ["events", "dock"]}},
+    ),
+    (
+        Frame(Welcome(protocol=1, capabilities=("events",), connection_id="c1")),
+        {"type": "welcome", "data": {"protocol": 1, "capabilities": ["events"], "connectionId": "c1"}},
+    ),
+    (
+        Frame(ErrorNotice("LOOP_SWITCH", "no"), re="7"),
+        {"type": "error", "re": "7", "data": {"code": "LOOP_SWITCH", "message": "no"}},
+    ),
+    (
+        Frame(Events((SessionEvent("s1", EVENT),))),
+        {"type": "events", "data": {"items": [{"sessionId": "s1", "event": {"type": "turn/start", "seq": 0, "time": 1700000000000, "data": {"turn": 1}}}]}},
+    ),
+    (
+        Frame(Live((LiveEvent("agent/status", "a1", {"status": "idle"}),))),
+        {"type": "live", "data": {"items": [{"type": "agent/status", "agentId": "a1", "data": {"status": "idle"}}]}},
+    ),
+    (
+        Frame(Followup("a1", MESSAGE, "steer"), id="r1"),
+        {"type": "followup", "id": "r1", "data": {"agentId": "a1", "message": MESSAGE, "placement": "steer"}},
+    ),
+    (Frame(Wake("a1"), id="r2"), {"type": "wake", "id": "r2", "data": {"agentId": "a1"}}),
+    (
+        Frame(Cancel("a1", "user", keep_inbox=False), id="r3"),
+        {"type": "cancel", "id": "r3", "data": {"agentId": "a1", "cause": "user", "keepInbox": False}},
+    ),
+    (
+        Frame(Ack(False, ErrorNotice("NOT_LIVE", "gone")), re="r1"),
+        {"type": "ack", "re": "r1", "data": {"ok": False, "error": {"code": "NOT_LIVE", "message": "gone"}}},
+    ),
+    (
+        Frame(PreStep("a1", "s1", 2, 0, (MESSAGE,)), id="h1"),
+        {"type": "preStep", "id": "h1", "data": {"agentId": "a1", "sessionId": "s1", "turn": 2, "step": 0, "messages": [MESSAGE]}},
+    ),
+    (Frame(Verdict("reject", "not now"), re="h1"), {"type": "verdict", "re": "h1", "data": {"kind": "reject", "reason": "not now"}}),
+    (Frame(Verdict("enter"), re="h1"), {"type": "verdict", "re": "h1", "data": {"kind": "enter"}}),
+    (
+        Frame(Select("resume", "s1", {"model": "m"}, "reviewer"), id="h2"),
+        {"type": "select", "id": "h2", "data": {"op": "resume", "sessionId": "s1", "agentOptions": {"model": "m"}, "agentPreset": "reviewer"}},
+    ),
+    (
+        Frame(Selection("planner", "loop2", SelectionParts(preset="p", allow_tools=("read_file",), deny_tools=(), model="m")), re="h2"),
+        {"type": "selection", "re": "h2", "data": {"loop": "planner", "driver": "loop2", "parts": {"preset": "p", "allowTools": ["read_file"], "denyTools": [], "model": "m"}}},
+    ),
+    (Frame(Ping(), id="p1"), {"type": "ping", "id": "p1", "data": {}}),
+    (Frame(Pong(), re="p1"), {"type": "pong", "re": "p1", "data": {}}),
+]
+
+
+@pytest.mark.parametrize(("frame", "expected"), WIRE_SHAPES, ids=[f.type for f, _ in WIRE_SHAPES])
+def test_every_message_type_has_its_documented_wire_shape(frame, expected):
+    text = encode(frame)
+    assert json.loads(text) == {"v": 1, **expected}
+    assert decode(text) == frame
+
+
+def test_the_shape_table_covers_every_type():
+    assert {f.type for f, _ in WIRE_SHAPES} == set(MESSAGE_TYPES)
+
+
+def test_encoding_is_compact_and_keeps_unicode():
+    text = encode(Frame(ErrorNotice("X", "héllo → 世界")))
+    assert text == '{"v":1,"type":"error","data":{"code":"X","message":"héllo → 世界"}}'
+
+
+def test_a_batch_frame_is_exactly_what_encode_writes():
+    # The sender assembles events/live frames from pre-encoded items; a peer must not be
+    # able to tell them from frames written by encode.
+    items = (SessionEvent("s1", EVENT), SessionEvent("s2", Event("turn/end", 1, 2, {"turn": 1})))
+    encoded = [encode_item(item) for item in items]
+    assert {kind for kind, _ in encoded} == {"events"}
+    assert encode_batch("events", [text for _, text in encoded]) == encode(Frame(Events(items)))
+    live = LiveEvent("agent/created", "a1", {"source": "startup"})
+    kind, text = encode_item(live)
+    assert kind == "live"
+    assert encode_batch("live", [text]) == encode(Frame(Live((live,))))
+
+
+# -- every error code ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "{", "{'v': 1}", "NaN", '{"v": 1, "x": Infinity}', "1e400", '"\\ud800"', "[" * 100000, "9" * 5000],
+)
+def test_text_that_is_not_json_is_malformed(text):
+    assert error_of(text).code is ErrorCode.MALFORMED_JSON
+
+
+def test_a_raw_lone_surrogate_is_malformed():
+    assert error_of('{"v":1,"type":"ping","id":"\ud800","data":{}}').code is ErrorCode.MALFORMED_JSON
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("[1]", "JSON object"),
+        ('{"type": "ping", "data": {}}', "'v'"),
+        ('{"v": "1", "type": "ping", "data": {}}', "'v'"),
+        ('{"v": true, "type": "ping", "data": {}}', "'v'"),
+        ('{"v": 1, "type": "ping", "id": "1", "data": {}, "extra": 0}', "'extra'"),
+        ('{"v": 1, "type": "ping", "id": 1, "data": {}}', "'id'"),
+        ('{"v": 1, "type": 5, "data": {}}', "'type'"),
+        ('{"v": 1, "type": "ping", "id": "1"}', "'data'"),
+        ('{"v": 1, "type": "ping", "id": "1", "data": []}', "'data'"),
+        ('{"v": 1, "type": "ping", "data": {}}', "needs an 'id'"),
+        ('{"v": 1, "type": "pong", "data": {}}', "needs an 're'"),
+        ('{"v": 1, "type": "pong", "re": "1", "id": "2", "data": {}}', "has no 'id'"),
+        ('{"v": 1, "type": "events", "id": "1", "data": {"items": []}}', "no 'id'"),
+        ('{"v": 1, "type": "live", "re": "1", "data": {"items": []}}', "no 're'"),
+        ('{"v": 1, "type": "ping", "id": "", "data": {}}', "1 to 128"),
+        (wire("ping", {}, id="x" * (MAX_ID_LENGTH + 1)), "1 to 128"),
+    ],
+)
+def test_a_bad_envelope_says_what_is_wrong(text, says):
+    error = error_of(text)
+    assert error.code is ErrorCode.BAD_ENVELOPE
+    assert says in str(error)
+
+
+@pytest.mark.parametrize("version", [0, 2, -1, 10**6])
+def test_another_version_is_bad_version(version):
+    error = error_of(json.dumps({"v": version, "type": "ping", "id": "1", "data": {}}))
+    assert error.code is ErrorCode.BAD_VERSION
+    assert f"protocol version {version}" in str(error)
+
+
+def test_a_newer_envelope_is_bad_version_not_bad_envelope():
+    # A peer of a later version may have new envelope keys: the version speaks first.
+    assert error_of('{"v": 2, "type": "ping", "trace": "x", "data": {}}').code is ErrorCode.BAD_VERSION
+
+
+def test_an_unknown_type_answers_the_request_it_came_as():
+    error = error_of(wire("teleport", {}, id="q9"))
+    assert error.code is ErrorCode.UNKNOWN_TYPE
+    assert error.request_id == "q9"
+    assert "teleport" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("type_", "data", "field", "problem"),
+    [
+        ("preStep", {"sessionId": "s", "turn": 1, "step": 0, "messages": []}, "data.agentId", "required field missing"),
+        ("preStep", {"agentId": "a", "sessionId": "s", "turn": "1", "step": 0, "messages": []}, "data.turn", "expected an integer, got a string"),
+        ("preStep", {"agentId": "a", "sessionId": "s", "turn": True, "step": 0, "messages": []}, "data.turn", "expected an integer, got a boolean"),
+        ("preStep", {"agentId": "a", "sessionId": "s", "turn": 1, "step": 0, "messages": ["hi"]}, "data.messages[0]", "expected an object, got a string"),
+        ("wake", {"agentId": 7}, "data.agentId", "expected a string, got a number"),
+        ("cancel", {"agentId": "a", "cause": "c", "keepInbox": "yes"}, "data.keepInbox", "expected a boolean, got a string"),
+        ("verdict", {"kind": "maybe"}, "data.kind", "expected one of 'enter', 'reject', got 'maybe'"),
+        ("select", {"op": "create", "sessionId": "s", "agentOptions": []}, "data.agentOptions", "expected an object, got an array"),
+        ("selection", {"loop": "l", "parts": {"allowTools": "read_file"}}, "data.parts.allowTools", "expected an array, got a string"),
+        ("selection", {"loop": "l", "parts": {"tools": []}}, "data.parts", "extra fields found (tools)"),
+        ("events", {"items": [{"sessionId": "s", "event": {"type": "t", "seq": 0, "data": {}}}]}, "data.items[0].event.time", "required field missing"),
+        ("live", {"items": [{"type": "agent/status", "agentId": "a", "data": {}, "agent": {}}]}, "data.items[0]", "extra fields found (agent)"),
+        ("hello", {"token": "t", "role": "admin", "protocol": 1}, "data.role", "expected one of 'dsh-host', 'goalbar', got 'admin'"),
+        ("ack", {}, "data.ok", "required field missing"),
+    ],
+)
+def test_bad_data_names_the_wire_field(type_, data, field, problem):
+    ids = {"re": "1"} if MESSAGE_TYPES[type_] in REPLIES else {"id": "1"} if MESSAGE_TYPES[type_] in REPLY_TYPES else {}
+    error = error_of(wire(type_, data, **ids))
+    assert error.code is ErrorCode.BAD_DATA
+    assert f"{problem} @ {field}" in str(error)
+    assert error.request_id == ids.get("id")
+
+
+def test_unknown_keys_are_tolerated_only_where_a_newer_peer_needs_them():
+    hello = decode(wire("hello", {"token": "t", "role": "goalbar", "protocol": 1, "locale": "fr"})).message
+    assert hello == Hello("t", "goalbar", 1)
+    assert decode(wire("welcome", {"protocol": 1, "capabilities": [], "connectionId": "c", "motd": "hi"})).message == Welcome(1, (), "c")
+    assert decode(wire("error", {"code": "X", "message": "m", "details": {}})).message == ErrorNotice("X", "m")
+    # DSH's own event envelope may grow: the event is still taken.
+    events = decode(wire("events", {"items": [{"sessionId": "s", "event": {"type": "t", "seq": 0, "time": 1, "data": {"x": 1}, "meta": 2}}]}))
+    assert events.message.items[0].event == Event("t", 0, 1, {"x": 1})
+    # Ours are strict.
+    assert error_of(wire("wake", {"agentId": "a", "now": True}, id="1")).code is ErrorCode.BAD_DATA
+
+
+def test_the_token_never_shows_in_a_repr():
+    assert "s3cret" not in repr(Frame(Hello("s3cret", "dsh-host", 1)))
+
+
+def test_encode_refuses_what_is_not_json():
+    with pytest.raises(ProtocolError) as info:
+        encode(Frame(Followup("a", {"x": float("nan")}), id="1"))
+    assert info.value.code is ErrorCode.BAD_DATA
+    with pytest.raises(ProtocolError) as info:
+        encode(Frame(Followup("a", {"x": "\ud800"}), id="1"))
+    assert info.value.code is ErrorCode.BAD_DATA
+    with pytest.raises(ProtocolError) as info:
+        encode_item(SessionEvent("s", Event("t", 0, 0, {"x": {1, 2}})))
+    assert info.value.code is ErrorCode.BAD_DATA
+
+
+def test_a_frame_that_breaks_the_id_rules_cannot_be_built():
+    with pytest.raises(ProtocolError):
+        Frame(Wake("a"))  # a request without an id
+    with pytest.raises(ProtocolError):
+        Frame(Ack(True))  # a reply without re
+    with pytest.raises(ProtocolError):
+        Frame(Events(()), re="1")
+    with pytest.raises(TypeError):
+        Frame("not a message")
+
+
+# -- fuzzing -----------------------------------------------------------------------------
+
+names = st.text(max_size=12)
+ids = st.text(min_size=1, max_size=MAX_ID_LENGTH)
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**63)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(names, inner, max_size=4),
+    max_leaves=12,
+)
+json_objects = st.dictionaries(names, json_values, max_size=4)
+string_tuples = st.lists(names, max_size=4).map(tuple)
+optional_names = st.none() | names
+error_notices = st.builds(ErrorNotice, code=names, message=st.text(max_size=40))
+events = st.builds(Event, type=names, seq=st.integers(0, 2**40), time=st.integers(0, 2**45), data=json_objects)
+
+messages = st.one_of(
+    st.builds(Hello, token=names, role=st.sampled_from(["dsh-host", "goalbar"]), protocol=st.integers(-3, 3), capabilities=string_tuples),
+    st.builds(Welcome, protocol=st.integers(-3, 3), capabilities=string_tuples, connection_id=names),
+    error_notices,
+    st.builds(Events, items=st.lists(st.builds(SessionEvent, session_id=names, event=events), max_size=4).map(tuple)),
+    st.builds(Live, items=st.lists(st.builds(LiveEvent, type=names, agent_id=names, data=json_objects), max_size=4).map(tuple)),
+    st.builds(Followup, agent_id=names, message=json_objects, placement=st.sampled_from(["followup", "steer", "inject"])),
+    st.builds(Wake, agent_id=names),
+    st.builds(Cancel, agent_id=names, cause=names, keep_inbox=st.booleans()),
+    st.builds(Ack, ok=st.booleans(), error=st.none() | error_notices),
+    st.builds(
+        PreStep, agent_id=names, session_id=names, turn=st.integers(0, 10**6), step=st.integers(0, 10**6),
+        messages=st.lists(json_objects, max_size=3).map(tuple),
+    ),
+    st.builds(Verdict, kind=st.sampled_from(["enter", "reject"]), reason=optional_names),
+    st.builds(Select, op=st.sampled_from(["create", "resume"]), session_id=names, agent_options=json_objects, agent_preset=optional_names),
+    st.builds(
+        Selection, loop=names, driver=optional_names,
+        parts=st.builds(
+            SelectionParts, preset=optional_names, allow_tools=st.none() | string_tuples,
+            deny_tools=st.none() | string_tuples, provider=optional_names, model=optional_names,
+        ),
+    ),
+    st.just(Ping()),
+    st.just(Pong()),
+)
+
+
+@st.composite
+def frames(draw):
+    message = draw(messages)
+    cls = type(message)
+    if cls in REPLY_TYPES:
+        return Frame(message, id=draw(ids))
+    if cls in REPLIES:
+        return Frame(message, re=draw(ids))
+    if cls is ErrorNotice:
+        return Frame(message, re=draw(st.none() | ids))
+    return Frame(message)
+
+
+def decodes_or_refuses(text):
+    try:
+        return decode(text)
+    except ProtocolError as error:
+        assert isinstance(error.code, ErrorCode)
+        return None
+
+
+@FUZZ
+@given(frames())
+def test_every_valid_frame_round_trips(frame):
+    assert decode(encode(frame)) == frame
+
+
+@FUZZ
+@given(st.text())
+def test_decode_of_any_text_raises_only_protocol_errors(text):
+    decodes_or_refuses(text)
+
+
+@FUZZ
+@given(json_values)
+def test_decode_of_any_json_value_raises_only_protocol_errors(value):
+    assert decodes_or_refuses(json.dumps(value)) is None  # no bare JSON value is a frame
+
+
+@FUZZ
+@given(
+    st.fixed_dictionaries(
+        {"v": st.just(1), "type": st.sampled_from(sorted(MESSAGE_TYPES)), "data": json_objects},
+        optional={"id": ids, "re": ids},
+    )
+)
+def test_decode_of_any_data_under_a_known_type_raises_only_protocol_errors(envelope):
+    decodes_or_refuses(json.dumps(envelope))
+
+
+def _mutate(draw, value):
+    """Replace, delete or add one thing somewhere inside ``value`` (a JSON tree)."""
+    if isinstance(value, dict) and value and draw(st.booleans()):
+        key = draw(st.sampled_from(sorted(value)))
+        action = draw(st.sampled_from(["descend", "delete", "replace"]))
+        if action == "delete":
+            return {k: v for k, v in value.items() if k != key}
+        new = _mutate(draw, value[key]) if action == "descend" else draw(json_values)
+        return {**value, key: new}
+    if isinstance(value, dict) and draw(st.booleans()):
+        return {**value, draw(names): draw(json_values)}
+    if isinstance(value, list) and value and draw(st.booleans()):
+        index = draw(st.integers(0, len(value) - 1))
+        return [*value[:index], _mutate(draw, value[index]), *value[index + 1 :]]
+    return draw(json_values)
+
+
+@FUZZ
+@given(frames(), st.data())
+def test_decode_of_mutated_valid_frames_raises_only_protocol_errors(frame, data):
+    mutated = _mutate(data.draw, json.loads(encode(frame)))
+    decoded = decodes_or_refuses(json.dumps(mutated))
+    if decoded is not None:
+        # Whatever was accepted must be a frame the codec can write again, unchanged.
+        assert decode(encode(decoded)) == decoded

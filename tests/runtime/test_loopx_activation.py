@@ -1,0 +1,75 @@
+"""Activation of the LoopX driver, folded from one session's events: exact shapes only."""
+
+import json
+
+import pytest
+
+from runtime._events import Event
+from runtime.loopx import Activation
+
+
+def ev(seq, type_, data):
+    return Event(type_, seq, 0, data)
+
+
+def user(source):
+    return {"id": "m", "role": "user", "content": [{"type": "text", "text": "x"}], "source": source}
+
+
+def call(call_id, name, arguments):
+    return {"callId": call_id, "name": name, "arguments": arguments}
+
+
+def result(call_id, is_error=False):
+    block = {"type": "tool-result", "callId": call_id, "content": "body", "isError": is_error}
+    return {"id": "r", "role": "tool", "content": [block], "source": {"kind": "tool", "callId": call_id}}
+
+
+LOOPX_ARGS = json.dumps({"name": "loopx"})
+
+
+def test_an_exact_user_invocation_activates():
+    events = [ev(0, "user/message", user({"kind": "skill-invocation", "name": "loopx", "form": "instructions"}))]
+    assert Activation.fold(events).active
+
+
+def test_a_successful_paired_skill_call_activates():
+    events = [ev(0, "tool/call", call("c1", "skill", LOOPX_ARGS)), ev(1, "tool/result", result("c1"))]
+    assert Activation.fold(events).active
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        [ev(0, "user/message", user({"kind": "skill-invocation", "name": "loopx", "form": "summary"}))],
+        [ev(0, "user/message", user({"kind": "skill-invocation", "name": "loopx-project", "form": "instructions"}))],
+        [ev(0, "user/message", user({"kind": "user"}))],
+        [ev(0, "user/message", user({"kind": "dsh-loopx-plugin/init-command", "phase": "start"}))],
+        [ev(0, "user/message", user({"kind": "loopx-continuation", "turnInstanceId": "t"}))],
+        [ev(0, "tool/call", call("c1", "skill", LOOPX_ARGS))],  # a request alone
+        [ev(0, "tool/call", call("c1", "skill", LOOPX_ARGS)), ev(1, "tool/result", result("c1", is_error=True))],
+        [ev(0, "tool/call", call("c1", "skill", LOOPX_ARGS)), ev(1, "tool/result", result("c2"))],  # unmatched
+        [ev(0, "tool/call", call("c1", "skill", '["loopx"]')), ev(1, "tool/result", result("c1"))],
+        [ev(0, "tool/call", call("c1", "skill", "{not json")), ev(1, "tool/result", result("c1"))],
+        [ev(0, "tool/call", call("c1", "skill", '{"name": "LOOPX"}')), ev(1, "tool/result", result("c1"))],
+        [ev(0, "tool/call", call("c1", "shell", '{"command": "loopx status", "name": "loopx"}')), ev(1, "tool/result", result("c1"))],
+        [ev(0, "tool/result", result("c1")), ev(1, "tool/call", call("c1", "skill", LOOPX_ARGS))],  # wrong order
+        # A failed result settles the call: a later result for the same id does not count.
+        [
+            ev(0, "tool/call", call("c1", "skill", LOOPX_ARGS)),
+            ev(1, "tool/result", result("c1", is_error=True)),
+            ev(2, "tool/result", result("c1")),
+        ],
+        [ev(0, "assistant/message", {"id": "a", "role": "assistant", "content": [{"type": "text", "text": "/loopx"}]})],
+    ],
+)
+def test_every_other_shape_fails_closed(events):
+    assert not Activation.fold(events).active
+
+
+def test_activation_is_sticky_and_reported_once():
+    activation = Activation()
+    first = ev(0, "user/message", user({"kind": "skill-invocation", "name": "loopx", "form": "instructions"}))
+    assert activation.feed(first) is True
+    assert activation.feed(ev(1, "user/message", user({"kind": "user"}))) is False
+    assert activation.active

@@ -1,0 +1,461 @@
+"""The LoopX client against a fault-injecting stand-in executable.
+
+The stand-in is only for faults the real CLI cannot be made to produce on demand
+(timeouts, non-JSON output, N transport failures, contradicting exit codes, malformed
+schemas); ``test_loopx_cli.py`` drives the real loopx end to end."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from runtime.loopx import (
+    ATTEMPT_BACKOFF,
+    HOST_SURFACE,
+    LoopxClient,
+    LoopxFailure,
+    LoopxOk,
+    LoopxRequestError,
+    MalformedOutput,
+    ShouldRun,
+    TaskBody,
+    ThreadBinding,
+    TransportFailure,
+)
+
+# One Python script; what each attempt does comes from actions.json next to it (the last
+# action repeats). Every attempt logs its argv, cwd, env and start time to attempts.jsonl.
+STANDIN = r'''
+import json, os, subprocess, sys, time
+from pathlib import Path
+
+here = Path(__file__).resolve().parent
+start = time.time()
+with open(here / "attempts.jsonl", "a") as log:
+    log.write(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "time": start,
+                          "pid": os.getpid(), "ping": os.environ.get("LOOPX_USAGE_PING")}) + "\n")
+number = sum(1 for _ in open(here / "attempts.jsonl"))
+actions = json.loads((here / "actions.json").read_text())
+action = actions[min(number, len(actions)) - 1]
+if "sleep" in action:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    (here / f"pids-{number}").write_text(f"{os.getpid()} {child.pid}")
+    time.sleep(action["sleep"])
+if "stderr" in action:
+    sys.stderr.write(action["stderr"])
+if "json" in action:
+    sys.stdout.write(json.dumps(action["json"]))
+if "stdout" in action:
+    sys.stdout.write(action["stdout"])
+sys.exit(action.get("code", 0))
+'''
+
+
+class StandIn:
+    def __init__(self, root: Path):
+        self.root = root
+        self.script = root / "standin.py"
+        self.script.write_text(STANDIN)
+        self.project = root / "project"
+        self.project.mkdir()
+
+    @property
+    def command(self) -> list[str]:
+        return [sys.executable, str(self.script)]
+
+    def plan(self, *actions: dict) -> None:
+        (self.root / "actions.json").write_text(json.dumps(list(actions)))
+        (self.root / "attempts.jsonl").unlink(missing_ok=True)
+
+    def attempts(self) -> list[dict]:
+        path = self.root / "attempts.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    def pids(self, number: int) -> list[int]:
+        return [int(p) for p in (self.root / f"pids-{number}").read_text().split()]
+
+    def client(self, **kwargs) -> LoopxClient:
+        kwargs.setdefault("timeout", 20)
+        return LoopxClient(self.command, project=self.project, **kwargs)
+
+
+@pytest.fixture
+def standin(tmp_path) -> StandIn:
+    return StandIn(tmp_path)
+
+
+def gone(pid: int) -> bool:
+    """True when the process no longer runs (reaped, or a zombie nobody reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+async def eventually_gone(pids, within=10.0):
+    with trio.move_on_after(within):
+        while not all(gone(p) for p in pids):
+            await trio.sleep(0.05)
+    return [p for p in pids if not gone(p)]
+
+
+def safe(reason: str, standin: StandIn) -> bool:
+    return "/" not in reason and str(standin.root) not in reason and "SECRET" not in reason
+
+
+OK = {"json": {"ok": True, "hello": "world"}}
+REFUSED = {"json": {"ok": False, "error_kind": "thread_agent_binding_invalid_request", "error": "x"}, "code": 1}
+CRASH = {"stderr": "Traceback: SECRET /home/user/.loopx failed", "code": 2}
+
+
+# -- argv and the raw result classes ---------------------------------------------------------
+
+
+async def test_global_options_come_first_and_args_pass_literally(standin, tmp_path):
+    standin.plan(OK)
+    client = standin.client(runtime_root=tmp_path / "rt", env={**os.environ, "LOOPX_USAGE_PING": "0"})
+    with trio.fail_after(30):
+        result = await client.run("todo", "add", "--text", "$(touch pwned); echo `x` | cat")
+    assert result == LoopxOk({"ok": True, "hello": "world"})
+    [attempt] = standin.attempts()
+    assert attempt["argv"] == [
+        "--registry", ".loopx/registry.json",
+        "--runtime-root", str(tmp_path / "rt"),
+        "--format", "json",
+        "todo", "add", "--text", "$(touch pwned); echo `x` | cat",
+    ]
+    assert Path(attempt["cwd"]) == standin.project.resolve()
+    assert attempt["ping"] == "0"
+    assert not (standin.project / "pwned").exists()  # no shell
+
+
+async def test_without_runtime_root_there_is_no_runtime_root_option(standin):
+    standin.plan(OK)
+    with trio.fail_after(30):
+        await standin.client().run("status")
+    assert standin.attempts()[0]["argv"] == ["--registry", ".loopx/registry.json", "--format", "json", "status"]
+
+
+async def test_the_usage_ping_is_always_off(standin, monkeypatch):
+    monkeypatch.setenv("LOOPX_USAGE_PING", "1")
+    standin.plan(OK)
+    with trio.fail_after(30):
+        await standin.client().run("status")  # inherited environment
+        await standin.client(env={**os.environ}).run("status")  # explicit environment
+    assert [a["ping"] for a in standin.attempts()] == ["0", "0"]
+
+
+async def test_typed_refusal_is_authoritative_and_never_retried(standin):
+    standin.plan(REFUSED, OK)
+    with trio.fail_after(30):
+        result = await standin.client().run("resolve-agent-thread", retry=True)
+    assert isinstance(result, LoopxFailure)
+    assert result.error_kind == "thread_agent_binding_invalid_request"
+    assert result.reason == "loopx refused: thread_agent_binding_invalid_request"
+    assert len(standin.attempts()) == 1
+
+
+async def test_error_code_is_the_kind_when_there_is_no_error_kind_and_junk_is_dropped(standin):
+    standin.plan({"json": {"ok": False, "error_code": "quota_agent_not_registered"}, "code": 1})
+    with trio.fail_after(30):
+        result = await standin.client().run("quota", "should-run")
+    assert isinstance(result, LoopxFailure) and result.error_kind == "quota_agent_not_registered"
+    standin.plan({"json": {"ok": False, "error_kind": "/home/x has spaces"}, "code": 1})
+    with trio.fail_after(30):
+        result = await standin.client().run("quota", "should-run")
+    assert isinstance(result, LoopxFailure) and result.error_kind is None
+    assert result.reason == "loopx refused"
+
+
+@pytest.mark.parametrize(
+    "action, kind",
+    [
+        ({"stdout": "SECRET /home/user: not json at all"}, "not-json"),
+        ({"stdout": "[1, 2]"}, "not-json"),
+        ({"json": {"ok": "yes"}}, "ok-mismatch"),
+        ({"json": {"ok": True}, "code": 1}, "ok-mismatch"),
+        ({"json": {"ok": False, "error_kind": "x"}}, "ok-mismatch"),
+    ],
+)
+async def test_malformed_output_is_never_retried(standin, action, kind):
+    standin.plan(action, OK)
+    with trio.fail_after(30):
+        result = await standin.client().run("status", retry=True)
+    assert isinstance(result, MalformedOutput) and result.kind == kind
+    assert safe(result.reason, standin)
+    assert len(standin.attempts()) == 1
+
+
+async def test_nonzero_exit_without_json_is_a_transport_failure_with_a_safe_reason(standin):
+    standin.plan(CRASH)
+    with trio.fail_after(30):
+        result = await standin.client().run("status")
+    assert result == TransportFailure("exit code 2 without JSON", "exit")
+    assert safe(result.reason, standin)
+    assert len(standin.attempts()) == 1  # retry=False by default
+
+
+async def test_spawn_failure_is_a_transport_failure_without_the_path(tmp_path):
+    missing = tmp_path / "no" / "such" / "loopx"
+    client = LoopxClient([str(missing)], project=tmp_path, timeout=5)
+    with trio.fail_after(30):
+        result = await client.run("status", retry=True)
+    assert result == TransportFailure("could not start the loopx command", "spawn")
+
+
+# -- Retries ---------------------------------------------------------------------------------
+
+
+async def test_two_transport_failures_then_success_takes_three_attempts_with_backoff(standin):
+    standin.plan(CRASH, CRASH, OK)
+    with trio.fail_after(30):
+        result = await standin.client().run("heartbeat-prompt", "--thin", retry=True)
+    assert isinstance(result, LoopxOk)
+    attempts = standin.attempts()
+    assert len(attempts) == 3
+    assert attempts[0]["argv"] == attempts[1]["argv"] == attempts[2]["argv"]
+    # Lower bounds only: each gap is one process run plus the backoff before the next.
+    assert attempts[1]["time"] - attempts[0]["time"] >= ATTEMPT_BACKOFF[0]
+    assert attempts[2]["time"] - attempts[1]["time"] >= ATTEMPT_BACKOFF[1]
+    assert ATTEMPT_BACKOFF == (0.2, 0.75)
+
+
+async def test_retries_stop_after_three_attempts_in_all(standin):
+    standin.plan(CRASH, CRASH, CRASH, OK)
+    with trio.fail_after(30):
+        result = await standin.client().run("status", retry=True)
+    assert result == TransportFailure("exit code 2 without JSON", "exit")
+    assert len(standin.attempts()) == 3
+
+
+async def test_should_run_retries_with_the_same_turn_id(standin):
+    receipt = {
+        "ok": True, "should_run": False, "decision": "skip",
+        "heartbeat_receipt": {"turn_instance_id": "turn-7", "status": "replayed"},
+    }
+    standin.plan(CRASH, {"json": receipt})
+    with trio.fail_after(30):
+        result = await standin.client().should_run("g1", "a1", "turn-7")
+    assert isinstance(result, ShouldRun) and result.receipt_status == "replayed"
+    first, second = standin.attempts()
+    assert first["argv"] == second["argv"]
+    assert first["argv"][-2:] == ["--turn-instance-id", "turn-7"]
+
+
+async def test_mutations_are_never_retried(standin, tmp_path):
+    standin.plan(CRASH, OK)
+    with trio.fail_after(30):
+        result = await standin.client().goal_lifecycle("g1", "stop", execute=True)
+    assert isinstance(result, TransportFailure)
+    assert len(standin.attempts()) == 1
+    assert standin.attempts()[0]["argv"][-8:] == [
+        "goal-lifecycle", "--goal-id", "g1", "--operation", "stop", "--actor-kind", "owner", "--execute"
+    ]
+    standin.plan(CRASH, OK)
+    with trio.fail_after(30):
+        result = await standin.client().workflow_skills(tmp_path / "skills", install=True)
+    assert isinstance(result, TransportFailure)
+    assert len(standin.attempts()) == 1
+    # An inspection is read-only, so it is retried.
+    standin.plan(CRASH, CRASH, CRASH)
+    with trio.fail_after(30):
+        await standin.client().workflow_skills(tmp_path / "skills", install=False)
+    assert len(standin.attempts()) == 3
+
+
+# -- Timeouts and cancellation ---------------------------------------------------------------
+
+
+async def test_timeout_kills_the_child_and_its_children_and_waits(standin):
+    standin.plan({"sleep": 120})
+    client = standin.client(timeout=1.0)
+    with trio.fail_after(30):
+        result = await client.run("quota", "should-run")
+    assert result == TransportFailure("timed out after 1s", "timeout")
+    child, grandchild = standin.pids(1)
+    assert gone(child)  # run_process waited for it
+    assert await eventually_gone([grandchild]) == []  # the whole process group was killed
+
+
+async def test_a_timeout_is_retried_when_asked(standin):
+    standin.plan({"sleep": 120}, OK)
+    with trio.fail_after(30):
+        result = await standin.client(timeout=1.0).run("status", retry=True)
+    assert isinstance(result, LoopxOk)
+    assert len(standin.attempts()) == 2
+    assert await eventually_gone(standin.pids(1)) == []
+
+
+async def test_caller_cancellation_kills_the_child_and_propagates(standin):
+    standin.plan({"sleep": 120})
+    client = standin.client(timeout=60)
+    with trio.fail_after(30):
+        with trio.move_on_after(1.0) as scope:
+            await client.run("status", retry=True)
+    assert scope.cancelled_caught
+    assert len(standin.attempts()) == 1
+    child, grandchild = standin.pids(1)
+    assert gone(child)
+    assert await eventually_gone([grandchild]) == []
+
+
+# -- Typed commands: parsing and rejection ---------------------------------------------------
+
+
+def heartbeat(body, *, turn="turn-1", schema="heartbeat_agent_input_v1", **extra):
+    return {"json": {
+        "schema_version": schema, "ok": True, "goal_id": "g1", "agent_id": "a1",
+        "turn_instance_id": turn, "task_body": body, **extra,
+    }}
+
+
+BODY = "Advance g1.\n```sh\nLOOPX_TURN=turn-1\nloopx quota should-run --turn-instance-id \"${LOOPX_TURN:?}\"\n```\n"
+
+
+async def test_heartbeat_prompt_accepts_both_schemas(standin):
+    for schema in ("heartbeat_agent_input_v1", "loopx_heartbeat_prompt_v0"):
+        standin.plan(heartbeat(BODY, schema=schema, thin=True))
+        with trio.fail_after(30):
+            result = await standin.client().heartbeat_prompt("g1", "a1", "turn-1")
+        assert result == TaskBody(BODY, "turn-1", schema)
+    assert standin.attempts()[0]["argv"][-10:] == [
+        "heartbeat-prompt", "--thin", "--goal-id", "g1", "--agent-id", "a1",
+        "--runtime-profile", "generic_cli", "--turn-instance-id", "turn-1",
+    ]
+
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        heartbeat("no marker at all"),
+        heartbeat(BODY + "\nLOOPX_TURN=turn-1\n"),  # two markers
+        heartbeat(BODY.replace("LOOPX_TURN=turn-1", "LOOPX_TURN=turn-2")),  # another turn
+        heartbeat(BODY + "x" * 32_001),  # too long
+        heartbeat(BODY, turn="turn-2"),  # answer for another turn
+        heartbeat(BODY, schema="loopx_heartbeat_prompt_v9"),
+        heartbeat(None),
+    ],
+)
+async def test_heartbeat_prompt_rejects_bodies_that_break_the_contract(standin, action):
+    standin.plan(action)
+    with trio.fail_after(30):
+        result = await standin.client().heartbeat_prompt("g1", "a1", "turn-1")
+    assert isinstance(result, MalformedOutput) and result.kind == "schema"
+    assert safe(result.reason, standin)
+    assert len(standin.attempts()) == 1
+
+
+async def test_should_run_parses_the_wait_and_the_settlement_identity(standin):
+    identity = {"effect_id": "g1:a1:t9:turn-1", "goal_id": "g1", "agent_id": "a1",
+                "todo_id": "t9", "turn_instance_id": "turn-1"}
+    plan = {"schema_version": "quota_settlement_plan_v1", "ordered_steps": [{"kind": "validation"}]}
+    standin.plan({"json": {
+        "ok": True, "should_run": True, "decision": "run",
+        "heartbeat_receipt": {"turn_instance_id": "turn-1", "status": "committed", "settlement_identity": identity},
+        "scheduler_hint": {"action": "run_now", "cold_path_detail": {"local_scheduler": {"recommended_interval_minutes": 3}},
+                           "unchanged_poll": {"local_scheduler": "continue"}},
+        "interaction_contract": {"cli_channel": {"settlement_plan": plan}},
+    }})
+    with trio.fail_after(30):
+        result = await standin.client().should_run("g1", "a1", "turn-1")
+    assert isinstance(result, ShouldRun)
+    assert (result.should_run, result.decision, result.wait_minutes, result.scheduler_action) == (True, "run", 3.0, "run_now")
+    assert (result.receipt_status, result.effect_id, result.todo_id) == ("committed", "g1:a1:t9:turn-1", "t9")
+    assert result.settlement_plan == plan
+
+
+@pytest.mark.parametrize(
+    "receipt",
+    [
+        None,
+        {"turn_instance_id": "turn-2", "status": "committed"},
+        {"turn_instance_id": "turn-1", "status": "exploded"},
+        {"turn_instance_id": "turn-1", "status": "committed"},  # admitted without identity
+        {"turn_instance_id": "turn-1", "status": "committed", "settlement_identity": {
+            "effect_id": "g1:a1:t:turn-2", "goal_id": "g1", "agent_id": "a1", "turn_instance_id": "turn-2"}},
+    ],
+)
+async def test_should_run_rejects_receipts_for_anything_but_this_turn(standin, receipt):
+    standin.plan({"json": {"ok": True, "should_run": True, "decision": "run", "heartbeat_receipt": receipt}})
+    with trio.fail_after(30):
+        result = await standin.client().should_run("g1", "a1", "turn-1")
+    assert isinstance(result, MalformedOutput)
+    assert len(standin.attempts()) == 1
+
+
+async def test_resolve_thread_statuses(standin):
+    base = {"schema_version": "loopx_thread_agent_binding_resolution_v0", "host_surface": HOST_SURFACE, "thread_id": "s-1"}
+    cases = [
+        ({"json": {**base, "ok": True, "status": "missing", "goal_id": None, "agent_id": None, "matches": []}},
+         ThreadBinding("missing")),
+        ({"json": {**base, "ok": True, "status": "bound", "goal_id": "g", "agent_id": "a",
+                   "matches": [{"goal_id": "g", "agent_id": "a"}]}},
+         ThreadBinding("bound", "g", "a")),
+        ({"json": {**base, "ok": False, "status": "ambiguous", "goal_id": None, "agent_id": None,
+                   "error_kind": "thread_agent_binding_ambiguous",
+                   "matches": [{"goal_id": "g", "agent_id": "a"}, {"goal_id": "h", "agent_id": "b"}]}, "code": 1},
+         ThreadBinding("ambiguous", error_kind="thread_agent_binding_ambiguous")),
+        ({"json": {**base, "ok": False, "status": "unavailable", "thread_id": None, "matches": [],
+                   "error_kind": "thread_agent_binding_invalid_request"}, "code": 1},
+         ThreadBinding("unavailable", error_kind="thread_agent_binding_invalid_request")),
+        # A bound answer naming two matches, or another thread, is not trusted.
+        ({"json": {**base, "ok": True, "status": "bound", "goal_id": "g", "agent_id": "a",
+                   "matches": [{"goal_id": "g", "agent_id": "a"}, {"goal_id": "h", "agent_id": "b"}]}}, MalformedOutput),
+        ({"json": {**base, "ok": True, "thread_id": "s-2", "status": "missing", "matches": []}}, MalformedOutput),
+        ({"json": {**base, "ok": True, "status": "mystery", "matches": []}}, MalformedOutput),
+    ]
+    for action, expected in cases:
+        standin.plan(action)
+        with trio.fail_after(30):
+            result = await standin.client().resolve_thread("s-1")
+        if isinstance(expected, type):
+            assert isinstance(result, expected), action
+        else:
+            assert result == expected
+    assert standin.attempts()[0]["argv"][-5:] == ["resolve-agent-thread", "--host-surface", HOST_SURFACE, "--thread-id", "s-1"]
+
+
+@pytest.mark.parametrize(
+    "thread_id", ["", "has space", "tab\there", "a/b", "a\\b", 'a"b', "a'b", "ctl\x01", "x" * 129, None]
+)
+async def test_invalid_thread_ids_are_refused_before_any_call(standin, thread_id):
+    standin.plan(OK)
+    with pytest.raises(LoopxRequestError) as err:
+        await standin.client().resolve_thread(thread_id)
+    assert err.value.code == "INVALID_LOOPX_REQUEST"
+    assert standin.attempts() == []
+
+
+async def test_invalid_ids_and_operations_are_refused_before_any_call(standin):
+    standin.plan(OK)
+    client = standin.client()
+    for call in (
+        lambda: client.should_run("g1", "a1", "turn 1"),
+        lambda: client.should_run("g1", "a1", "t" * 129),
+        lambda: client.should_run("g/1", "a1", "turn-1"),
+        lambda: client.heartbeat_prompt("g1", "a 1", "turn-1"),
+        lambda: client.goal_lifecycle("g1", "delete", execute=True),
+        lambda: client.todo_progress("", "a1"),
+    ):
+        with pytest.raises(LoopxRequestError):
+            await call()
+    assert standin.attempts() == []
+    assert client.argv("x")[:2] == [sys.executable, str(standin.script)]
+
+
+async def test_version_reads_the_first_line(standin):
+    standin.plan({"stdout": "loopx 2.1.1\n"})
+    with trio.fail_after(30):
+        version = await standin.client().version()
+    assert (version.version, version.parts) == ("2.1.1", (2, 1, 1))
+    assert standin.attempts()[0]["argv"] == ["--version"]
+    standin.plan({"stdout": "SECRET /usr/bin/python 3\n"})
+    with trio.fail_after(30):
+        bad = await standin.client().version()
+    assert isinstance(bad, MalformedOutput) and safe(bad.reason, standin)
