@@ -19,6 +19,7 @@ import attrs
 import structlog
 import trio
 
+from runtime._cancellation import is_cancellation
 from runtime._errors import AgentClosedError, LoopdockError
 from runtime._events import Event
 from runtime._messages import Message, ProducerSource, is_human, user_message
@@ -193,8 +194,12 @@ class AgentActor:
     def withdraw_reservations(self, reason: str = "withdrawn") -> int:
         """Withdraw every queued, unadmitted reservation (e.g. before a command runs);
         returns how many were withdrawn. Each one settles ``cancelled`` with ``reason``."""
-        pending = [e.reservation for e in self._inbox.entries() if e.reservation is not None]
-        return sum(self.withdraw(reservation, reason) for reservation in pending)
+        withdrawn = self._inbox.remove_reserved()  # one pass: there may be thousands
+        for entry in withdrawn:
+            self._discarded(entry, reason)
+        if withdrawn:
+            self._notify()
+        return len(withdrawn)
 
     async def wait_stopped(self) -> None:
         """Wait until the agent's task has ended (it was disposed or its runtime closed)."""
@@ -346,17 +351,18 @@ class AgentActor:
                 reason = {"kind": "aborted", "cause": self._cancel_cause or "cancelled"}
         except TurnBlocked as blocked:
             reason = {"kind": "blocked", "reason": blocked.reason}
-        except trio.Cancelled:
-            turn.settle_unadmitted(self._cancel_cause or "cancelled")
-            self.session.append(
-                "turn/end", {"turn": turn.number, "reason": {"kind": "aborted", "cause": self._cancel_cause or "cancelled"}}
-            )
-            raise
         except Exception as exc:
             self.log.warning("turn failed", turn=turn.number, error=repr(exc))
             reason = {"kind": "error", "message": _safe_error(exc)}
+        except BaseException as exc:
+            if is_cancellation(exc):  # the agent itself is going away: the turn still ends
+                self._end_turn(turn, {"kind": "aborted", "cause": self._cancel_cause or "cancelled"})
+            raise
         finally:
             self._turn_scope = None
+        self._end_turn(turn, reason)
+
+    def _end_turn(self, turn: Turn, reason: dict[str, Any]) -> None:
         turn.settle_unadmitted(reason.get("cause") or reason["kind"])
         self.session.append("turn/end", {"turn": turn.number, "reason": reason})
 

@@ -82,9 +82,7 @@ class Inbox:
         """Queue ``entry``; returns the reservations it displaced (human input wins)."""
         displaced: list[Entry] = []
         if entry.human:
-            displaced = [e for e in self.entries() if e.reservation is not None]
-            for e in displaced:
-                self._remove(e)
+            displaced = self.remove_reserved()
         (self.next_turn if entry.placement == "followup" else self.next_step).append(entry)
         return displaced
 
@@ -109,6 +107,14 @@ class Inbox:
 
     def entries(self) -> list[Entry]:
         return [*self.next_turn, *self.next_step]
+
+    def remove_reserved(self) -> list[Entry]:
+        """Take out every entry that carries a reservation, in one pass."""
+        removed = [e for e in self.entries() if e.reservation is not None]
+        if removed:
+            self.next_turn = deque(e for e in self.next_turn if e.reservation is None)
+            self.next_step = deque(e for e in self.next_step if e.reservation is None)
+        return removed
 
     def remove(self, entry: Entry) -> bool:
         if entry in self.next_turn or entry in self.next_step:

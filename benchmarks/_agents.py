@@ -12,8 +12,8 @@ Both run a real ``Runtime`` on a home on disk (SQLite persistence on) with the o
 
 from __future__ import annotations
 
-import shutil
 import gc
+import shutil
 import tempfile
 import time
 import tracemalloc

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import trio
+import trio.testing
 
 from ._common import Progress, percentile, settled_rss
 
@@ -113,8 +114,6 @@ async def _concurrent(n: int, k: int, waves: int, progress: Progress, label: str
 
 async def run_floor(params: dict[str, Any], progress: Progress) -> dict[str, Any]:
     """``params``: ``ns``, ``k``, ``min_turns`` (as for the agents), ``sequential_hops``."""
-    import trio.testing  # noqa: F401  (wait_all_tasks_blocked)
-
     hop = await _sequential_hops(params["sequential_hops"])
     rows = []
     ns = params["ns"]

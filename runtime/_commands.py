@@ -19,6 +19,7 @@ import attrs
 import structlog
 import trio
 
+from ._cancellation import is_cancellation
 from ._errors import LoopdockError
 
 if TYPE_CHECKING:  # the actors import this package's modules: no import cycle at runtime
@@ -164,12 +165,6 @@ def _safe_message(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def _is_cancellation(exc: BaseException) -> bool:
-    if isinstance(exc, BaseExceptionGroup):
-        return all(_is_cancellation(e) for e in exc.exceptions)
-    return isinstance(exc, trio.Cancelled)
-
-
 async def run_command(owner: Supervisor, agent: AgentActor, command: Command, args: str) -> CommandResult:
     """Run one parsed command against ``agent`` and log it on the agent's session."""
     from actors import SessionClosedError  # deferred: actors imports runtime modules
@@ -206,7 +201,7 @@ async def run_command(owner: Supervisor, agent: AgentActor, command: Command, ar
                 result = CommandResult(False, f"/{name} failed: {_safe_message(exc)}")
             except BaseException as exc:
                 # trio may wrap Cancelled in a group (e.g. out of trio.run_process).
-                if _is_cancellation(exc) and not scope.cancel_called:
+                if is_cancellation(exc) and not scope.cancel_called:
                     # The caller cancelled us: the log still says how the command ended.
                     log_event("command/done", {"name": name, "ok": False, "message": f"/{name} was cancelled"})
                 raise

