@@ -97,12 +97,7 @@ class LoopxContinuation:
                 while not self.agent.closed:
                     await self.agent.wait_idle()
                     seen = self.agent.status_version
-                    try:
-                        await self.checkpoint()
-                    finally:
-                        self.checkpoints += 1
-                        self._checked.set()
-                        self._checked = trio.Event()
+                    await self.checkpoint()
                     await self.agent.wait_status_change(seen)
         finally:
             dispose()
@@ -120,7 +115,16 @@ class LoopxContinuation:
             self.activation.feed(event)
 
     async def checkpoint(self) -> None:
-        """One idle checkpoint. Before activation this is pure bookkeeping."""
+        """One idle checkpoint (or a scheduler wake-up). Before activation this is pure
+        bookkeeping. Observers can wait for it with ``wait_checkpoint``."""
+        try:
+            await self._evaluate()
+        finally:
+            self.checkpoints += 1
+            self._checked.set()
+            self._checked = trio.Event()
+
+    async def _evaluate(self) -> None:
         self._fold()
         if not self.activation.active or self.pending is not None:
             return

@@ -190,3 +190,101 @@ async def test_human_input_wins_at_pre_step(tmp_path, loopx_env, loopx_project, 
     should_runs = [c for c in calls() if c[4:6] == ["quota", "should-run"]]
     turn_ids = [c[c.index("--turn-instance-id") + 1] for c in should_runs]
     assert len(turn_ids) >= 2 and turn_ids[0] == turn_ids[1]
+
+
+STANDIN = """#!{python}
+# A LoopX stand-in for scheduler and transport faults: answers from a script of replies
+# keyed by subcommand, logging every call.
+import json, os, sys
+argv = sys.argv[1:]
+with open({log!r}, "a") as f:
+    f.write(json.dumps(argv) + "\\n")
+sub = argv[argv.index("json") + 1] if "json" in argv else argv[0]
+if sub == "resolve-agent-thread":
+    tid = argv[argv.index("--thread-id") + 1]
+    print(json.dumps({{"ok": True, "schema_version": "loopx_thread_agent_binding_resolution_v0",
+        "status": "bound", "goal_id": "g1", "agent_id": "a1", "thread_id": tid,
+        "host_surface": "deepseek-harness-native", "matches": [{{"goal_id": "g1", "agent_id": "a1"}}]}}))
+    sys.exit(0)
+if sub == "quota":
+    turn = argv[argv.index("--turn-instance-id") + 1]
+    calls = sum(1 for line in open({log!r}) if '"should-run"' in line)
+    if {transport_failures} >= calls:
+        sys.exit(7)  # a transport failure: non-zero, no JSON
+    wait = {{"local_scheduler": {{"recommended_interval_minutes": 5}}}} if calls == {transport_failures} + 1 else {{}}
+    print(json.dumps({{"ok": True, "should_run": False, "decision": "wait",
+        "heartbeat_receipt": {{"turn_instance_id": turn, "status": "committed"}},
+        "scheduler_hint": {{"action": "wait", "cold_path_detail": wait}}}}))
+    sys.exit(0)
+sys.exit(2)
+"""
+
+
+def standin(tmp_path, transport_failures=0):
+    log = tmp_path / "standin-calls.jsonl"
+    script = tmp_path / "loopx-standin"
+    script.write_text(STANDIN.format(python=sys.executable, log=str(log), transport_failures=transport_failures))
+    script.chmod(0o755)
+
+    def calls():
+        return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+    return (str(script),), calls
+
+
+def subcommands(calls):
+    return [c[c.index("json") + 1] if c[c.index("json") + 1] != "quota" else "should-run" for c in calls]
+
+
+@pytest.fixture
+def patient_autojump_clock():
+    # The clock only jumps once every task has been blocked for a real half second, so
+    # the stand-in's process round trips run at real speed and only long waits jump.
+    return trio.testing.MockClock(autojump_threshold=0.5)
+
+
+async def test_a_scheduler_wait_arms_one_timer_and_wakes_a_new_checkpoint(
+    tmp_path, loopx_project, patient_autojump_clock
+):
+    command, calls = standin(tmp_path)
+    write_skill(loopx_project, "loopx")
+    async with Runtime.open(
+        tmp_path / "home",
+        skills=SkillCatalog.from_env(loopx_project, {"HOME": str(tmp_path)}),
+        loopx=LoopxSettings(command=command, timeout=10_000, initialize=False),
+    ) as rt:
+        handle = await rt.create_agent(session_id="waiting", agent_options={"cwd": str(loopx_project)})
+        driver = rt.loopx.drivers["waiting"]
+        start = trio.current_time()
+        await say(rt, handle.agent, "/loopx keep going")
+        assert driver.timer is not None and driver.stopped == "waiting 300s"
+        assert subcommands(calls()) == ["resolve-agent-thread", "should-run"]
+        await driver.wait_checkpoint(driver.checkpoints)  # the timer's own checkpoint
+        assert trio.current_time() - start >= 300
+        assert driver.timer is None and driver.pending is None
+        assert driver.stopped == "should-run: wait"  # no second wait hint: stop, no timer
+        assert subcommands(calls()) == ["resolve-agent-thread", "should-run"] * 2
+        turn_ids = [c[c.index("--turn-instance-id") + 1] for c in calls() if "should-run" in c]
+        assert turn_ids[0] != turn_ids[1]  # a new attempt, a new identity
+        await handle.dispose()
+
+
+async def test_should_run_transport_failures_retry_with_one_turn_id_then_stop(
+    tmp_path, loopx_project, patient_autojump_clock
+):
+    command, calls = standin(tmp_path, transport_failures=3)  # every attempt fails
+    write_skill(loopx_project, "loopx")
+    async with Runtime.open(
+        tmp_path / "home",
+        skills=SkillCatalog.from_env(loopx_project, {"HOME": str(tmp_path)}),
+        loopx=LoopxSettings(command=command, timeout=10_000, initialize=False),
+    ) as rt:
+        handle = await rt.create_agent(session_id="flaky", agent_options={"cwd": str(loopx_project)})
+        driver = rt.loopx.drivers["flaky"]
+        await say(rt, handle.agent, "/loopx keep going")
+        attempts = [c for c in calls() if "should-run" in c]
+        assert len(attempts) == 3  # the contract's budget: three attempts in all
+        assert len({c[c.index("--turn-instance-id") + 1] for c in attempts}) == 1  # one identity
+        assert driver.stopped == "should-run failed: exit code 7 without JSON"
+        assert driver.timer is None and driver.pending is None  # no breaker, no endless retry
+        await handle.dispose()
