@@ -16,6 +16,7 @@ from ._connection import ConnectionState as ConnectionState
 from ._connection import Opened as Opened
 from ._connection import Received as Received
 from ._connection import SendFrame as SendFrame
+from ._dock_select import DockSelectHandler as DockSelectHandler
 from ._errors import BridgeClosedError as BridgeClosedError
 from ._errors import ErrorCode as ErrorCode
 from ._errors import NotServedError as NotServedError

@@ -1,4 +1,4 @@
-"""The ``loopdock`` command: ``demo``, ``run`` and ``bench``."""
+"""The ``loopdock`` command: ``demo``, ``run``, ``bench``, ``serve`` and ``dsh-patch``."""
 
 from __future__ import annotations
 
@@ -117,6 +117,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--port", type=int, default=0, help="port to listen on (default: any free port)")
     serve.add_argument("--host", help="address to bind (default: 127.0.0.1)")
     serve.add_argument("--home", help="runtime home (default: $LOOPDOCK_HOME or ./.loopdock)")
+    patch = commands.add_parser("dsh-patch", help="write the DSH patch file that loads the bridge plugin")
+    patch.add_argument("--url", required=True, help="the bridge, e.g. ws://127.0.0.1:PORT (path /dsh is added)")
+    patch.add_argument("--out", required=True, help="directory to write patch.yml into")
+    patch.add_argument("--dock", action="store_true", help="dock mode: the runtime selects every agent's loop")
+    patch.add_argument("--drivers", default="default", help="dock drivers, comma separated (default: default)")
+    patch.add_argument("--ping", action="store_true", help="register the offline ping model as DSH's default")
+    patch.add_argument("--home", help="runtime home holding bridge.token (default: $LOOPDOCK_HOME or ./.loopdock)")
     args = parser.parse_args(argv)
     configure_logging(verbose=args.verbose)
     if args.command == "bench":
@@ -129,6 +136,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "demo":
             trio.run(_demo, args.home, sys.stdout)
+        elif args.command == "dsh-patch":
+            from bridge._patch import dsh_patch_command
+
+            drivers = [d.strip() for d in args.drivers.split(",") if d.strip()]
+            dsh_patch_command(
+                args.url, args.out, dock=args.dock, drivers=drivers, ping=args.ping, home=args.home, out=sys.stdout
+            )
         elif args.command == "serve":
             from bridge._serve import serve_command  # the bridge sits on top of the runtime
 

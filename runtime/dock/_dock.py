@@ -9,8 +9,8 @@ algorithm of its own.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 import structlog
@@ -61,6 +61,19 @@ class StrategyDriver:
     async def resume(self, owner: Supervisor, options: ResumeAgentOptions) -> AgentHandle:
         setup = _compose([options.setup, self.strategy.setup])
         return await self.driver.resume(owner, attrs.evolve(options, setup=setup))
+
+
+@attrs.frozen
+class DockChoice:
+    """What ``LoopDock.decide`` chose, for a host that runs the agent itself (DSH through
+    the bridge): the binding, the pin of the loop (None: not pinned) and the agent options
+    as the driver would get them (pinned: the caller's reasoning effort dropped)."""
+
+    loop: str
+    driver: str | None
+    provider: str | None
+    model: str | None
+    agent_options: AgentOptions
 
 
 def _pin(options: AgentOptions, loop: Loop) -> AgentOptions:
@@ -195,6 +208,30 @@ class LoopDock:
             setup=self._setup_for(options.setup, binding),
         )
         return await provider.resume(owner, decorated)
+
+    def decide(
+        self,
+        op: Literal["create", "resume"],
+        session_id: str,
+        agent_options: AgentOptions | Mapping[str, Any] | None = None,
+        agent_preset: str | None = None,
+        persisted: Route | None = None,
+    ) -> DockChoice:
+        """The choice ``create_agent``/``resume`` would make, without delegating: same
+        rules, same errors (LOOP_SWITCH against ``persisted``, the stored binding, on a
+        resume; ``agent_preset`` is then the session's effective preset)."""
+        options = AgentOptions.from_value(agent_options)
+        explicit = Selection(options.loop, options.driver)
+        if op == "create":
+            decision = resolve_create(explicit, session_id, agent_preset, self.config)
+        elif op == "resume":
+            decision = resolve_resume(explicit, session_id, persisted, agent_preset, self.config)
+        else:
+            raise ValueError(f"op must be 'create' or 'resume', got {op!r}")
+        loop, binding, _ = self._materialize(decision)
+        return DockChoice(
+            binding.loop, binding.driver, loop.provider, loop.model, self._options_for(options, loop, binding)
+        )
 
     def _materialize(self, decision: Decision) -> tuple[Loop, Route, Driver]:
         loop = self.require(decision.loop)

@@ -1,0 +1,456 @@
+// loopdock's DSH plugin: the host side of the loopdock bridge (protocol 1, see bridge/_messages.py).
+//
+// - connects to config.url with config.token (hello, role dsh-host) and reconnects with backoff
+//   (250 ms doubling to 5 s);
+// - streams every session event and the live agent events to the runtime, batched;
+// - executes the runtime's commands (followup, wake, cancel) on the exact live agent and answers
+//   only the requests the runtime made;
+// - at agent/pre-step asks the runtime for a verdict on messages of the kinds it owns
+//   (config.ownedKinds), with a deadline, failing closed; other messages are never delayed;
+// - dock mode (config.dock): takes DSH's agent-factory slot, re-hosts the official AgentLoop as
+//   named drivers (config.drivers) and asks the runtime which loop/driver every create and resume uses;
+// - registers the offline `ping` adapter (config.ping) for tests without an API key.
+import { randomUUID } from 'node:crypto'
+import { AgentLoop } from '/snapshot/node/node_modules/@deepseek-ai/dsh-agent-loop/lib/index.js'
+
+export const name = 'loopdock-bridge'
+export const inject = ['llm', 'agents', 'sessions', 'tools', 'systemPrompt', 'sessionProjections']
+
+const PROTOCOL = 1
+const BACKOFF_MIN_MS = 250
+const BACKOFF_MAX_MS = 5000
+const BATCH_ITEMS = 200
+const BATCH_CHARS = 256 * 1024
+const MAX_ITEM_CHARS = 900 * 1024 // the runtime accepts frames up to 1 MiB
+const MAX_QUEUED = 50000
+const FLUSH_MS = 10
+const BINDING_EVENT = 'agent-preset/selected'
+const BINDING_KEY = 'agentLoopDock'
+
+const log = (...args) => console.error('[loopdock]', ...args)
+
+function lastUserText(messages) {
+  for (let i = messages.length - 1; i >= 0; i--) {
+    const m = messages[i]
+    if (m?.role !== 'user') continue
+    const t = (m.content || []).filter(b => b.type === 'text').map(b => b.text).join('')
+    if (t && !t.startsWith('Current runtime context')) return t
+  }
+  return ''
+}
+
+// A JSON copy of a DSH value (messages and events are frozen plain data; this drops anything else).
+function plain(value) {
+  try { return JSON.parse(JSON.stringify(value ?? null)) } catch { return null }
+}
+
+// A session's whole log (DSH 0.2.1: `snapshotEvents(from, to)`; `log` as a fallback).
+function sessionEvents(session, from = 0, to = session?.seq) {
+  try {
+    if (typeof session?.snapshotEvents === 'function') return session.snapshotEvents(from, to)
+    if (Array.isArray(session?.log)) return session.log.filter(e => e.seq >= from && e.seq < (to ?? Infinity))
+  } catch (e) { log('cannot read the session log back', e?.message ?? e) }
+  return []
+}
+
+function hasBinding(session) {
+  for (const e of sessionEvents(session)) {
+    if (e.type === BINDING_EVENT && e.data && typeof e.data[BINDING_KEY] === 'object' && e.data[BINDING_KEY]) return true
+  }
+  return false
+}
+
+class BridgeError extends Error {
+  constructor(code, message) { super(`${code}: ${message}`); this.code = code }
+}
+
+export function apply(ctx, config = {}) {
+  const ownedKinds = new Set(config.ownedKinds ?? ['loopx-continuation'])
+  const verdictTimeoutMs = config.verdictTimeoutMs ?? 2000
+  const selectTimeoutMs = config.selectTimeoutMs ?? 10000
+  const dock = !!config.dock
+  const capabilities = ['events', 'live', 'commands', 'pre-step', ...(dock ? ['dock'] : [])]
+
+  let ws = null
+  let open = false // welcome received
+  let disposed = false
+  let backoff = BACKOFF_MIN_MS
+  let reconnectTimer = null
+  let flushTimer = null
+  let nextId = 1
+  let welcomed = null // resolves once, on the first welcome
+  const firstWelcome = new Promise((resolve) => { welcomed = resolve })
+  const pending = new Map() // our request id -> {resolve, reject, timer}
+  const queue = [] // [kind, text] items waiting for a frame
+  let droppedWarned = false
+
+  // ---- the connection ------------------------------------------------------------------------
+  const sendFrame = (obj) => {
+    if (!ws || ws.readyState !== 1) return false
+    try { ws.send(JSON.stringify({ v: PROTOCOL, ...obj })); return true } catch (e) { log('send failed', e?.message ?? e); return false }
+  }
+
+  const failPending = (why) => {
+    for (const [id, p] of pending) { clearTimeout(p.timer); p.reject(new BridgeError('BRIDGE_CLOSED', why)) }
+    pending.clear()
+  }
+
+  const request = (type, data, timeoutMs) => new Promise((resolve, reject) => {
+    if (!open) { reject(new BridgeError('BRIDGE_CLOSED', 'not connected to the loopdock runtime')); return }
+    const id = `h${nextId++}`
+    const timer = setTimeout(() => { pending.delete(id); reject(new BridgeError('REQUEST_TIMEOUT', `no reply to ${type} within ${timeoutMs} ms`)) }, timeoutMs)
+    pending.set(id, { resolve, reject, timer })
+    if (!sendFrame({ type, id, data })) {
+      clearTimeout(timer); pending.delete(id); reject(new BridgeError('BRIDGE_CLOSED', 'the connection is closing'))
+    }
+  })
+
+  // resolves once connected (welcomed), or rejects after timeoutMs: a select made while DSH boots
+  // (the headless agent is created before the first welcome) waits for the runtime
+  const openWaiters = new Set()
+  const whenOpen = (timeoutMs) => open ? Promise.resolve() : new Promise((resolve, reject) => {
+    const waiter = () => { clearTimeout(timer); openWaiters.delete(waiter); resolve() }
+    const timer = setTimeout(() => { openWaiters.delete(waiter); reject(new BridgeError('BRIDGE_CLOSED', `not connected to the loopdock runtime within ${timeoutMs} ms`)) }, timeoutMs)
+    openWaiters.add(waiter)
+  })
+
+  const connect = () => {
+    reconnectTimer = null
+    if (disposed) return
+    let sock
+    try { sock = new WebSocket(config.url) } catch (e) { log('cannot connect', e?.message ?? e); scheduleReconnect(); return }
+    ws = sock
+    sock.onopen = () => {
+      sendFrame({ type: 'hello', data: { token: config.token, role: 'dsh-host', protocol: PROTOCOL, capabilities } })
+    }
+    sock.onmessage = (ev) => {
+      if (sock !== ws) return
+      let frame
+      try { frame = JSON.parse(typeof ev.data === 'string' ? ev.data : String(ev.data)) } catch { log('a frame that is not JSON from the runtime'); return }
+      onFrame(frame)
+    }
+    sock.onerror = () => {} // onclose follows and says what matters
+    sock.onclose = (ev) => {
+      if (sock !== ws) return
+      const wasOpen = open
+      open = false
+      ws = null
+      failPending(`connection closed (${ev.code})`)
+      if (disposed) return
+      if (wasOpen || ev.code !== 1006) log(`bridge closed (${ev.code}${ev.reason ? ' ' + ev.reason : ''}); reconnecting`)
+      scheduleReconnect()
+    }
+  }
+
+  const scheduleReconnect = () => {
+    if (disposed || reconnectTimer) return
+    const delay = backoff
+    backoff = Math.min(backoff * 2, BACKOFF_MAX_MS)
+    reconnectTimer = setTimeout(connect, delay)
+  }
+
+  ctx.effect(() => () => {
+    disposed = true
+    clearTimeout(reconnectTimer); reconnectTimer = null
+    clearTimeout(flushTimer); flushTimer = null
+    for (const h of holds.splice(0)) h()
+    failPending('DSH is unloading the bridge plugin')
+    openWaiters.clear() // their timers reject them
+    open = false
+    const sock = ws
+    ws = null
+    if (sock) { try { if (sock.readyState === 1) flush(sock); sock.close(1000, 'dsh unloading') } catch (e) { log('close failed', e?.message ?? e) } }
+  }, 'loopdock bridge websocket')
+
+  // ---- incoming frames ----------------------------------------------------------------------
+  const reply = (re, type, data) => sendFrame({ type, re, data })
+  const replyError = (re, code, message) => sendFrame({ type: 'error', ...(re ? { re } : {}), data: { code, message: String(message).slice(0, 1000) } })
+
+  function onFrame(frame) {
+    if (!frame || typeof frame !== 'object' || frame.v !== PROTOCOL) { log('a frame of another protocol from the runtime', JSON.stringify(frame)?.slice(0, 200)); return }
+    const { type, id, re, data } = frame
+    if (typeof re === 'string') { // a reply to one of our requests
+      const p = pending.get(re)
+      if (!p) return
+      pending.delete(re); clearTimeout(p.timer)
+      if (type === 'error') p.reject(new BridgeError(data?.code ?? 'ERROR', data?.message ?? ''))
+      else p.resolve({ type, data })
+      return
+    }
+    switch (type) {
+      case 'welcome':
+        open = true
+        backoff = BACKOFF_MIN_MS
+        welcomed()
+        for (const w of [...openWaiters]) w()
+        schedule(0)
+        return
+      case 'error':
+        log(`runtime error ${data?.code}: ${data?.message}`)
+        return
+      case 'ping':
+        if (id) reply(id, 'pong', {})
+        return
+      case 'followup': case 'wake': case 'cancel':
+        if (!id) { replyError(undefined, 'BAD_ENVELOPE', `${type} is a request: it needs an id`); return }
+        try { command(type, data ?? {}); reply(id, 'ack', { ok: true }) } catch (e) {
+          if (e instanceof BridgeError && e.code === 'BAD_DATA') replyError(id, 'BAD_DATA', e.message)
+          else reply(id, 'ack', { ok: false, error: { code: e?.code ?? 'COMMAND_FAILED', message: String(e?.message ?? e).slice(0, 1000) } })
+        }
+        return
+      default:
+        if (id) replyError(id, 'UNKNOWN_TYPE', `the DSH host does not serve ${String(type).slice(0, 100)}`)
+        else log('an unexpected frame from the runtime:', String(type).slice(0, 100))
+    }
+  }
+
+  function liveAgent(agentId) {
+    if (typeof agentId !== 'string') throw new BridgeError('BAD_DATA', 'agentId must be a string')
+    const agent = ctx.agents.get(agentId)
+    if (!agent) throw new BridgeError('NOT_LIVE', `no live agent ${agentId}`)
+    return agent
+  }
+
+  function command(type, data) {
+    if (type === 'followup') {
+      const m = data.message
+      if (!m || typeof m !== 'object' || typeof m.source?.kind !== 'string') throw new BridgeError('BAD_DATA', 'followup needs a message with a source kind')
+      const placement = data.placement ?? 'followup'
+      if (!['followup', 'steer', 'inject'].includes(placement)) throw new BridgeError('BAD_DATA', `unknown placement ${placement}`)
+      const agent = liveAgent(data.agentId)
+      agent[placement](Object.freeze({ ...m, id: m.id ?? randomUUID(), role: m.role ?? 'user' }))
+    } else if (type === 'wake') {
+      releaseHolds() // the ping test adapter: a wake is the runtime saying "go on"
+      liveAgent(data.agentId).wakeDriver()
+    } else {
+      liveAgent(data.agentId).cancel({ kind: 'user', reason: String(data.cause ?? 'loopdock') }, { keepInbox: data.keepInbox !== false })
+    }
+  }
+
+  // ---- outgoing event traffic (batched) --------------------------------------------------------
+  const sent = new Map() // session id -> highest seq queued
+
+  function enqueue(kind, item) {
+    let text
+    try { text = JSON.stringify(item) } catch (e) { log(`a ${kind} item is not JSON`, e?.message ?? e); return }
+    if (text.length > MAX_ITEM_CHARS) { log(`a ${kind} item of ${text.length} characters is too large for a frame; dropped`); return }
+    if (queue.length >= MAX_QUEUED) {
+      queue.shift()
+      if (!droppedWarned) { droppedWarned = true; log('the event queue is full while disconnected: dropping the oldest items') }
+    }
+    queue.push([kind, text])
+    schedule(FLUSH_MS)
+  }
+
+  function schedule(ms) {
+    if (!open || flushTimer || disposed) return
+    flushTimer = setTimeout(() => { flushTimer = null; if (ws && open) flush(ws) }, ms)
+  }
+
+  function flush(sock) {
+    while (queue.length > 0 && sock.readyState === 1) {
+      const kind = queue[0][0]
+      const items = []
+      let size = 0
+      while (queue.length > 0 && queue[0][0] === kind && items.length < BATCH_ITEMS && (items.length === 0 || size + queue[0][1].length < BATCH_CHARS)) {
+        const [, text] = queue.shift()
+        items.push(text); size += text.length + 1
+      }
+      sock.send(`{"v":${PROTOCOL},"type":"${kind}","data":{"items":[${items.join(',')}]}}`)
+    }
+  }
+
+  function sendOne(sessionId, event) {
+    enqueue('events', { sessionId, event: { type: event.type, seq: event.seq, time: event.time, data: plain(event.data) ?? {} } })
+  }
+  // In seq order, each event once: events appended before publication (e.g. the binding a setup
+  // records) never reach session/event, so a gap is filled from the session's own log first.
+  function sendEvent(session, event) {
+    const sessionId = session.id
+    if (typeof event?.seq !== 'number') { sendOne(sessionId, event); return }
+    const last = sent.get(sessionId) ?? -1
+    if (event.seq <= last) return
+    if (event.seq > last + 1) for (const earlier of sessionEvents(session, last + 1, event.seq)) sendOne(sessionId, earlier)
+    sent.set(sessionId, event.seq)
+    sendOne(sessionId, event)
+  }
+  function backfill(session) {
+    if (!session || typeof session.seq !== 'number' || session.seq === 0) return
+    const events = sessionEvents(session, session.seq - 1, session.seq)
+    if (events.length > 0) sendEvent(session, events[0])
+  }
+  const sendLive = (type, agent, data) => {
+    if (!agent?.id) return
+    enqueue('live', { type, agentId: agent.id, data: plain(data) ?? {} })
+  }
+
+  ctx.on('session/event', (session, event) => sendEvent(session, event))
+  ctx.on('agent/created', (p) => {
+    backfill(p.agent?.session)
+    sendLive('agent/created', p.agent, { source: p.source, sessionId: p.agent?.session?.id })
+  })
+  ctx.on('agent/status', (p) => sendLive('agent/status', p.agent, { status: p.status }))
+  for (const n of ['inserted', 'claimed', 'discarded']) {
+    ctx.on(`agent/inbox/${n}`, (p) => sendLive(`agent/inbox/${n}`, p.agent, { message: p.message, ...(p.turn !== undefined ? { turn: p.turn } : {}) }))
+  }
+  ctx.on('agent/disposed', (p) => { sendLive('agent/disposed', p.agent, {}); if (p.agent?.id) { rewake.delete(p.agent.id); sent.delete(p.agent.session?.id ?? p.agent.id) } })
+
+  // ---- pre-step verdicts ----------------------------------------------------------------------
+  const rewake = new Set() // agents whose put-back input must run once they are idle
+  ctx.on('agent/status', (p) => {
+    if (p.status !== 'idle' || !rewake.has(p.agent?.id)) return
+    rewake.delete(p.agent.id)
+    queueMicrotask(() => { try { if (p.agent.inbox?.hasPending !== false) p.agent.wakeDriver() } catch (e) { log('re-wake failed', e?.message ?? e) } })
+  })
+
+  ctx.on('agent/pre-step', async (p, next) => {
+    const messages = p.messages ?? []
+    const owned = messages.filter(m => ownedKinds.has(m?.source?.kind))
+    if (owned.length === 0) return next() // never delayed
+    let verdict
+    try {
+      const r = await request('preStep', {
+        agentId: p.agent.id, sessionId: p.agent.session?.id ?? p.agent.id, turn: p.turn, step: p.step,
+        messages: messages.map(plain),
+      }, verdictTimeoutMs)
+      verdict = r.type === 'verdict' ? r.data : { kind: 'reject', reason: `unexpected ${r.type}` }
+    } catch (e) {
+      verdict = { kind: 'reject', reason: String(e?.message ?? e) } // fail closed
+    }
+    if (verdict?.kind === 'enter') return next()
+    // a reject consumes the whole claimed batch: put back what the runtime does not own
+    const others = messages.filter(m => !ownedKinds.has(m?.source?.kind))
+    if (others.length > 0) {
+      try {
+        for (let i = others.length - 1; i >= 0; i--) p.agent.inbox.prepend('next-step', others[i])
+        rewake.add(p.agent.id)
+      } catch (e) { log('could not put back input after a reject', e?.message ?? e) }
+    }
+    return { kind: 'reject' }
+  })
+
+  // ---- the offline ping adapter -----------------------------------------------------------------
+  const holds = []
+  let holdsReleased = false
+  function releaseHolds() { holdsReleased = true; for (const h of holds.splice(0)) h() }
+  if (config.ping) {
+    const pingAdapter = {
+      providerInfo: (p) => ({ id: p, name: p }),
+      providerRetryPolicy: () => undefined,
+      imageRequestPricing: () => undefined,
+      imageRequestTarget: (_p, _m, image) => ({ width: image.width, height: image.height, maxBytes: image.bytes }),
+      listModels: async () => [{ provider: 'ping', id: 'ping-1', name: 'ping-1' }],
+      resolveModel: async (provider, model) => ({ provider, id: model, name: model }),
+      async prepareCall(provider, model, signal) {
+        return { model: await this.resolveModel(provider, model, signal), stream: (o) => this.stream(o) }
+      },
+      async *stream(options) {
+        const last = lastUserText(options.messages || [])
+        // test hook: a task holding HOLD keeps `dsh headless` alive until the runtime sends a wake
+        if (last.includes('HOLD') && !holdsReleased && !disposed) await new Promise((resolve) => holds.push(resolve))
+        const text = 'pong: ' + last
+        yield { type: 'block-start', index: 0, blockType: 'text' }
+        yield { type: 'text-delta', index: 0, text }
+        yield { type: 'block-end', index: 0, block: { type: 'text', text } }
+        yield { type: 'usage', usage: { inputTokens: 1, outputTokens: 1, totalTokens: 2 } }
+        yield { type: 'finish', reason: { kind: 'stop' } }
+      },
+    }
+    ctx.llm.registerAdapter(['ping'], pingAdapter)
+  }
+
+  // ---- dock mode: the factory slot --------------------------------------------------------------
+  if (dock) {
+    const names = config.drivers?.length ? config.drivers : ['default']
+    const drivers = {}
+    const shadow = (service, overrides) => new Proxy(service, {
+      get(target, key) {
+        if (Object.hasOwn(overrides, key)) return overrides[key]
+        const v = Reflect.get(target, key, target)
+        return typeof v === 'function' ? v.bind(target) : v
+      },
+    })
+    names.forEach((driverName, index) => {
+      let captured
+      const props = { agents: shadow(ctx.agents, { setFactory: (factory) => { captured = factory; return () => { captured = undefined } } }) }
+      if (index > 0) {
+        // the first AgentLoop made the shared registrations; re-registering them throws
+        props.systemPrompt = shadow(ctx.systemPrompt, { variable: () => () => {} })
+        props.sessionProjections = shadow(ctx.sessionProjections, { register: () => () => {} })
+      }
+      const base = index === 0 ? ctx : ctx.isolate('agentLoop', `loopdock-${driverName}`)
+      new AgentLoop(base.extend(props), { agents: [], maxParallelToolCalls: { get: () => 10 } })
+      if (!captured) throw new Error(`loopdock: AgentLoop for driver ${driverName} did not register a factory`)
+      drivers[driverName] = captured
+    })
+
+    const select = async (op, sessionId, agentOptions, agentPreset) => {
+      let r
+      try {
+        const started = Date.now()
+        await whenOpen(selectTimeoutMs)
+        r = await request('select', {
+          op, sessionId, agentOptions: plain(agentOptions) ?? {}, ...(agentPreset ? { agentPreset } : {}),
+        }, Math.max(1, selectTimeoutMs - (Date.now() - started)))
+      } catch (e) {
+        throw new Error(`loopdock refused to ${op} ${sessionId}: ${e?.message ?? e}`)
+      }
+      const choice = r.data ?? {}
+      const driver = choice.driver ?? names[0]
+      if (r.type !== 'selection' || typeof choice.loop !== 'string') throw new Error(`loopdock: bad answer to select: ${r.type}`)
+      if (!drivers[driver]) throw new Error(`loopdock: the runtime chose driver ${driver}, which this host does not run (${names.join(', ')})`)
+      return { loop: choice.loop, driver, parts: choice.parts ?? {} }
+    }
+    const pinned = (agentOptions, parts) => {
+      if (!parts.provider && !parts.model) return agentOptions
+      const out = { ...(agentOptions ?? {}) }
+      if (parts.provider) out.provider = parts.provider
+      if (parts.model) out.model = parts.model
+      delete out.reasoningEffort
+      return out
+    }
+    const withBinding = (choice, setup) => async (agentCtx, agent, ...rest) => {
+      const result = await setup?.(agentCtx, agent, ...rest)
+      const session = agent?.session ?? agentCtx?.session
+      if (session && !hasBinding(session)) {
+        const data = { [BINDING_KEY]: { loop: choice.loop, driver: choice.driver } }
+        if (choice.parts.preset) data.agentPreset = choice.parts.preset
+        session.append(BINDING_EVENT, data)
+      }
+      return result
+    }
+    ctx.agents.setFactory({
+      async createAgent(ownerCtx, options) {
+        const choice = await select('create', options.sessionId, options.agentOptions, options.agentPreset)
+        return drivers[choice.driver].createAgent(ownerCtx, {
+          ...options, agentOptions: pinned(options.agentOptions, choice.parts), setup: withBinding(choice, options.setup),
+        })
+      },
+      async resume(ownerCtx, options) {
+        const choice = await select('resume', options.resumeSessionId, options.agentOptions, options.agentPreset)
+        return drivers[choice.driver].resume(ownerCtx, {
+          ...options, agentOptions: pinned(options.agentOptions, choice.parts), setup: withBinding(choice, options.setup),
+        })
+      },
+    })
+  }
+
+  // ---- agents the config asks for (tests: no wire type for create/resume) -------------------------
+  const agentOptions = config.agentOptions ?? (config.ping ? { provider: 'ping', model: 'ping-1' } : undefined)
+  if ((config.createAgents?.length ?? 0) + (config.resumeAgents?.length ?? 0) > 0) {
+    firstWelcome.then(async () => {
+      for (const { sessionId } of config.createAgents ?? []) {
+        try {
+          await ctx.agents.create({ sessionId, meta: { cwd: process.cwd() }, ...(agentOptions ? { agentOptions } : {}) })
+        } catch (e) { log(`create ${sessionId} failed: ${e?.message ?? e}`) }
+      }
+      for (const { sessionId } of config.resumeAgents ?? []) {
+        try {
+          await ctx.agents.resume({ resumeSessionId: sessionId, ...(agentOptions ? { agentOptions } : {}) })
+        } catch (e) { log(`resume ${sessionId} failed: ${e?.message ?? e}`) }
+      }
+    })
+  }
+
+  connect()
+}

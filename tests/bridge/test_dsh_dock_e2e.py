@@ -1,0 +1,234 @@
+"""A real DSH host in dock mode, against a real runtime over the bridge (issue 5, test 1).
+
+`dsh headless` (deepseek-harness-runtime-bin, installed by scripts/test next to the Python
+that runs the tests) loads bridge/dsh_plugin through the patch `loopdock dsh-patch` writes.
+The plugin creates two agents whose loops the runtime's dock selects differently; DSH's own
+session logs must show each binding once. A second DSH run resumes both: the one the runtime
+still routes to its loop resumes (its binding is not recorded again); the one it now routes
+to another loop gets LOOP_SWITCH from the dock, and DSH refuses that resume.
+
+Offline and quiet: DSH_HOME and HOME in a temporary directory, telemetry disabled, the
+plugin's `ping` model, loopback only. `dsh headless` exits once its own agent is idle, so
+its task says HOLD: the ping model holds that call until the runtime sends a wake.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+import pytest
+import trio
+
+from actors import LiveEvent
+from bridge import DockSelectHandler, Wake, serve_bridge
+from bridge._patch import write_patch
+from runtime import LoopdockError
+from runtime._runtime import Runtime
+from runtime.dock import Route, StrategyLoop
+
+DSH = Path(sys.executable).parent / "dsh"
+TOKEN = "e2e-token-" + "x" * 20
+
+
+class RecordingHandler(DockSelectHandler):
+    """The dock's answers, plus a record of what the host sent."""
+
+    def __init__(self, rt: Runtime) -> None:
+        super().__init__(rt)
+        self.conns: list = []
+        self.live: list[LiveEvent] = []
+        self.events: list = []
+        self.selects: list = []  # (request, Selection or error code)
+        self._changed = trio.Event()
+
+    def _poke(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def connected(self, conn) -> None:
+        self.conns.append(conn)
+        self._poke()
+
+    async def on_events(self, conn, items) -> None:
+        self.events.extend(items)
+        self._poke()
+
+    async def on_live(self, conn, items) -> None:
+        self.live.extend(items)
+        self._poke()
+
+    async def on_select(self, conn, request):
+        try:
+            selection = await super().on_select(conn, request)
+        except LoopdockError as exc:
+            self.selects.append((request, exc.code))
+            self._poke()
+            raise
+        self.selects.append((request, selection))
+        self._poke()
+        return selection
+
+    async def wait_for(self, predicate, what: str, proc) -> None:
+        while not predicate():
+            if proc.returncode is not None:
+                pytest.fail(f"dsh exited ({proc.returncode}) before {what}")
+            changed = self._changed
+            with trio.move_on_after(0.5):
+                await changed.wait()
+
+
+class Placeholder:
+    """The runtime's stand-in for DSH's driver ``alt``: the runtime only decides, DSH runs."""
+
+    async def create_agent(self, owner, options):
+        raise AssertionError("the runtime never runs a DSH agent itself")
+
+    resume = create_agent
+
+
+async def _noop_setup(ctx) -> None:
+    pass
+
+
+def _dsh_env(tmp: Path) -> dict[str, str]:
+    home = tmp / "home"
+    home.mkdir(exist_ok=True)
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "DSH_HOME": str(tmp / "dsh-home"),
+        "DSH_TELEMETRY_MODE": "DISABLED",
+        "DSH_TELEMETRY_OTLP_URL": "http://127.0.0.1:9/v1/logs",
+    }
+
+
+def _session_log(dsh_home: Path, session_id: str) -> list[dict]:
+    zstd = shutil.which("zstd")
+    if zstd is None:
+        pytest.fail("reading DSH's session logs needs the zstd command (apt-get install zstd)")
+    found = list(dsh_home.glob(f"sessions/*/{session_id}/session.v4.jsonl.zstd"))
+    assert len(found) == 1, f"DSH's log of {session_id}: {found}"
+    text = subprocess.run([zstd, "-dc", str(found[0])], check=True, capture_output=True).stdout.decode()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _bindings(log: list[dict]) -> list[dict]:
+    return [e["data"].get("agentLoopDock") for e in log if e.get("type") == "agent-preset/selected"]
+
+
+async def _run_dsh(tmp: Path, handler: RecordingHandler, patch: Path, task: str, ready, out_name: str):
+    """Run `dsh headless`; once ``ready()`` holds, wake its headless agent (releasing the
+    ping hold) and return its exit status and stderr."""
+    seen_before = {item.agent_id for item in handler.live if item.type == "agent/created"}
+    stdout = open(tmp / f"{out_name}.out", "wb")
+    stderr = open(tmp / f"{out_name}.err", "wb")
+    work = tmp / "work"
+    work.mkdir(exist_ok=True)
+    proc = await trio.lowlevel.open_process(
+        [str(DSH), "headless", "--patch", str(patch), task],
+        cwd=work,
+        env=_dsh_env(tmp),
+        stdout=stdout,
+        stderr=stderr,
+    )
+    try:
+        def headless_agent():
+            for item in handler.live:
+                if (
+                    item.type == "agent/created"
+                    and item.agent_id not in seen_before
+                    and item.agent_id not in ("s-a", "s-b")
+                ):
+                    return item.agent_id
+            return None
+
+        await handler.wait_for(lambda: headless_agent() is not None and ready(), "it was ready", proc)
+        ack = await handler.conns[-1].request(Wake(headless_agent()))
+        assert ack.ok, ack
+        with trio.fail_after(60):
+            code = await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        stdout.close()
+        stderr.close()
+    return code, (tmp / f"{out_name}.err").read_text(errors="replace")
+
+
+async def test_two_dsh_agents_land_on_two_loops_and_a_loop_switch_on_resume_is_refused(tmp_path):
+    if not DSH.exists():
+        pytest.fail(f"no dsh next to {sys.executable}: scripts/test installs deepseek-harness-runtime-bin")
+    config = {
+        "sessionLoops": {"s-a": "standard", "s-b": {"loop": "loopx-alt", "driver": "alt"}},
+    }
+    with trio.fail_after(120):
+        async with Runtime.open(tmp_path / "runtime", config=config) as rt:
+            rt.dock.register(StrategyLoop(id="loopx-alt", setup=_noop_setup, driver="alt"))
+            rt.register_driver("alt", Placeholder())
+            handler = RecordingHandler(rt)
+            async with trio.open_nursery() as nursery:
+                port = await nursery.start(functools.partial(serve_bridge, handler, token=TOKEN))
+                url = f"ws://127.0.0.1:{port}"
+                dsh_home = tmp_path / "dsh-home"
+
+                # 1. two agents created through the bridge, on two loops and two drivers
+                patch = write_patch(
+                    tmp_path / "p1", url, TOKEN, dock=True, drivers=("default", "alt"), ping=True,
+                    extra={"createAgents": [{"sessionId": "s-a"}, {"sessionId": "s-b"}]},
+                )
+
+                def both_created():
+                    ids = {i.agent_id for i in handler.live if i.type == "agent/created"}
+                    return {"s-a", "s-b"} <= ids
+
+                code, err = await _run_dsh(tmp_path, handler, patch, "HOLD first run", both_created, "run1")
+                assert code == 0, err
+                answered = {r.session_id: s for r, s in handler.selects if r.op == "create"}
+                assert (answered["s-a"].loop, answered["s-a"].driver) == ("standard", "default")
+                assert (answered["s-b"].loop, answered["s-b"].driver) == ("loopx-alt", "alt")
+                assert _bindings(_session_log(dsh_home, "s-a")) == [{"loop": "standard", "driver": "default"}]
+                assert _bindings(_session_log(dsh_home, "s-b")) == [{"loop": "loopx-alt", "driver": "alt"}]
+                # the binding reached the runtime too (backfilled: it was logged before publication)
+                streamed = [
+                    e.event.data for e in handler.events
+                    if e.session_id == "s-b" and e.event.type == "agent-preset/selected"
+                ]
+                assert [e.event.seq for e in handler.events if e.session_id == "s-b"][:4] == [0, 1, 2, 3]
+                assert streamed == [{"agentLoopDock": {"loop": "loopx-alt", "driver": "alt"}}]
+
+                # 2. resuming s-b while the runtime now routes it to another loop: LOOP_SWITCH
+                rt.dock.config = attrs.evolve(
+                    rt.dock.config, session_loops={"s-a": Route("standard"), "s-b": Route("standard")}
+                )
+                patch = write_patch(
+                    tmp_path / "p2", url, TOKEN, dock=True, drivers=("default", "alt"), ping=True,
+                    extra={"resumeAgents": [{"sessionId": "s-a"}, {"sessionId": "s-b"}]},
+                )
+                live_before = len(handler.live)
+
+                def refused():
+                    resumed_a = any(
+                        i.type == "agent/created" and i.agent_id == "s-a" and i.data.get("source") == "resume"
+                        for i in handler.live[live_before:]
+                    )
+                    return resumed_a and any(r.op == "resume" and r.session_id == "s-b" for r, _ in handler.selects)
+
+                code, err = await _run_dsh(tmp_path, handler, patch, "HOLD second run", refused, "run2")
+                assert code == 0, err
+                resumes = {r.session_id: s for r, s in handler.selects if r.op == "resume"}
+                assert (resumes["s-a"].loop, resumes["s-a"].driver) == ("standard", "default")
+                assert resumes["s-b"] == "LOOP_SWITCH"
+                # s-a resumed on its own loop: its binding is not recorded a second time
+                assert _bindings(_session_log(dsh_home, "s-a")) == [{"loop": "standard", "driver": "default"}]
+                assert "resume s-b failed" in err and "LOOP_SWITCH" in err, err
+                assert not [i for i in handler.live[live_before:] if i.agent_id == "s-b"]
+                assert _bindings(_session_log(dsh_home, "s-b")) == [{"loop": "loopx-alt", "driver": "alt"}]
+                nursery.cancel_scope.cancel()

@@ -1,0 +1,106 @@
+"""The DSH patch (`loopdock dsh-patch`), `LoopDock.decide` and the `DockSelectHandler`,
+without a DSH (tests/bridge/test_dsh_dock_e2e.py runs them against the real one)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bridge import DockSelectHandler, Select
+from bridge._patch import PLUGIN_PATH, patch_rows, write_patch
+from runtime._runtime import Runtime
+from runtime.dock import DockError, Route, StrategyLoop
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_plugin_file_ships_beside_the_patch_writer():
+    assert PLUGIN_PATH.is_file() and PLUGIN_PATH.suffix == ".mjs"
+    assert (PLUGIN_PATH.parent / "package.json").is_file()
+
+
+def test_patch_rows_in_dock_mode_disable_dsh_agent_loop_and_insert_the_plugin():
+    rows = patch_rows("ws://127.0.0.1:5", "tok", dock=True, drivers=("default", "alt"), ping=True)
+    assert rows[0] == {"id": "agent-default-model", "config": {"provider": "ping", "model": "ping-1"}}
+    assert rows[1] == {"id": "agent-loop", "disabled": True}
+    (plugin,) = rows[2]["insert"]
+    assert plugin["name"] == str(PLUGIN_PATH)
+    assert plugin["config"] == {
+        "url": "ws://127.0.0.1:5/dsh",
+        "token": "tok",
+        "dock": True,
+        "drivers": ["default", "alt"],
+        "ping": True,
+        "ownedKinds": ["loopx-continuation"],
+    }
+
+
+def test_patch_rows_without_dock_or_ping_only_insert_the_plugin():
+    rows = patch_rows("ws://127.0.0.1:5/dsh", "tok")
+    assert len(rows) == 1 and rows[0]["insert"][0]["config"]["url"] == "ws://127.0.0.1:5/dsh"
+    with pytest.raises(ValueError):
+        patch_rows("http://127.0.0.1:5", "tok")
+
+
+def test_dsh_patch_command_writes_a_private_patch_with_the_home_token(tmp_path):
+    home = tmp_path / "home"
+    out = tmp_path / "out"
+    # a subprocess, as a user runs it (main() in-process would reconfigure this process's logging)
+    argv = [sys.executable, "-m", "runtime._cli", "dsh-patch", "--url", "ws://127.0.0.1:9999", "--out", str(out),
+            "--dock", "--drivers", "default,alt", "--ping", "--home", str(home)]  # fmt: skip
+    done = subprocess.run(
+        argv, cwd=tmp_path, capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
+    assert done.returncode == 0, done.stderr
+    patch = out / "patch.yml"
+    assert stat.S_IMODE(patch.stat().st_mode) == 0o600
+    config = yaml.safe_load(patch.read_text())[-1]["insert"][0]["config"]
+    assert config["token"] == (home / "bridge.token").read_text().strip()
+    assert config["drivers"] == ["default", "alt"] and config["dock"] is True
+    assert f"--patch {patch}" in done.stdout
+    assert write_patch(out, "ws://127.0.0.1:1", "other") == patch  # rewritten in place
+    assert "other" in patch.read_text()
+
+
+async def _noop(ctx) -> None:
+    pass
+
+
+class _Placeholder:
+    async def create_agent(self, owner, options):
+        raise AssertionError
+
+    resume = create_agent
+
+
+async def test_decide_and_the_select_handler_follow_the_dock_rules(tmp_path):
+    config = {"sessionLoops": {"s-b": {"loop": "alt-loop", "driver": "alt"}}}
+    async with Runtime.open(tmp_path / "rt", config=config) as rt:
+        rt.dock.register(StrategyLoop(id="alt-loop", setup=_noop, driver="alt", provider="ping", model="pinned"))
+        rt.register_driver("alt", _Placeholder())
+        choice = rt.dock.decide("create", "s-a", {"provider": "ping", "model": "m", "reasoningEffort": "high"})
+        assert (choice.loop, choice.driver, choice.provider) == ("standard", "default", None)
+        assert choice.agent_options.reasoning_effort == "high"
+        pinned = rt.dock.decide("create", "s-b", {"reasoningEffort": "high"})
+        assert (pinned.loop, pinned.driver, pinned.model) == ("alt-loop", "alt", "pinned")
+        assert pinned.agent_options.model == "pinned" and pinned.agent_options.reasoning_effort is None
+        with pytest.raises(DockError) as err:
+            rt.dock.decide("resume", "s-b", {"loop": "standard"}, persisted=Route("alt-loop", "alt"))
+        assert err.value.code == "LOOP_SWITCH"
+
+        handler = DockSelectHandler(rt)
+        # DSH's own option keys are not the dock's business
+        selection = await handler.on_select(None, Select("create", "s-b", {"provider": "ping", "dshOnly": 1}))
+        assert (selection.loop, selection.driver, selection.parts.model) == ("alt-loop", "alt", "pinned")
+        assert handler.bindings["s-b"] == Route("alt-loop", "alt")
+        resumed = await handler.on_select(None, Select("resume", "s-b"))
+        assert (resumed.loop, resumed.driver) == ("alt-loop", "alt")
+        with pytest.raises(DockError) as err:
+            await handler.on_select(None, Select("resume", "s-b", {"loop": "standard"}))
+        assert err.value.code == "LOOP_SWITCH"
