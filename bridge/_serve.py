@@ -10,13 +10,14 @@ import trio
 
 from runtime._runtime import Runtime, resolve_home
 
-from ._handler import NullHandler
+from ._dock_select import DockSelectHandler
 from ._server import DEFAULT_HOST, serve_bridge
 from ._token import TOKEN_FILE, load_or_create_token
 
 
 async def serve_command(home: str | None, host: str | None, port: int, out: TextIO) -> None:
-    """Open the runtime on ``home``, serve the bridge on ``host`` (default loopback) and
+    """Open the runtime on ``home``, serve the bridge (the runtime's loop dock answers
+    DSH hosts' loop selection) on ``host`` (default loopback) and
     ``port`` (0: any free port), print one readiness line on ``out``, and run until SIGINT
     or SIGTERM; then close everything (sessions made durable)."""
     host = host or DEFAULT_HOST
@@ -24,7 +25,7 @@ async def serve_command(home: str | None, host: str | None, port: int, out: Text
         token = await trio.to_thread.run_sync(load_or_create_token, rt.home)
         async with trio.open_nursery() as nursery:
             bound = await nursery.start(
-                functools.partial(serve_bridge, NullHandler(), token=token, host=host, port=port)
+                functools.partial(serve_bridge, DockSelectHandler(rt), token=token, host=host, port=port)
             )
             print(f"loopdock serve: ws://{host}:{bound} (token in {rt.home / TOKEN_FILE})", file=out, flush=True)
             # SIGTERM too: a supervisor stopping us should get the same clean close as ^C.
