@@ -32,6 +32,7 @@ import attrs
 
 from ._errors import BridgeClosedError, ErrorCode, ProtocolError
 from ._messages import (
+    GOALBAR_REQUESTS,
     REPLIES,
     REPLY_TYPES,
     TYPE_NAMES,
@@ -64,7 +65,7 @@ CAPABILITIES: Mapping[str, tuple[str, ...]] = MappingProxyType(
         # events/live: the host streams them; commands: followup/wake/cancel; pre-step:
         # verdicts; dock: select (dock mode).
         "dsh-host": ("events", "live", "commands", "pre-step", "dock"),
-        "goalbar": ("events", "live"),
+        "goalbar": ("events", "live", "goalbar"),
     }
 )
 
@@ -72,7 +73,7 @@ CAPABILITIES: Mapping[str, tuple[str, ...]] = MappingProxyType(
 _ACCEPTED: Mapping[str, frozenset[type[Any]]] = MappingProxyType(
     {
         "dsh-host": frozenset({Events, Live, PreStep, Select, Ping}),
-        "goalbar": frozenset({Ping}),
+        "goalbar": frozenset({Ping, *GOALBAR_REQUESTS}),
     }
 )
 # The requests we may send each role.

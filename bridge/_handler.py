@@ -15,7 +15,7 @@ import attrs
 from actors import LiveEvent
 
 from ._errors import NotServedError
-from ._messages import PreStep, Select, Selection, SessionEvent, Verdict
+from ._messages import GoalbarPause, GoalbarRead, GoalbarResult, GoalbarStart, GoalbarWatch, PreStep, Select, Selection, SessionEvent, Verdict
 
 if TYPE_CHECKING:
     from ._server import BridgeConnection
@@ -68,6 +68,10 @@ class BridgeHandler(Protocol):
 
     async def on_select(self, conn: BridgeConnection, request: Select) -> Selection: ...
 
+    # Optional (the server answers NOT_SERVED without it): a GoalBar page's request.
+    # async def on_goalbar(self, conn, request: GoalbarRead | GoalbarWatch | GoalbarStart
+    #                      | GoalbarPause) -> GoalbarResult: ...
+
 
 class NullHandler:
     """Accepts and drops events, lets every pre-step enter, and answers ``select`` with
@@ -90,3 +94,8 @@ class NullHandler:
 
     async def on_select(self, conn: BridgeConnection, request: Select) -> Selection:
         raise NotServedError("this runtime has no dock handler on the bridge")
+
+    async def on_goalbar(
+        self, conn: BridgeConnection, request: GoalbarRead | GoalbarWatch | GoalbarStart | GoalbarPause
+    ) -> GoalbarResult:
+        raise NotServedError("this runtime serves no GoalBar")

@@ -21,6 +21,9 @@ wake        runtime -> host       ack
 cancel      runtime -> host       ack
 preStep     host -> runtime       verdict
 select      host -> runtime       selection, or error (e.g. LOOP_SWITCH)
+goalbarRead goalbar -> runtime    goalbarResult (also goalbarWatch,
+                                  goalbarStart, goalbarPause)
+goalbar     runtime -> goalbar    (pushed after a goalbarWatch)
 ping        either                pong
 =========== ===================== ========================================
 """
@@ -195,6 +198,85 @@ class Selection:
     parts: SelectionParts = SelectionParts()
 
 
+# -- GoalBar (goalbar -> runtime requests, runtime -> goalbar state) -----------------------
+
+
+@attrs.frozen
+class GoalbarView:
+    """The bar for one session as the page shows it (``bridge._goalbar``'s states,
+    flattened): ``hidden`` with a ``reason`` (and a safe ``detail``), or ``visible`` with
+    the bound goal, its lifecycle state and the agent lane's progress; ``pending`` while a
+    Start/Pause runs, ``error`` when the last one failed or was not verified."""
+
+    kind: Literal["hidden", "visible"]
+    session_id: str
+    reason: str | None = None
+    detail: str | None = None
+    goal_id: str | None = None
+    agent_id: str | None = None
+    goal_text: str | None = None
+    lifecycle_state: str | None = None
+    processed: int | None = None
+    remaining: int | None = None
+    total: int | None = None
+    pending: bool = False
+    error: str | None = None
+
+
+@attrs.frozen
+class GoalbarRead:
+    """A fresh read of the bar for ``session_id`` (from LoopX)."""
+
+    session_id: str
+
+
+@attrs.frozen
+class GoalbarWatch:
+    """Like ``goalbarRead``, then ``goalbar`` frames with every change, until the
+    connection ends."""
+
+    session_id: str
+
+
+@attrs.frozen
+class GoalbarStart:
+    """Resume the goal bound to ``session_id``. ``goal_id``/``agent_id``: the binding the
+    page showed; a different binding at click time is refused (``stale-binding``)."""
+
+    session_id: str
+    goal_id: str | None = None
+    agent_id: str | None = None
+
+
+@attrs.frozen
+class GoalbarPause:
+    """Stop the goal bound to ``session_id`` (see ``goalbarStart``)."""
+
+    session_id: str
+    goal_id: str | None = None
+    agent_id: str | None = None
+
+
+@attrs.frozen
+class GoalbarResult:
+    """The answer to every GoalBar request: ``outcome`` is ``read`` for a read or watch,
+    else ``done``, ``refused`` or ``failed`` (with a ``reason``); ``state`` is the bar after."""
+
+    state: GoalbarView
+    outcome: Literal["read", "done", "refused", "failed"] = "read"
+    reason: str | None = None
+
+
+@attrs.frozen
+class Goalbar:
+    """The bar changed (pushed to a page that sent ``goalbarWatch``)."""
+
+    state: GoalbarView
+
+
+GOALBAR_REQUESTS = (GoalbarRead, GoalbarWatch, GoalbarStart, GoalbarPause)
+
+
 # -- liveness --------------------------------------------------------------------------
 
 
@@ -211,6 +293,7 @@ class Pong:
 BridgeMessage = (
     Hello | Welcome | ErrorNotice | Events | Live | Followup | Wake | Cancel | Ack
     | PreStep | Verdict | Select | Selection | Ping | Pong
+    | GoalbarRead | GoalbarWatch | GoalbarStart | GoalbarPause | GoalbarResult | Goalbar
 )
 
 #: Wire ``type`` -> class.
@@ -231,13 +314,20 @@ MESSAGE_TYPES: Mapping[str, type[Any]] = MappingProxyType(
         "selection": Selection,
         "ping": Ping,
         "pong": Pong,
+        "goalbarRead": GoalbarRead,
+        "goalbarWatch": GoalbarWatch,
+        "goalbarStart": GoalbarStart,
+        "goalbarPause": GoalbarPause,
+        "goalbarResult": GoalbarResult,
+        "goalbar": Goalbar,
     }
 )
 TYPE_NAMES: Mapping[type[Any], str] = MappingProxyType({cls: name for name, cls in MESSAGE_TYPES.items()})
 
 #: Request class -> the class of its reply (an ``error`` frame may answer any request).
 REPLY_TYPES: Mapping[type[Any], type[Any]] = MappingProxyType(
-    {Followup: Ack, Wake: Ack, Cancel: Ack, PreStep: Verdict, Select: Selection, Ping: Pong}
+    {Followup: Ack, Wake: Ack, Cancel: Ack, PreStep: Verdict, Select: Selection, Ping: Pong,
+     **{cls: GoalbarResult for cls in GOALBAR_REQUESTS}}
 )
 REPLIES = frozenset(REPLY_TYPES.values())
 

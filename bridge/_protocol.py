@@ -36,6 +36,13 @@ from ._messages import (
     Events,
     Followup,
     Frame,
+    Goalbar,
+    GoalbarPause,
+    GoalbarRead,
+    GoalbarResult,
+    GoalbarStart,
+    GoalbarView,
+    GoalbarWatch,
     Hello,
     Live,
     Ping,
@@ -155,10 +162,11 @@ def _make_converter() -> cattrs.Converter:
         conv.register_unstructure_hook(cls, unstructure_object)
 
     # Nested classes first, so that the outer ones are generated with their hooks.
-    for cls in (Event, LiveEvent, SessionEvent, ErrorNotice, SelectionParts):
+    for cls in (Event, LiveEvent, SessionEvent, ErrorNotice, SelectionParts, GoalbarView):
         register(cls)
     for cls in (Hello, Welcome, Events, Live, Followup, Wake, Cancel, Ack, PreStep, Verdict,
-                Select, Selection, Ping, Pong):
+                Select, Selection, Ping, Pong, GoalbarRead, GoalbarWatch, GoalbarStart,
+                GoalbarPause, GoalbarResult, Goalbar):
         register(cls)
     return conv
 

@@ -5,6 +5,8 @@
 
 Endpoints by path: ``/dsh`` for a DSH host (role ``dsh-host``) and ``/goalbar`` for GoalBar
 clients (role ``goalbar``); any other path is refused with HTTP 404 during the handshake.
+A plain HTTP GET (no websocket upgrade) on the same port is answered with a page of
+``PAGES`` (``/goalbar``: the GoalBar page, on the websocket's own origin) or 404.
 Each connection is an actor with its own nursery: a receiver (decode, answer protocol
 errors, hand events and requests to the handler), a sender draining a bounded outbox
 (event traffic batched), and one task per request from the peer. Everything is cancelled
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import functools
 import secrets
+import socket
+from pathlib import Path
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, final
@@ -27,7 +31,7 @@ from trio_websocket import (
     Endpoint,
     WebSocketConnection,
     WebSocketRequest,
-    serve_websocket,
+    wrap_server_stream,
 )
 
 from actors import LiveEvent
@@ -46,13 +50,17 @@ from ._connection import (
     Received,
     SendFrame,
 )
-from ._errors import BridgeClosedError, ErrorCode, ProtocolError, RemoteError, RequestTimeoutError
+from ._errors import BridgeClosedError, ErrorCode, NotServedError, ProtocolError, RemoteError, RequestTimeoutError
 from ._handler import BridgeHandler, Disconnect, NullHandler
 from ._messages import (
     BridgeMessage,
     ErrorNotice,
+    GOALBAR_REQUESTS,
     Events,
     Frame,
+    Goalbar,
+    GoalbarResult,
+    GoalbarView,
     Hello,
     Live,
     PreStep,
@@ -180,6 +188,15 @@ class BridgeConnection:
     def publish_live(self, item: LiveEvent) -> bool:
         """Like ``publish_event``, for a live agent event (a ``live`` frame)."""
         return self._publish(item)
+
+    def publish_goalbar(self, state: GoalbarView) -> bool:
+        """Queue a ``goalbar`` frame (the bar changed) for a GoalBar client; False, without
+        waiting, if the connection is closed or was dropped."""
+        if self.role != "goalbar":
+            raise TypeError("GoalBar states go to GoalBar clients only")
+        if not self._accepting():
+            return False
+        return self._send(Frame(Goalbar(state)))
 
     def _publish(self, item: SessionEvent | LiveEvent) -> bool:
         if self.role != "goalbar":
@@ -407,6 +424,13 @@ class BridgeConnection:
             if isinstance(message, PreStep):
                 reply = await self._handler.on_pre_step(self, message)
                 expected: type = Verdict
+            elif isinstance(message, GOALBAR_REQUESTS):
+                # Optional in a handler: one without it does not serve GoalBar pages.
+                on_goalbar = getattr(self._handler, "on_goalbar", None)
+                if on_goalbar is None:
+                    raise NotServedError("this runtime serves no GoalBar")
+                reply = await on_goalbar(self, message)
+                expected = GoalbarResult
             else:
                 assert isinstance(message, Select)
                 reply = await self._handler.on_select(self, message)
@@ -462,12 +486,73 @@ async def serve_bridge(
         )
         await conn._run(ws)
 
+    async def connection(stream: trio.SocketStream) -> None:
+        # A browser's plain GET of a page is answered here; everything else (the
+        # websocket handshakes) goes to trio-websocket untouched.
+        if await _serve_page(stream):
+            return
+        async with trio.open_nursery() as nursery:
+            with trio.move_on_after(HELLO_TIMEOUT) as handshake:
+                request = await wrap_server_stream(nursery, stream, max_message_size=max_message_size)
+            if handshake.cancelled_caught:
+                nursery.cancel_scope.cancel()
+                await stream.aclose()
+                return
+            try:
+                await accept(request)
+            finally:
+                with trio.move_on_after(CLOSE_TIMEOUT):
+                    await request._connection.aclose()
+            nursery.cancel_scope.cancel()
+
     async with trio.open_nursery() as nursery:
-        server = await nursery.start(
-            functools.partial(
-                serve_websocket, accept, host, port, ssl_context=None, max_message_size=max_message_size
-            )
-        )
-        log.info("bridge serving", host=host, port=server.port)
-        task_status.started(server.port)
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, connection, port, host=host))
+        bound = listeners[0].socket.getsockname()[1]
+        log.info("bridge serving", host=host, port=bound)
+        task_status.started(bound)
         await trio.sleep_forever()
+
+
+#: Pages served over plain HTTP on the bridge's own origin: path -> file in this package.
+PAGES: Mapping[str, str] = MappingProxyType({"/goalbar": "goalbar/index.html"})
+_HEAD_LIMIT = 16384
+
+
+async def _serve_page(stream: trio.SocketStream) -> bool:
+    """If the request waiting on ``stream`` is a plain HTTP GET (no websocket upgrade),
+    answer it (a page of :data:`PAGES`, or 404) and return True; leave the stream unread
+    and return False otherwise. The request head is peeked, not consumed."""
+    head = b""
+    with trio.move_on_after(HELLO_TIMEOUT):
+        for _ in range(100):
+            await trio.lowlevel.wait_readable(stream.socket)
+            head = await stream.socket.recv(_HEAD_LIMIT, socket.MSG_PEEK)
+            if not head or b"\r\n\r\n" in head or len(head) >= _HEAD_LIMIT:
+                break
+            await trio.sleep(0.01)  # a head split across segments: wait for the rest
+    if not head.startswith(b"GET ") or b"\r\n\r\n" not in head:
+        return False
+    lines = head.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip().lower() for k, _, v in (line.partition(":") for line in lines[1:])}
+    if "websocket" in headers.get("upgrade", ""):
+        return False
+    await stream.socket.recv(len(head.split(b"\r\n\r\n", 1)[0]) + 4)  # consume the head
+    parts = lines[0].split(" ")
+    path = urlsplit(parts[1]).path if len(parts) == 3 else ""
+    page = PAGES.get(path)
+    if page is None:
+        status, ctype, body = "404 Not Found", "text/plain; charset=utf-8", f"no page {path[:100]!r}".encode()
+    else:
+        status, ctype = "200 OK", "text/html; charset=utf-8"
+        body = await trio.to_thread.run_sync((Path(__file__).parent / page).read_bytes)
+    response = (
+        f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+        "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\nConnection: close\r\n\r\n"
+    ).encode() + body
+    with trio.move_on_after(CLOSE_TIMEOUT):
+        try:
+            await stream.send_all(response)
+        except trio.BrokenResourceError:
+            pass
+    await stream.aclose()
+    return True

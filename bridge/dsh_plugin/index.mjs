@@ -3,6 +3,7 @@
 // - connects to config.url with config.token (hello, role dsh-host) and reconnects with backoff
 //   (250 ms doubling to 5 s);
 // - streams every session event and the live agent events to the runtime, batched;
+//   every (re)connection gets each live session's log again from seq 0 (a mirror drops repeats);
 // - executes the runtime's commands (followup, wake, cancel) on the exact live agent and answers
 //   only the requests the runtime made;
 // - at agent/pre-step asks the runtime for a verdict on messages of the kinds it owns
@@ -53,6 +54,20 @@ function sessionEvents(session, from = 0, to = session?.seq) {
   return []
 }
 
+// Whether a user message in the agent's session log says `word`: true, false, or undefined
+// while its log has no user message yet (DSH's runtime-context snapshots do not count).
+function asked(agent, word) {
+  let any
+  for (const e of sessionEvents(agent?.session)) {
+    if (e.type !== 'user/message') continue
+    const m = e.data?.message ?? e.data
+    if (m?.source?.kind === 'runtime-context') continue
+    any = false
+    if ((m?.content || []).some(b => b?.type === 'text' && typeof b.text === 'string' && b.text.includes(word))) return true
+  }
+  return any
+}
+
 function hasBinding(session) {
   for (const e of sessionEvents(session)) {
     if (e.type === BINDING_EVENT && e.data && typeof e.data[BINDING_KEY] === 'object' && e.data[BINDING_KEY]) return true
@@ -81,7 +96,7 @@ export function apply(ctx, config = {}) {
   let welcomed = null // resolves once, on the first welcome
   const firstWelcome = new Promise((resolve) => { welcomed = resolve })
   const pending = new Map() // our request id -> {resolve, reject, timer}
-  const queue = [] // [kind, text] items waiting for a frame
+  const queue = [] // [kind, text, sessionId?] items waiting for a frame
   let droppedWarned = false
 
   // ---- the connection ------------------------------------------------------------------------
@@ -183,6 +198,7 @@ export function apply(ctx, config = {}) {
         backoff = BACKOFF_MIN_MS
         welcomed()
         for (const w of [...openWaiters]) w()
+        resendAll()
         schedule(0)
         return
       case 'error':
@@ -220,8 +236,11 @@ export function apply(ctx, config = {}) {
       const agent = liveAgent(data.agentId)
       agent[placement](Object.freeze({ ...m, id: m.id ?? randomUUID(), role: m.role ?? 'user' }))
     } else if (type === 'wake') {
-      releaseHolds() // the ping test adapter: a wake is the runtime saying "go on"
-      liveAgent(data.agentId).wakeDriver()
+      const agent = liveAgent(data.agentId)
+      // the ping test adapter: a wake is the runtime saying "go on", unless the woken agent
+      // is known not to hold (the runtime woke another agent)
+      if (asked(agent, 'HOLD') !== false) releaseHolds()
+      agent.wakeDriver()
     } else {
       liveAgent(data.agentId).cancel({ kind: 'user', reason: String(data.cause ?? 'loopdock') }, { keepInbox: data.keepInbox !== false })
     }
@@ -229,8 +248,9 @@ export function apply(ctx, config = {}) {
 
   // ---- outgoing event traffic (batched) --------------------------------------------------------
   const sent = new Map() // session id -> highest seq queued
+  const tracked = new Map() // session id -> its session (for resendAll)
 
-  function enqueue(kind, item) {
+  function enqueue(kind, item, sessionId) {
     let text
     try { text = JSON.stringify(item) } catch (e) { log(`a ${kind} item is not JSON`, e?.message ?? e); return }
     if (text.length > MAX_ITEM_CHARS) { log(`a ${kind} item of ${text.length} characters is too large for a frame; dropped`); return }
@@ -238,7 +258,7 @@ export function apply(ctx, config = {}) {
       queue.shift()
       if (!droppedWarned) { droppedWarned = true; log('the event queue is full while disconnected: dropping the oldest items') }
     }
-    queue.push([kind, text])
+    queue.push([kind, text, sessionId])
     schedule(FLUSH_MS)
   }
 
@@ -261,18 +281,38 @@ export function apply(ctx, config = {}) {
   }
 
   function sendOne(sessionId, event) {
-    enqueue('events', { sessionId, event: { type: event.type, seq: event.seq, time: event.time, data: plain(event.data) ?? {} } })
+    enqueue('events', { sessionId, event: { type: event.type, seq: event.seq, time: event.time, data: plain(event.data) ?? {} } }, sessionId)
   }
   // In seq order, each event once: events appended before publication (e.g. the binding a setup
   // records) never reach session/event, so a gap is filled from the session's own log first.
   function sendEvent(session, event) {
     const sessionId = session.id
     if (typeof event?.seq !== 'number') { sendOne(sessionId, event); return }
+    tracked.set(sessionId, session)
     const last = sent.get(sessionId) ?? -1
     if (event.seq <= last) return
     if (event.seq > last + 1) for (const earlier of sessionEvents(session, last + 1, event.seq)) sendOne(sessionId, earlier)
     sent.set(sessionId, event.seq)
     sendOne(sessionId, event)
+  }
+  // Every (re)connection gets each live session's log from seq 0 (the runtime drops what it
+  // already has): what was in flight when a connection broke, or queued for a runtime that
+  // restarted, is not lost. A log that cannot be read back keeps what is queued instead.
+  function resendAll() {
+    const resent = new Set()
+    for (const [sessionId, session] of tracked) {
+      const events = sessionEvents(session, 0, session.seq)
+      if (events.length === session.seq) resent.add(sessionId)
+    }
+    if (resent.size === 0) return
+    let kept = 0
+    for (const item of queue) if (!(item[0] === 'events' && resent.has(item[2]))) queue[kept++] = item
+    queue.length = kept
+    for (const sessionId of resent) {
+      const session = tracked.get(sessionId)
+      sent.set(sessionId, -1)
+      for (const e of sessionEvents(session, 0, session.seq)) sendEvent(session, e)
+    }
   }
   function backfill(session) {
     if (!session || typeof session.seq !== 'number' || session.seq === 0) return
@@ -293,7 +333,7 @@ export function apply(ctx, config = {}) {
   for (const n of ['inserted', 'claimed', 'discarded']) {
     ctx.on(`agent/inbox/${n}`, (p) => sendLive(`agent/inbox/${n}`, p.agent, { message: p.message, ...(p.turn !== undefined ? { turn: p.turn } : {}) }))
   }
-  ctx.on('agent/disposed', (p) => { sendLive('agent/disposed', p.agent, {}); if (p.agent?.id) { rewake.delete(p.agent.id); sent.delete(p.agent.session?.id ?? p.agent.id) } })
+  ctx.on('agent/disposed', (p) => { sendLive('agent/disposed', p.agent, {}); if (p.agent?.id) { rewake.delete(p.agent.id); sent.delete(p.agent.session?.id ?? p.agent.id); tracked.delete(p.agent.session?.id ?? p.agent.id) } })
 
   // ---- pre-step verdicts ----------------------------------------------------------------------
   const rewake = new Set() // agents whose put-back input must run once they are idle
@@ -346,7 +386,8 @@ export function apply(ctx, config = {}) {
       },
       async *stream(options) {
         const last = lastUserText(options.messages || [])
-        // test hook: a task holding HOLD keeps `dsh headless` alive until the runtime sends a wake
+        // test hook: a task holding HOLD keeps `dsh headless` alive until the runtime wakes
+        // that agent (waking other agents meanwhile does not release it)
         if (last.includes('HOLD') && !holdsReleased && !disposed) await new Promise((resolve) => holds.push(resolve))
         const text = 'pong: ' + last
         yield { type: 'block-start', index: 0, blockType: 'text' }

@@ -36,7 +36,18 @@ from bridge import (
     decode,
     encode,
 )
-from bridge._messages import MAX_ID_LENGTH, REPLIES, REPLY_TYPES
+from bridge._messages import (
+    MAX_ID_LENGTH,
+    REPLIES,
+    REPLY_TYPES,
+    Goalbar,
+    GoalbarPause,
+    GoalbarRead,
+    GoalbarResult,
+    GoalbarStart,
+    GoalbarView,
+    GoalbarWatch,
+)
 from bridge._protocol import encode_batch, encode_item
 from runtime import Event
 
@@ -108,6 +119,21 @@ WIRE_SHAPES = [
     ),
     (Frame(Ping(), id="p1"), {"type": "ping", "id": "p1", "data": {}}),
     (Frame(Pong(), re="p1"), {"type": "pong", "re": "p1", "data": {}}),
+    (Frame(GoalbarRead("s1"), id="g1"), {"type": "goalbarRead", "id": "g1", "data": {"sessionId": "s1"}}),
+    (Frame(GoalbarWatch("s1"), id="g2"), {"type": "goalbarWatch", "id": "g2", "data": {"sessionId": "s1"}}),
+    (
+        Frame(GoalbarStart("s1", "goal", "agent"), id="g3"),
+        {"type": "goalbarStart", "id": "g3", "data": {"sessionId": "s1", "goalId": "goal", "agentId": "agent"}},
+    ),
+    (Frame(GoalbarPause("s1"), id="g4"), {"type": "goalbarPause", "id": "g4", "data": {"sessionId": "s1"}}),
+    (
+        Frame(GoalbarResult(GoalbarView("hidden", "s1", reason="unbound"), "refused", "stale-binding"), re="g4"),
+        {"type": "goalbarResult", "re": "g4", "data": {"state": {"kind": "hidden", "sessionId": "s1", "reason": "unbound", "pending": False}, "outcome": "refused", "reason": "stale-binding"}},
+    ),
+    (
+        Frame(Goalbar(GoalbarView("visible", "s1", goal_id="g", agent_id="a", lifecycle_state="active", processed=1, remaining=2, total=3, pending=True))),
+        {"type": "goalbar", "data": {"state": {"kind": "visible", "sessionId": "s1", "goalId": "g", "agentId": "a", "lifecycleState": "active", "processed": 1, "remaining": 2, "total": 3, "pending": True}}},
+    ),
 ]
 
 

@@ -1,0 +1,549 @@
+"""The GoalBar service: a live projection of one session's bound LoopX goal, with Start/Pause.
+
+LoopX is the only authority. Everything the bar shows is rebuilt from three read-only CLI
+calls for the exact session id (:func:`project_goalbar`):
+
+1. ``resolve-agent-thread`` -- no binding, more than one, or a failure hides the bar
+   (:class:`GoalBarHidden` with the reason); it is never guessed;
+2. ``goal-lifecycle --operation stop`` as a preview (writes nothing): its ``before_state``
+   is the goal's lifecycle state;
+3. ``todo list --role agent --agent-id A --limit 1``: processed = done, remaining = open,
+   total.
+
+The service keeps one actor per watched ``(session id, project)``, each in its own nursery
+(cancelled with the service). An actor owns only process-local things: the last projection,
+the watchers, the pending/error overlay and the read requests. It never stores business
+state: after a restart a new service rebuilds the same projection from LoopX.
+
+Reads are *requested*, and one read serves every request made before it started, so a
+burst of wakes costs one re-read:
+
+- :meth:`GoalBarService.wake` (a session event, an agent status change): a hint only. It
+  requests a re-read of actors that already exist and does nothing else; the state that
+  comes out is LoopX's, so a wake without a LoopX change yields the same state (and
+  watchers get nothing new: a projection equal to the shown one is not republished).
+- a change of the source files -- ``<project>/.loopx/registry.json`` (lifecycle, bindings)
+  and the bound goal's ``<project>/.loopx/goals/<goal>/ACTIVE_GOAL_STATE.md`` (todos), by
+  SHA-256 of their bytes, polled every ``poll_interval`` seconds -- forces an authoritative
+  re-read even when no runtime event happened (the CLI used from a shell). The hashes are
+  taken just before each read, so a change during a read causes one more read.
+- :meth:`GoalBarService.read` requests a read and waits for it: always fresh.
+
+Wakes and the source poll only concern watched actors (``watch``); an actor that nobody
+watches is only read on request. Actors live as long as the service.
+
+Start/Pause are ``goal-lifecycle --operation resume|stop --actor-kind owner --execute``:
+
+- serialized per ``(project, goal)`` by a :class:`trio.Lock`: a click while another
+  mutation of the same goal runs *waits* for it (trio's lock is fair: clicks run in
+  arrival order), and each runs its own binding check, mutation and readback;
+- under the lock the binding is resolved again; if it is not exactly the goal/agent the
+  bar showed (or the caller passed as ``expected``), the click is refused
+  (``stale-binding``) and the bar is re-read;
+- while the mutation runs the bar is ``pending``; afterwards LoopX's readback must say
+  ``verified``, else the bar shows an ``error`` on top of a fresh read -- never the
+  optimistic state. A verified mutation is followed by a fresh read, which is what is
+  shown. The error stays until the next click on that goal (or another binding).
+
+:class:`GoalBarHandler` serves this over the bridge's ``/goalbar`` endpoint
+(``goalbarRead``/``goalbarWatch``/``goalbarStart``/``goalbarPause`` answered by
+``goalbarResult``; ``goalbar`` frames pushed to watchers) and wakes sessions on the session
+events a DSH host streams, passing every other callback to an inner handler.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing, asynccontextmanager
+from pathlib import Path
+from typing import Literal, Union
+
+import attrs
+import trio
+
+from runtime.loopx import (
+    LifecycleResult,
+    LoopxClient,
+    LoopxRequestError,
+    ThreadBinding,
+    TodoProgress,
+    check_thread_id,
+)
+
+from ._messages import (
+    GoalbarPause,
+    GoalbarRead,
+    GoalbarResult,
+    GoalbarStart,
+    GoalbarView,
+    GoalbarWatch,
+    Live,
+    PreStep,
+    Select,
+    Selection,
+    SessionEvent,
+    Verdict,
+)
+
+__all__ = [
+    "HIDDEN_REASONS",
+    "GoalBarActionResult",
+    "GoalBarHandler",
+    "GoalBarHidden",
+    "GoalBarService",
+    "GoalBarState",
+    "GoalBarVisible",
+    "goal_state_file",
+    "project_goalbar",
+    "registry_file",
+    "state_to_json",
+]
+
+#: Why the bar is hidden: no binding for the session, more than one, LoopX says the
+#: binding is unavailable, or a CLI call failed (transport, refusal, malformed answer).
+HIDDEN_REASONS = ("unbound", "ambiguous", "unavailable", "loopx-failure")
+
+
+@attrs.frozen
+class GoalBarHidden:
+    """No bar: ``reason`` is one of :data:`HIDDEN_REASONS`; ``detail`` is a safe phrase
+    (the client's ``reason``), never LoopX output or a path."""
+
+    session_id: str
+    reason: str
+    detail: str | None = None
+
+    kind = "hidden"
+
+
+@attrs.frozen
+class GoalBarVisible:
+    """The bound goal: its lifecycle state (``active``, ``stopped``, ...) and the agent
+    lane's progress. ``pending``: a Start/Pause is running; ``error``: the last one failed
+    or could not be verified (the other fields are still LoopX's, read afterwards)."""
+
+    session_id: str
+    goal_id: str
+    agent_id: str
+    lifecycle_state: str
+    processed: int
+    remaining: int
+    total: int
+    goal_text: str | None = None
+    pending: bool = False
+    error: str | None = None
+
+    kind = "visible"
+
+
+GoalBarState = Union[GoalBarHidden, GoalBarVisible]
+
+
+@attrs.frozen
+class GoalBarActionResult:
+    """A Start/Pause: ``done`` (mutated, verified and re-read), ``refused`` (not run:
+    ``stale-binding``, ``hidden``) or ``failed`` (run, but not verified or not answered).
+    ``state`` is the bar after it."""
+
+    outcome: Literal["done", "refused", "failed"]
+    state: GoalBarState
+    reason: str | None = None
+
+
+def state_to_json(state: GoalBarState) -> dict[str, object]:
+    """The state as a plain JSON object (for the wire and the page)."""
+    return {"kind": state.kind, **attrs.asdict(state)}
+
+
+def registry_file(project: Path) -> Path:
+    """The project registry LoopX writes lifecycle and bindings to."""
+    return Path(project) / ".loopx" / "registry.json"
+
+
+def goal_state_file(project: Path, goal_id: str) -> Path:
+    """Where LoopX 2.x keeps a goal's state (todos): the ``state_file`` a ``todo list``
+    names (checked on the real CLI by the tests). Goal ids have no path separators."""
+    return Path(project) / ".loopx" / "goals" / goal_id / "ACTIVE_GOAL_STATE.md"
+
+
+def _digest(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _source_hashes(project: Path, goal_id: str | None) -> tuple[str | None, str | None]:
+    # Two small files, read on the event loop: cheaper than a thread hop at this size.
+    registry = _digest(registry_file(project))
+    goal = _digest(goal_state_file(project, goal_id)) if goal_id is not None else None
+    return registry, goal
+
+
+async def project_goalbar(client: LoopxClient, session_id: str) -> GoalBarState:
+    """The bar for ``session_id``, from LoopX only (three read-only calls)."""
+    binding = await client.resolve_thread(session_id)
+    if not isinstance(binding, ThreadBinding):
+        return GoalBarHidden(session_id, "loopx-failure", binding.reason)
+    if binding.status == "missing":
+        return GoalBarHidden(session_id, "unbound")
+    if binding.status != "bound":
+        return GoalBarHidden(session_id, binding.status, binding.error_kind)
+    goal_id, agent_id = binding.goal_id, binding.agent_id
+    assert goal_id is not None and agent_id is not None
+    preview = await client.goal_lifecycle(goal_id, "stop", execute=False)
+    if not isinstance(preview, LifecycleResult):
+        return GoalBarHidden(session_id, "loopx-failure", preview.reason)
+    progress = await client.todo_progress(goal_id, agent_id)
+    if not isinstance(progress, TodoProgress):
+        return GoalBarHidden(session_id, "loopx-failure", progress.reason)
+    return GoalBarVisible(
+        session_id=session_id,
+        goal_id=goal_id,
+        agent_id=agent_id,
+        lifecycle_state=preview.before_state,
+        processed=progress.done,
+        remaining=progress.open,
+        total=progress.total,
+    )
+
+
+class _SessionActor:
+    """One watched session in one project: reads, fan-out to watchers, mutations."""
+
+    def __init__(self, service: GoalBarService, session_id: str, project: Path) -> None:
+        self.service = service
+        self.session_id = session_id
+        self.project = project
+        self.client = service._client_for(project)
+        #: The last projection read from LoopX, and what is shown (with the overlay).
+        self.base: GoalBarState | None = None
+        self.state: GoalBarState | None = None
+        self.version = 0
+        self.changed = trio.Event()
+        self.closed = False
+        #: Counters, for tests and diagnostics.
+        self.reads = 0
+        self.forced_reads = 0
+        self.watchers = 0
+        self._pending = False
+        self._error: tuple[str, str] | None = None  # (goal id, message)
+        self._requested = 0
+        self._completed = 0
+        self._wake = trio.Event()
+        self._done = trio.Event()
+        self._hashes: tuple[str | None, str | None] | None = None
+        self._last_forced: tuple[str | None, str | None] | None = None
+        self._source_goal: str | None = None
+
+    # -- Life ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._reader)
+                nursery.start_soon(self._source_poller)
+        finally:
+            self.closed = True
+            self.changed.set()
+            self._done.set()
+
+    # -- Reads --------------------------------------------------------------------------
+
+    def request(self) -> int:
+        """Ask for a read; every request made before a read starts is served by it."""
+        self._requested += 1
+        self._wake.set()
+        return self._requested
+
+    async def read(self) -> GoalBarState:
+        """A read that started after this call, and the state shown after it."""
+        target = self.request()
+        while self._completed < target:
+            if self.closed:
+                raise trio.ClosedResourceError("the GoalBar service is closed")
+            await self._done.wait()
+        assert self.state is not None
+        return self.state
+
+    async def _reader(self) -> None:
+        while True:
+            if self._requested == self._completed:
+                self._wake = trio.Event()
+                await self._wake.wait()
+                continue
+            target = self._requested
+            await self._read_once()
+            self._completed = target
+            done, self._done = self._done, trio.Event()
+            done.set()
+
+    async def _read_once(self) -> None:
+        hashes = _source_hashes(self.project, self._source_goal)
+        try:
+            state = await project_goalbar(self.client, self.session_id)
+        except LoopxRequestError:  # LoopX named an id the client refuses to pass back
+            state = GoalBarHidden(self.session_id, "loopx-failure", "loopx named an invalid id")
+        goal = state.goal_id if isinstance(state, GoalBarVisible) else None
+        if goal != self._source_goal:
+            # Another goal's state file is watched from now on (hashed after the read: a
+            # change in that window is caught by the next source change or wake).
+            hashes = _source_hashes(self.project, goal)
+            self._source_goal = goal
+        self.reads += 1
+        self._hashes = hashes
+        self.base = state
+        self._publish()
+
+    async def _source_poller(self) -> None:
+        while True:
+            await trio.sleep(self.service.poll_interval)
+            if self._hashes is None or not self.watchers:
+                continue  # nobody to tell: the next read is fresh anyway
+            current = _source_hashes(self.project, self._source_goal)
+            if current != self._hashes and current != self._last_forced:
+                self._last_forced = current
+                self.forced_reads += 1
+                self.request()
+
+    def _publish(self) -> None:
+        base = self.base
+        if base is None:
+            return
+        shown: GoalBarState = base
+        if isinstance(base, GoalBarVisible):
+            error = self._error[1] if self._error and self._error[0] == base.goal_id else None
+            shown = attrs.evolve(base, pending=self._pending, error=error)
+        if shown == self.state:
+            return
+        self.state = shown
+        self.version += 1
+        changed, self.changed = self.changed, trio.Event()
+        changed.set()
+
+    # -- Mutations ----------------------------------------------------------------------
+
+    async def act(
+        self, operation: Literal["stop", "resume"], expected: tuple[str, str] | None
+    ) -> GoalBarActionResult:
+        if expected is None:
+            shown = self.state if self.state is not None else await self.read()
+            if not isinstance(shown, GoalBarVisible):
+                return GoalBarActionResult("refused", shown, "hidden")
+            expected = (shown.goal_id, shown.agent_id)
+        goal_id, agent_id = expected
+        async with self.service._lock_for(self.project, goal_id):
+            binding = await self.client.resolve_thread(self.session_id)
+            if not (isinstance(binding, ThreadBinding) and binding.status == "bound"
+                    and (binding.goal_id, binding.agent_id) == expected):
+                return GoalBarActionResult("refused", await self.read(), "stale-binding")
+            self._error = None
+            self._pending = True
+            self._publish()
+            try:
+                result = await self.client.goal_lifecycle(goal_id, operation, execute=True)
+            finally:
+                self._pending = False
+                self._publish()  # shows the last read (never the optimistic state) ...
+            error = None
+            if not isinstance(result, LifecycleResult):
+                error = f"{operation} failed: {result.reason}"
+            elif not result.readback_verified:
+                error = f"{operation} was not verified by LoopX"
+            if error is not None:
+                self._error = (goal_id, error)
+            state = await self.read()  # ... until this fresh read
+            return GoalBarActionResult("failed" if error else "done", state, error)
+
+
+class GoalBarService:
+    """The GoalBar host side. Open it with :meth:`open` (its nursery holds the actors);
+    ``client_for(project)`` gives the LoopX client for a project."""
+
+    def __init__(
+        self,
+        client_for: Callable[[Path], LoopxClient],
+        nursery: trio.Nursery,
+        *,
+        poll_interval: float = 0.25,
+    ) -> None:
+        if not (isinstance(poll_interval, (int, float)) and math.isfinite(poll_interval) and poll_interval > 0):
+            raise ValueError("poll_interval must be a positive number of seconds")
+        self._client_for = client_for
+        self._nursery = nursery
+        self.poll_interval = float(poll_interval)
+        self._actors: dict[tuple[str, Path], _SessionActor] = {}
+        self._locks: dict[tuple[Path, str], trio.Lock] = {}
+
+    @classmethod
+    def open(cls, client_for: Callable[[Path], LoopxClient], *, poll_interval: float = 0.25):
+        """``async with GoalBarService.open(client_for) as service:``; leaving it cancels
+        every actor."""
+
+        @asynccontextmanager
+        async def opened():
+            async with trio.open_nursery() as nursery:
+                service = cls(client_for, nursery, poll_interval=poll_interval)
+                try:
+                    yield service
+                finally:
+                    nursery.cancel_scope.cancel()
+
+        return opened()
+
+    def _actor(self, session_id: str, project: Path) -> _SessionActor:
+        check_thread_id(session_id)
+        key = (session_id, Path(project).resolve())
+        actor = self._actors.get(key)
+        if actor is None:
+            actor = self._actors[key] = _SessionActor(self, session_id, key[1])
+            self._nursery.start_soon(actor.run)
+        return actor
+
+    def _lock_for(self, project: Path, goal_id: str) -> trio.Lock:
+        return self._locks.setdefault((project, goal_id), trio.Lock())
+
+    def actor_stats(self, session_id: str, project: Path) -> dict[str, int]:
+        """Counters of one actor (``reads``, ``forced_reads``, ``watchers``, ``version``)."""
+        actor = self._actor(session_id, project)
+        return {"reads": actor.reads, "forced_reads": actor.forced_reads,
+                "watchers": actor.watchers, "version": actor.version}
+
+    async def read(self, session_id: str, project: Path) -> GoalBarState:
+        """A fresh projection from LoopX (coalesced with other pending requests)."""
+        return await self._actor(session_id, project).read()
+
+    def wake(self, session_id: str) -> int:
+        """A session event or agent status change for ``session_id``: request a re-read of
+        its watched actors (no actor is created, and an unwatched one is not read: runtime
+        events alone make no bar). Returns how many actors were woken."""
+        woken = 0
+        for (sid, _), actor in list(self._actors.items()):
+            if sid == session_id and not actor.closed and actor.watchers:
+                actor.request()
+                woken += 1
+        return woken
+
+    async def watch(self, session_id: str, project: Path) -> AsyncIterator[GoalBarState]:
+        """The current state, then every change (latest state first: a slow watcher skips
+        intermediate states). Ends when the service closes. Use with ``aclosing``."""
+        actor = self._actor(session_id, project)
+        actor.watchers += 1
+        try:
+            if actor.state is None:
+                await actor.read()
+            seen = -1
+            while not actor.closed:
+                if actor.version != seen:
+                    seen = actor.version
+                    assert actor.state is not None
+                    yield actor.state
+                else:
+                    await actor.changed.wait()
+        finally:
+            actor.watchers -= 1
+
+    async def start(
+        self, session_id: str, project: Path, *, expected: tuple[str, str] | None = None
+    ) -> GoalBarActionResult:
+        """Resume the bound goal. ``expected``: the (goal, agent) the user saw; default
+        the bar's current binding."""
+        return await self._actor(session_id, project).act("resume", expected)
+
+    async def pause(
+        self, session_id: str, project: Path, *, expected: tuple[str, str] | None = None
+    ) -> GoalBarActionResult:
+        """Stop the bound goal (see :meth:`start`)."""
+        return await self._actor(session_id, project).act("stop", expected)
+
+
+def state_to_view(state: GoalBarState) -> GoalbarView:
+    """The state as the wire's ``GoalbarView``."""
+    return GoalbarView(**state_to_json(state))  # type: ignore[arg-type]
+
+
+class GoalBarHandler:
+    """A ``BridgeHandler`` that serves GoalBar pages and passes everything else on.
+
+    ``project_for(session_id)`` names the LoopX project of a session (``None``: the bar is
+    hidden, reason ``unbound``). Session events from a DSH host wake the sessions they
+    belong to (and go on to ``inner``); ``goalbarWatch`` starts a task in ``nursery`` that
+    pushes every change to that page until it disconnects.
+    """
+
+    def __init__(
+        self,
+        service: GoalBarService,
+        project_for: Callable[[str], Path | None],
+        nursery: trio.Nursery,
+        inner: object | None = None,
+    ) -> None:
+        from ._handler import NullHandler
+
+        self.service = service
+        self.project_for = project_for
+        self._nursery = nursery
+        self.inner = inner if inner is not None else NullHandler()
+        self._watches: dict[object, list[trio.CancelScope]] = {}
+
+    def connected(self, conn) -> None:
+        self.inner.connected(conn)  # type: ignore[attr-defined]
+
+    def disconnected(self, conn, reason) -> None:
+        for scope in self._watches.pop(conn, []):
+            scope.cancel()
+        self.inner.disconnected(conn, reason)  # type: ignore[attr-defined]
+
+    async def on_events(self, conn, items: "list[SessionEvent]") -> None:
+        for session_id in {item.session_id for item in items}:
+            self.service.wake(session_id)
+        await self.inner.on_events(conn, items)  # type: ignore[attr-defined]
+
+    async def on_live(self, conn, items) -> None:
+        # Agent status says nothing about a session id by itself: LoopX is re-read on the
+        # session events that accompany a status change.
+        await self.inner.on_live(conn, items)  # type: ignore[attr-defined]
+
+    async def on_pre_step(self, conn, request: PreStep) -> Verdict:
+        return await self.inner.on_pre_step(conn, request)  # type: ignore[attr-defined]
+
+    async def on_select(self, conn, request: Select) -> Selection:
+        return await self.inner.on_select(conn, request)  # type: ignore[attr-defined]
+
+    async def on_goalbar(
+        self, conn, request: GoalbarRead | GoalbarWatch | GoalbarStart | GoalbarPause
+    ) -> GoalbarResult:
+        session_id = check_thread_id(request.session_id)  # LoopxRequestError -> error frame
+        project = self.project_for(session_id)
+        if project is None:
+            return GoalbarResult(state_to_view(GoalBarHidden(session_id, "unbound")))
+        if isinstance(request, GoalbarRead):
+            return GoalbarResult(state_to_view(await self.service.read(session_id, project)))
+        if isinstance(request, GoalbarWatch):
+            state = await self.service.read(session_id, project)
+            scope = trio.CancelScope()
+            self._watches.setdefault(conn, []).append(scope)
+            self._nursery.start_soon(self._pump, conn, scope, session_id, project)
+            return GoalbarResult(state_to_view(state))
+        expected = None
+        if request.goal_id is not None and request.agent_id is not None:
+            expected = (request.goal_id, request.agent_id)
+        action = self.service.start if isinstance(request, GoalbarStart) else self.service.pause
+        result = await action(session_id, project, expected=expected)
+        return GoalbarResult(state_to_view(result.state), result.outcome, result.reason)
+
+    async def _pump(self, conn, scope: trio.CancelScope, session_id: str, project: Path) -> None:
+        try:
+            with scope:
+                if conn.closed is not None:
+                    return
+                async with aclosing(self.service.watch(session_id, project)) as states:
+                    async for state in states:
+                        if not conn.publish_goalbar(state_to_view(state)):
+                            return
+        finally:
+            scopes = self._watches.get(conn)
+            if scopes is not None and scope in scopes:
+                scopes.remove(scope)

@@ -1,0 +1,249 @@
+"""``HostHandler``: the runtime's side of a DSH host, beyond the dock's ``select``.
+
+It keeps
+
+- the latest live connection of the DSH host (``host``) and the live agents the host
+  announced (``agents``: ``agent/created``, ``agent/status``, ``agent/inbox/*``,
+  ``agent/disposed``);
+- a mirror of every session's events (``sessions``), checking that each session's ``seq``
+  is contiguous from 0: a jump is recorded in ``gaps`` (and the mirror goes on from the
+  new seq); an event at or below the last mirrored seq is a repeat and is dropped;
+- a registry of pre-step gates: ``gate(agent_id, callback)`` answers DSH's pre-step
+  verdict requests for that agent with ``callback(PreStep)`` (a ``Verdict`` or an
+  awaitable of one); an agent without a gate enters. A callback that raises, or does not
+  answer before the host's deadline, makes the host reject (it fails closed);
+
+and sends the runtime's commands to the exact live agent on the host: ``followup``,
+``wake`` and ``cancel`` (``HostCommandError`` when the host says no, ``NoHostError`` when
+no host is connected; the connection's own ``BridgeClosedError``, ``RequestTimeoutError``
+and ``RemoteError`` pass through).
+
+The plugin does not announce its agents again after a reconnect, so ``agents`` outlives a
+connection; an agent leaves it with ``agent/disposed`` only (a host process that died
+without saying so leaves its agents behind: ``HostAgent.connection_id`` tells which
+connection announced each one).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from actors import LiveEvent
+from runtime._errors import LoopdockError
+from runtime._events import Event
+
+from ._dock_select import DockSelectHandler
+from ._handler import Disconnect
+from ._messages import Ack, Cancel, Followup, Placement, PreStep, SessionEvent, Verdict, Wake
+from ._server import REQUEST_TIMEOUT
+
+if TYPE_CHECKING:
+    from runtime._runtime import Runtime
+
+    from ._server import BridgeConnection
+
+#: ``callback(PreStep) -> Verdict | Awaitable[Verdict]``
+Gate = Callable[[PreStep], "Verdict | Awaitable[Verdict]"]
+
+
+class NoHostError(LoopdockError):
+    """Raised by a command when no DSH host is connected."""
+
+    code = "NO_HOST"
+
+
+class HostCommandError(LoopdockError):
+    """Raised by a command the host understood and could not carry out (a negative ack);
+    ``code`` is the host's (e.g. ``NOT_LIVE``: no live agent with that id)."""
+
+    def __init__(self, code: str, message: str, *, command: str, agent_id: str) -> None:
+        super().__init__(f"{command} {agent_id}: {message}")
+        self.code = code
+        self.command = command
+        self.agent_id = agent_id
+
+
+@attrs.define
+class HostAgent:
+    """A live DSH agent as the host announced it."""
+
+    id: str
+    session_id: str
+    #: ``startup`` or ``resume`` (what ``agent/created`` said), None if it was not seen
+    source: str | None
+    #: the connection that announced it
+    connection_id: str
+    #: ``idle`` or ``running`` (the last ``agent/status``), None before any
+    status: str | None = None
+    #: message id -> message: inserted into its inbox and not yet claimed or discarded
+    inbox: dict[str, Mapping[str, Any]] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class Gap:
+    """Session ``session_id`` jumped from ``expected`` to ``got``: events were lost."""
+
+    session_id: str
+    expected: int
+    got: int
+
+
+class HostHandler(DockSelectHandler):
+    """A ``DockSelectHandler`` that also mirrors the host's agents and sessions, gates
+    pre-steps per agent and sends commands (see the module docstring)."""
+
+    def __init__(self, rt: Runtime) -> None:
+        super().__init__(rt)
+        #: the latest live DSH-host connection, None while there is none
+        self.host: BridgeConnection | None = None
+        #: agent id -> what the host announced (see the module docstring)
+        self.agents: dict[str, HostAgent] = {}
+        #: session id -> its events, in seq order
+        self.sessions: dict[str, list[Event]] = {}
+        #: every seq jump seen, in arrival order
+        self.gaps: list[Gap] = []
+        self._gates: dict[str, Gate] = {}
+        self._changed = trio.Event()
+
+    # -- waiting for the host ------------------------------------------------------------
+
+    def _poke(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_until(self, predicate: Callable[[], bool]) -> None:
+        """Return once ``predicate()`` holds; it is checked again after each change the
+        host makes (a connection, events, live items). Bound it with a trio timeout."""
+        while not predicate():
+            await self._changed.wait()
+
+    # -- connections ----------------------------------------------------------------------
+
+    def connected(self, conn: BridgeConnection) -> None:
+        super().connected(conn)
+        if conn.role == "dsh-host":
+            self.host = conn
+            self._poke()
+
+    def disconnected(self, conn: BridgeConnection, reason: Disconnect) -> None:
+        super().disconnected(conn, reason)
+        if self.host is conn:
+            self.host = None
+            self._poke()
+
+    # -- the mirror -------------------------------------------------------------------------
+
+    async def on_events(self, conn: BridgeConnection, items: Sequence[SessionEvent]) -> None:
+        await super().on_events(conn, items)
+        for item in items:
+            log = self.sessions.setdefault(item.session_id, [])
+            expected = log[-1].seq + 1 if log else 0
+            seq = item.event.seq
+            if seq < expected:
+                continue  # a repeat (e.g. a resumed session sent again from 0)
+            if seq > expected:
+                self.gaps.append(Gap(item.session_id, expected, seq))
+            log.append(item.event)
+        self._poke()
+
+    async def on_live(self, conn: BridgeConnection, items: Sequence[LiveEvent]) -> None:
+        await super().on_live(conn, items)
+        for item in items:
+            self._apply_live(conn, item)
+        self._poke()
+
+    def _apply_live(self, conn: BridgeConnection, item: LiveEvent) -> None:
+        data = item.data
+        if item.type == "agent/created":
+            source = data.get("source")
+            session_id = data.get("sessionId")
+            self.agents[item.agent_id] = HostAgent(
+                item.agent_id,
+                session_id if isinstance(session_id, str) else item.agent_id,
+                source if isinstance(source, str) else None,
+                conn.id,
+            )
+            return
+        if item.type == "agent/disposed":
+            self.agents.pop(item.agent_id, None)
+            return
+        agent = self.agents.get(item.agent_id)
+        if agent is None:  # announced before this runtime listened: learn it now
+            agent = self.agents[item.agent_id] = HostAgent(item.agent_id, item.agent_id, None, conn.id)
+        if item.type == "agent/status":
+            status = data.get("status")
+            agent.status = status if isinstance(status, str) else None
+        elif item.type.startswith("agent/inbox/"):
+            message = data.get("message")
+            message_id = message.get("id") if isinstance(message, Mapping) else None
+            if not isinstance(message_id, str):
+                return
+            if item.type == "agent/inbox/inserted":
+                agent.inbox[message_id] = message
+            elif item.type in ("agent/inbox/claimed", "agent/inbox/discarded"):
+                agent.inbox.pop(message_id, None)
+
+    # -- pre-step gates ---------------------------------------------------------------------
+
+    def gate(self, agent_id: str, callback: Gate | None) -> None:
+        """Answer ``agent_id``'s pre-step verdict requests with ``callback`` (replacing
+        any earlier one); ``None`` removes the gate (its pre-steps enter again)."""
+        if callback is None:
+            self._gates.pop(agent_id, None)
+        else:
+            self._gates[agent_id] = callback
+
+    async def on_pre_step(self, conn: BridgeConnection, request: PreStep) -> Verdict:
+        callback = self._gates.get(request.agent_id)
+        if callback is None:
+            return await super().on_pre_step(conn, request)
+        verdict = callback(request)
+        if inspect.isawaitable(verdict):
+            verdict = await verdict
+        if not isinstance(verdict, Verdict):
+            raise TypeError(f"the pre-step gate of {request.agent_id} answered {verdict!r}")
+        return verdict
+
+    # -- commands ------------------------------------------------------------------------------
+
+    async def _command(self, message: Followup | Wake | Cancel, timeout: float) -> None:
+        conn = self.host
+        name = type(message).__name__.lower()
+        if conn is None or conn.closed is not None:
+            raise NoHostError(f"no DSH host is connected: cannot {name} {message.agent_id}")
+        reply = await conn.request(message, timeout)
+        if not isinstance(reply, Ack):
+            raise HostCommandError("BAD_REPLY", f"the host answered {reply!r}", command=name, agent_id=message.agent_id)
+        if not reply.ok:
+            error = reply.error
+            raise HostCommandError(
+                error.code if error is not None else "COMMAND_FAILED",
+                error.message if error is not None else "the host refused",
+                command=name,
+                agent_id=message.agent_id,
+            )
+
+    async def followup(
+        self,
+        agent_id: str,
+        message: Mapping[str, Any],
+        placement: Placement = "followup",
+        *,
+        timeout: float = REQUEST_TIMEOUT,
+    ) -> None:
+        """Put ``message`` (a DSH message; its ``source`` a producer-owned kind) into the
+        live agent's inbox: ``followup`` (next turn, wakes it), ``steer`` or ``inject``."""
+        await self._command(Followup(agent_id, message, placement), timeout)
+
+    async def wake(self, agent_id: str, *, timeout: float = REQUEST_TIMEOUT) -> None:
+        """Wake the live agent (its inbox stalls after a pre-step reject)."""
+        await self._command(Wake(agent_id), timeout)
+
+    async def cancel(self, agent_id: str, cause: str, *, keep_inbox: bool = True, timeout: float = REQUEST_TIMEOUT) -> None:
+        """Cancel the live agent's turn (its inbox is kept unless ``keep_inbox`` is false)."""
+        await self._command(Cancel(agent_id, cause, keep_inbox), timeout)

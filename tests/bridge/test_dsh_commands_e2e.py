@@ -1,0 +1,368 @@
+"""Runtime commands on a real DSH host, and pre-step verdicts that fail closed (issue 5, test 2).
+
+`dsh headless` (not in dock mode) loads bridge/dsh_plugin through the patch; the plugin
+creates one extra agent, ``s-cmd``, which the runtime drives through a ``HostHandler``:
+
+1. a runtime-issued followup with a producer-owned source (``loopx-continuation``) enters
+   exactly that agent: DSH's own session log shows the message with that very source;
+2. the runtime's pre-step gate rejects the second continuation: DSH ends that turn
+   ``blocked``; a human message queued behind it is not lost; the runtime wakes the agent
+   and the queue goes on (the human message's turn completes);
+3. the runtime dies while a pre-step verdict is pending (the gate never answers; the
+   bridge server is cancelled): the plugin fails closed, DSH ends that turn ``blocked``
+   and the message never reaches a model step. A new server on the same port gets the
+   plugin back (reconnect) with the events DSH logged meanwhile.
+
+Offline and quiet: DSH_HOME and HOME in a temporary directory, telemetry disabled, the
+plugin's `ping` model (it answers ``pong: <last user text>``), loopback only. The headless
+task says HOLD, so `dsh headless` stays up until the runtime wakes that agent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from bridge import Verdict, serve_bridge
+from bridge._host_handler import HostCommandError, HostHandler
+from bridge._patch import write_patch
+from runtime._runtime import Runtime
+
+DSH = Path(sys.executable).parent / "dsh"
+TOKEN = "e2e-token-" + "c" * 20
+AGENT = "s-cmd"
+OWNED = "loopx-continuation"
+
+
+def _source(turn_instance: str) -> dict:
+    return {"kind": OWNED, "schemaVersion": "test", "goalId": "g", "agentId": "a", "turnInstanceId": turn_instance}
+
+
+def _message(text: str, source: dict) -> dict:
+    return {"role": "user", "content": [{"type": "text", "text": text}], "source": source}
+
+
+def _dsh_env(tmp: Path) -> dict[str, str]:
+    home = tmp / "home"
+    home.mkdir(exist_ok=True)
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "DSH_HOME": str(tmp / "dsh-home"),
+        "DSH_TELEMETRY_MODE": "DISABLED",
+        "DSH_TELEMETRY_OTLP_URL": "http://127.0.0.1:9/v1/logs",
+    }
+
+
+def _session_log(dsh_home: Path, session_id: str) -> list[dict]:
+    zstd = shutil.which("zstd")
+    if zstd is None:
+        pytest.fail("reading DSH's session logs needs the zstd command (apt-get install zstd)")
+    found = list(dsh_home.glob(f"sessions/*/{session_id}/session.v4.jsonl.zstd"))
+    assert len(found) == 1, f"DSH's log of {session_id}: {found}"
+    text = subprocess.run([zstd, "-dc", str(found[0])], check=True, capture_output=True).stdout.decode()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _text(event: dict) -> str:
+    """The text of a message event (user/message, assistant/message), else ''."""
+    data = event.get("data") or {}
+    message = data.get("message", data)
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, list):
+        return ""
+    return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
+
+
+def _source_of(event: dict) -> dict | None:
+    data = event.get("data") or {}
+    message = data.get("message", data)
+    return message.get("source") if isinstance(message, dict) else None
+
+
+def _turns(log: list[dict]) -> list[list[dict]]:
+    """The log split into turns: each list runs from a turn/start to its turn/end."""
+    turns: list[list[dict]] = []
+    current: list[dict] | None = None
+    for event in log:
+        if event.get("type") == "turn/start":
+            current = [event]
+            turns.append(current)
+        elif current is not None:
+            current.append(event)
+            if event.get("type") == "turn/end":
+                current = None
+    return turns
+
+
+def _end_reason(turn: list[dict]) -> str | None:
+    end = turn[-1]
+    if end.get("type") != "turn/end":
+        return None
+    reason = end["data"].get("reason")
+    return reason.get("kind") if isinstance(reason, dict) else reason
+
+
+async def _serve(nursery: trio.Nursery, handler: HostHandler, port: int = 0) -> tuple[trio.CancelScope, int]:
+    """Start a bridge server; cancelling the returned scope kills it (the runtime's side)."""
+    scope = trio.CancelScope()
+
+    async def run(task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with scope:
+            await serve_bridge(handler, token=TOKEN, port=port, task_status=task_status)
+
+    bound = await nursery.start(run)
+    return scope, bound
+
+
+async def test_runtime_commands_enter_the_exact_dsh_agent_and_pre_step_fails_closed(tmp_path):
+    if not DSH.exists():
+        pytest.fail(f"no dsh next to {sys.executable}: scripts/test installs deepseek-harness-runtime-bin")
+    dsh_home = tmp_path / "dsh-home"
+    pre_steps: list[tuple[str, ...]] = []  # the owned turn instances of each verdict request
+    human_queued = trio.Event()
+    reserved = trio.Event()
+
+    async def gate(request) -> Verdict:
+        owned = tuple(
+            m["source"]["turnInstanceId"] for m in request.messages if m.get("source", {}).get("kind") == OWNED
+        )
+        pre_steps.append(owned)
+        if owned == ("t1",):
+            return Verdict("enter")
+        if owned == ("t2",):
+            await human_queued.wait()  # the human message is queued behind the vetoed one
+            return Verdict("reject", "test: the runtime vetoes t2")
+        if owned == ("t3",):
+            reserved.set()
+            await trio.sleep_forever()  # the runtime dies before it answers
+        return Verdict("reject", f"unexpected {owned}")
+
+    with trio.fail_after(120):
+        async with Runtime.open(tmp_path / "runtime") as rt:
+            handler = HostHandler(rt)
+            handler.gate(AGENT, gate)
+            async with trio.open_nursery() as nursery:
+                server, port = await _serve(nursery, handler)
+                patch = write_patch(
+                    tmp_path / "p", f"ws://127.0.0.1:{port}", TOKEN, ping=True,
+                    extra={"createAgents": [{"sessionId": AGENT}], "verdictTimeoutMs": 60000},
+                )
+                work = tmp_path / "work"
+                work.mkdir()
+                out = open(tmp_path / "dsh.out", "wb")
+                err = open(tmp_path / "dsh.err", "wb")
+                proc = await trio.lowlevel.open_process(
+                    [str(DSH), "headless", "--patch", str(patch), "HOLD until the runtime is done"],
+                    cwd=work, env=_dsh_env(tmp_path), stdout=out, stderr=err,
+                )
+                try:
+                    def dsh_alive() -> bool:
+                        if proc.returncode is not None:
+                            pytest.fail(f"dsh exited ({proc.returncode}): {(tmp_path / 'dsh.err').read_text()}")
+                        return True
+
+                    async def until(predicate) -> None:
+                        while not (dsh_alive() and predicate()):
+                            with trio.move_on_after(0.5):  # and see whether dsh is still alive
+                                await handler.wait_until(predicate)
+
+                    def headless_agent() -> str | None:
+                        return next((a for a in handler.agents if a != AGENT), None)
+
+                    def ends(reason: str) -> int:
+                        return sum(
+                            1 for e in handler.sessions.get(AGENT, [])
+                            if e.type == "turn/end" and (e.data.get("reason") or {}).get("kind") == reason
+                        )
+
+                    await until(lambda: handler.host is not None and AGENT in handler.agents
+                                and headless_agent() is not None)
+                    headless = headless_agent()
+                    # the host answers for its live agents only
+                    with pytest.raises(HostCommandError) as refused:
+                        await handler.wake("no-such-agent")
+                    assert refused.value.code == "NOT_LIVE"
+
+                    # 1. a runtime-issued continuation enters the exact agent
+                    await handler.followup(AGENT, _message("continuation one", _source("t1")))
+                    await until(lambda: ends("completed") == 1)
+                    assert pre_steps == [("t1",)]
+
+                    # 2. a pre-step reject blocks the next one; a human message waits behind it
+                    await handler.followup(AGENT, _message("continuation two", _source("t2")))
+                    await until(lambda: ("t2",) in pre_steps)
+                    await handler.followup(AGENT, _message("human after the veto", {"kind": "user"}))
+                    await until(lambda: any(_text_of(m) == "human after the veto" for m in handler.agents[AGENT].inbox.values()))
+                    human_queued.set()
+                    await until(lambda: ends("blocked") == 1 and handler.agents[AGENT].status == "idle")
+                    # stalled: DSH does not run the queued human message by itself
+                    await trio.sleep(1.0)
+                    assert ends("completed") == 1
+                    assert [m for m in handler.agents[AGENT].inbox.values() if _text_of(m) == "human after the veto"]
+                    await handler.wake(AGENT)
+                    await until(lambda: ends("completed") == 2 and handler.agents[AGENT].status == "idle")
+
+                    # 3. the runtime dies mid-reservation: the plugin fails closed
+                    await handler.followup(AGENT, _message("continuation three", _source("t3")))
+                    await reserved.wait()
+                    server.cancel()
+                    killed_ms = time.time() * 1000
+                    await until(lambda: handler.host is None)
+                    server, _ = await _serve(nursery, handler, port)  # a new runtime on the same port
+                    await until(lambda: handler.host is not None and ends("blocked") == 2)
+                    blocked = [e for e in handler.sessions[AGENT] if e.type == "turn/end"][-1]
+                    # well before the 60 s verdict deadline: the closed connection rejected it
+                    assert blocked.time - killed_ms < 20000, (blocked.time, killed_ms)
+                    assert pre_steps == [("t1",), ("t2",), ("t3",)]
+                    assert handler.gaps == []
+
+                    # the end: wake the headless agent (its ping call holds until then)
+                    await handler.wake(headless)
+                    with trio.fail_after(60):
+                        code = await proc.wait()
+                finally:
+                    if proc.returncode is None:
+                        proc.kill()
+                        await proc.wait()
+                    out.close()
+                    err.close()
+                stderr = (tmp_path / "dsh.err").read_text(errors="replace")
+                assert code == 0, stderr
+                nursery.cancel_scope.cancel()
+
+    log = _session_log(dsh_home, AGENT)
+    events = [e for e in log if "seq" in e]
+    # the runtime's mirror is DSH's own log, event for event, up to where it stopped listening
+    mirrored = [(e.seq, e.type) for e in handler.sessions[AGENT]]
+    assert mirrored == [(e["seq"], e["type"]) for e in events][: len(mirrored)]
+    assert [e.seq for e in handler.sessions[AGENT]] == list(range(len(mirrored)))
+
+    turns = _turns(events)
+    assert [_end_reason(t) for t in turns] == ["completed", "blocked", "completed", "blocked"], [
+        [(e["type"], _text(e)) for e in t] for t in turns
+    ]
+    one, two, human, three = turns
+
+    # 1. the continuation entered with its exact source, and the model answered it
+    sources = [_source_of(e) for e in one if e["type"] == "user/message"]
+    assert _source("t1") in sources
+    assert [e for e in log if e["type"] == "user/message" and _source_of(e) == _source("t1")]
+    assert any(e["type"] == "assistant/message" and _text(e) == "pong: continuation one" for e in one)
+    # ... in that agent only
+    headless_log = _session_log(dsh_home, headless)
+    assert not [e for e in headless_log if (_source_of(e) or {}).get("kind") == OWNED]
+
+    # 2. vetoed: it never became part of the conversation, no model step ran; the human
+    #    message behind it ran after the wake
+    assert not [e for e in events if e["type"] == "user/message" and _source_of(e) == _source("t2")]
+    assert not [e for e in two if e["type"] in ("step/start", "assistant/message", "request/context")]
+    assert not [e for e in events if "continuation two" in _text(e) and e["type"] == "assistant/message"]
+    assert any(e["type"] == "user/message" and _text(e) == "human after the veto" for e in human)
+    assert any(e["type"] == "assistant/message" and _text(e) == "pong: human after the veto" for e in human)
+
+    # 3. failed closed: nothing of it entered a model step
+    assert not [e for e in events if e["type"] == "user/message" and _source_of(e) == _source("t3")]
+    assert not [e for e in three if e["type"] in ("step/start", "assistant/message", "request/context")]
+    assert not [e for e in events if "continuation three" in _text(e) and e["type"] == "assistant/message"]
+    assert "continuation three" not in json.dumps([e for e in events if e["type"] == "request/context"])
+
+
+def _text_of(message) -> str:
+    content = message.get("content") if hasattr(message, "get") else None
+    if not isinstance(content, list):
+        return ""
+    return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
+
+
+# -- the handler's bookkeeping, without a host ---------------------------------------------
+
+
+class _FakeConn:
+    role = "dsh-host"
+    closed = None
+
+    def __init__(self, reply=None) -> None:
+        self.id = "c1"
+        self.reply = reply
+        self.sent: list = []
+
+    async def request(self, message, timeout=10.0):
+        self.sent.append(message)
+        return self.reply
+
+
+async def test_host_handler_mirrors_agents_and_sessions_and_reports_gaps(tmp_path):
+    from actors import LiveEvent
+    from bridge import Ack, ErrorNotice, PreStep, SessionEvent, Wake
+    from bridge._handler import Disconnect
+    from bridge._host_handler import Gap, NoHostError
+    from runtime._events import Event
+
+    async with Runtime.open(tmp_path / "runtime") as rt:
+        handler = HostHandler(rt)
+        with pytest.raises(NoHostError):
+            await handler.wake("x")
+        conn = _FakeConn(Ack(False, ErrorNotice("NOT_LIVE", "no live agent x")))
+        handler.connected(conn)
+        assert handler.host is conn
+        message = {"id": "m1", "role": "user", "content": [], "source": {"kind": "user"}}
+        await handler.on_live(conn, [
+            LiveEvent("agent/created", "x", {"source": "startup", "sessionId": "x"}),
+            LiveEvent("agent/inbox/inserted", "x", {"message": message}),
+            LiveEvent("agent/status", "x", {"status": "running"}),
+            LiveEvent("agent/status", "y", {"status": "idle"}),  # announced before we listened
+        ])
+        assert handler.agents["x"].inbox == {"m1": message}
+        assert (handler.agents["x"].source, handler.agents["x"].status) == ("startup", "running")
+        assert handler.agents["y"].status == "idle" and handler.agents["y"].source is None
+        await handler.on_live(conn, [LiveEvent("agent/inbox/claimed", "x", {"message": message}),
+                                     LiveEvent("agent/disposed", "y", {})])
+        assert handler.agents["x"].inbox == {} and "y" not in handler.agents
+
+        def ev(seq):
+            return SessionEvent("x", Event("turn/start", seq, 1000 + seq, {"turn": seq}))
+
+        await handler.on_events(conn, [ev(0), ev(1), ev(1), ev(0), ev(4), ev(5)])
+        assert [e.seq for e in handler.sessions["x"]] == [0, 1, 4, 5]
+        assert handler.gaps == [Gap("x", 2, 4)]
+
+        # commands: a negative ack is a typed error
+        with pytest.raises(HostCommandError) as failed:
+            await handler.wake("x")
+        assert (failed.value.code, failed.value.command, failed.value.agent_id) == ("NOT_LIVE", "wake", "x")
+        assert conn.sent == [Wake("x")]
+        conn.reply = Ack(True)
+        await handler.cancel("x", "test")
+        assert conn.sent[-1].cause == "test" and conn.sent[-1].keep_inbox is True
+
+        # gates: per agent, sync or async; none -> enter
+        step = PreStep("x", "x", 1, 1, ())
+        assert await handler.on_pre_step(conn, step) == Verdict("enter")
+        handler.gate("x", lambda request: Verdict("reject", "no"))
+        assert await handler.on_pre_step(conn, step) == Verdict("reject", "no")
+
+        async def later(request):
+            await trio.sleep(0)
+            return Verdict("enter")
+
+        handler.gate("x", later)
+        assert await handler.on_pre_step(conn, step) == Verdict("enter")
+        handler.gate("x", lambda request: "yes")
+        with pytest.raises(TypeError):
+            await handler.on_pre_step(conn, step)
+        handler.gate("x", None)
+        assert await handler.on_pre_step(conn, step) == Verdict("enter")
+
+        handler.disconnected(conn, Disconnect("peer-closed", "bye"))
+        assert handler.host is None and "x" in handler.agents
+        with pytest.raises(NoHostError):
+            await handler.followup("x", message)

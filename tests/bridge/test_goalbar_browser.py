@@ -1,0 +1,114 @@
+"""The GoalBar page in a real headless Chromium (Debian's ``chromium`` and
+``chromium-driver``, driven by selenium), against the bridge and the REAL loopx CLI.
+
+Selenium is synchronous, so every browser step runs in a worker thread while trio serves
+the bridge. Waits are selenium's explicit waits on what the page shows (no sleeps)."""
+
+import functools
+import shutil
+
+import pytest
+import trio
+
+from bridge._goalbar import GoalBarHandler, GoalBarService
+from bridge._server import serve_bridge
+from runtime.loopx import HOST_SURFACE, LifecycleResult, LoopxClient, LoopxOk
+
+from selenium import webdriver  # the test extra installs it
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+TOKEN = "goalbar-browser-token"
+SESSION = "dsh-session-browser-1"
+PHASE = 90
+
+
+def chromium():
+    binary, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not (binary and driver):
+        pytest.fail("Debian's chromium and chromium-driver are needed: rerun scripts/test", pytrace=False)
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=900,200"):
+        options.add_argument(arg)
+    return webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
+
+
+async def ok(client, *args):
+    result = await client.run(*args)
+    assert isinstance(result, LoopxOk), (args, result)
+    return result.payload
+
+
+async def lifecycle_state(client, goal_id):
+    preview = await client.goal_lifecycle(goal_id, "stop", execute=False)
+    assert isinstance(preview, LifecycleResult)
+    return preview.before_state
+
+
+async def test_the_page_shows_the_bar_and_pause_start_change_loopx(
+    loopx_command, loopx_project, loopx_env, loopx_runtime_root, tmp_path
+):
+    client = LoopxClient(loopx_command, project=loopx_project, env=loopx_env, timeout=60,
+                         runtime_root=loopx_runtime_root)
+    goal, agent = "goal-page", "agent-page"
+    with trio.fail_after(PHASE):
+        await ok(client, "bootstrap", "--project", ".", "--goal-id", goal, "--objective", "Ship the page",
+                 "--adapter-kind", "read_only_project_map_v0", "--adapter-status", "connected-read-only")
+        await ok(client, "register-agent", "--goal-id", goal, "--agent-id", agent, "--require-new", "--execute")
+        for text in ("[P0] One", "[P1] Two"):
+            await ok(client, "todo", "add", "--goal-id", goal, "--project", ".", "--role", "agent",
+                     "--claimed-by", agent, "--task-class", "advancement_task", "--text", text)
+        await ok(client, "bind-agent-thread", "--goal-id", goal, "--thread-id", SESSION,
+                 "--host-surface", HOST_SURFACE, "--agent-id", agent, "--execute")
+
+    browser = await trio.to_thread.run_sync(chromium)
+    try:
+        with trio.fail_after(4 * PHASE):
+            async with GoalBarService.open(lambda project: client) as bar, trio.open_nursery() as nursery:
+                handler = GoalBarHandler(bar, lambda session_id: loopx_project, nursery)
+                port = await nursery.start(functools.partial(serve_bridge, handler, token=TOKEN))
+                base = f"http://127.0.0.1:{port}/goalbar"
+
+                def wait_for(predicate, timeout=60):
+                    return WebDriverWait(browser, timeout, poll_frequency=0.1).until(lambda d: predicate(d))
+
+                def text(element_id):
+                    return browser.find_element(By.ID, element_id).text
+
+                # An unbound session: the bar stays hidden.
+                def unbound():
+                    browser.get(f"{base}?session=dsh-session-nobody#token={TOKEN}")
+                    wait_for(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-status") == "hidden")
+                    return browser.find_element(By.ID, "goalbar").is_displayed()
+                assert await trio.to_thread.run_sync(unbound) is False
+
+                # The bound session: the bar with its counts; a screenshot as an artifact.
+                def bound():
+                    browser.get(f"{base}?session={SESSION}#token={TOKEN}")
+                    wait_for(lambda d: d.find_element(By.ID, "goalbar").is_displayed()
+                             and text("lifecycle") == "active")
+                    browser.save_screenshot(str(tmp_path / "goalbar.png"))
+                    return text("counts"), text("action"), browser.find_element(By.ID, "progress").get_attribute("max")
+                assert await trio.to_thread.run_sync(bound) == ("0 done / 2 open / 2", "Pause", "2")
+                assert (tmp_path / "goalbar.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+                # Pause from the keyboard, then Start with a click: the verified state shows.
+                def pause():
+                    action = browser.find_element(By.ID, "action")
+                    action.send_keys(" ")  # a focused button activates on space
+                    wait_for(lambda d: text("lifecycle") == "stopped" and text("action") == "Start")
+                    return browser.find_element(By.TAG_NAME, "body").get_attribute("data-status")
+                assert await trio.to_thread.run_sync(pause) == "visible"
+                assert await lifecycle_state(client, goal) == "stopped"
+
+                def start():
+                    browser.find_element(By.ID, "action").click()
+                    wait_for(lambda d: text("lifecycle") == "active" and text("action") == "Pause")
+                    browser.save_screenshot(str(tmp_path / "goalbar-active.png"))
+                await trio.to_thread.run_sync(start)
+                assert await lifecycle_state(client, goal) == "active"
+                nursery.cancel_scope.cancel()
+    finally:
+        await trio.to_thread.run_sync(browser.quit)
