@@ -19,6 +19,7 @@ def _isolated_env(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("DSH_TELEMETRY_MODE", "DISABLED")
     monkeypatch.setenv("DSH_HOME", str(home / ".dsh"))
     monkeypatch.delenv("DEEPSEEK_API_KEY", raising=False)
+    monkeypatch.setenv("SE_AVOID_STATS", "true")  # selenium: no usage statistics
     yield
 
 

@@ -23,14 +23,18 @@ SESSION = "dsh-session-browser-1"
 PHASE = 90
 
 
-def chromium():
+def chromium(profile_dir):
     binary, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if not (binary and driver):
         pytest.fail("Debian's chromium and chromium-driver are needed: rerun scripts/test", pytrace=False)
     options = webdriver.ChromeOptions()
     options.binary_location = binary
+    # Nothing may leave this machine: no background networking, updates, sync or QUIC,
+    # and a fresh profile.
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=900,200"):
+                "--window-size=900,200", "--disable-background-networking", "--disable-component-update",
+                "--disable-sync", "--disable-quic", "--no-first-run", "--disable-default-apps",
+                f"--user-data-dir={profile_dir}"):
         options.add_argument(arg)
     return webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
 
@@ -63,7 +67,7 @@ async def test_the_page_shows_the_bar_and_pause_start_change_loopx(
         await ok(client, "bind-agent-thread", "--goal-id", goal, "--thread-id", SESSION,
                  "--host-surface", HOST_SURFACE, "--agent-id", agent, "--execute")
 
-    browser = await trio.to_thread.run_sync(chromium)
+    browser = await trio.to_thread.run_sync(chromium, tmp_path / "chromium-profile")
     try:
         with trio.fail_after(4 * PHASE):
             async with GoalBarService.open(lambda project: client) as bar, trio.open_nursery() as nursery:
