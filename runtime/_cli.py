@@ -117,6 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--port", type=int, default=0, help="port to listen on (default: any free port)")
     serve.add_argument("--host", help="address to bind (default: 127.0.0.1)")
     serve.add_argument("--home", help="runtime home (default: $LOOPDOCK_HOME or ./.loopdock)")
+    serve.add_argument("--no-loopx", action="store_true", help="leave the LoopX integration off (it is on by default)")
     patch = commands.add_parser("dsh-patch", help="write the DSH patch file that loads the bridge plugin")
     patch.add_argument("--url", required=True, help="the bridge, e.g. ws://127.0.0.1:PORT (path /dsh is added)")
     patch.add_argument("--out", required=True, help="directory to write patch.yml into")
@@ -146,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "serve":
             from bridge._serve import serve_command  # the bridge sits on top of the runtime
 
-            trio.run(serve_command, args.home, args.host, args.port, sys.stdout)
+            trio.run(serve_command, args.home, args.host, args.port, sys.stdout, not args.no_loopx)
         else:
             trio.run(_run, args.task, args.session_id, args.home, args.provider, args.model, sys.stdout)
     except LoopdockError as exc:

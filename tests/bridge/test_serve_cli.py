@@ -29,7 +29,7 @@ async def test_serve_prints_its_readiness_line_and_accepts_the_token_from_the_fi
     home = tmp_path / "home"
     with trio.fail_after(60):  # a cold interpreter start and a runtime open, on a busy machine
         proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "runtime._cli", "serve", "--port", "0", "--home", str(home)],
+            [sys.executable, "-m", "runtime._cli", "serve", "--port", "0", "--home", str(home), "--no-loopx"],
             cwd=tmp_path,
             stdout=subprocess.PIPE,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
