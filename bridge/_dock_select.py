@@ -12,17 +12,16 @@ binding. A durable answer needs the host to send the binding stored in DSH's log
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from actors import LiveEvent
 from runtime._options import _CAMEL, AgentOptions  # _CAMEL: AgentOptions' spelling rule
 from runtime.dock import Route
 
-from ._handler import Disconnect
-from ._messages import PreStep, Select, Selection, SelectionParts, SessionEvent, Verdict
+from ._handler import NullHandler
+from ._messages import Select, Selection, SelectionParts
 
 if TYPE_CHECKING:
     from runtime._runtime import Runtime
@@ -37,29 +36,14 @@ def _known_options(value: Mapping[str, Any]) -> dict[str, Any]:
     return {key: item for key, item in value.items() if _CAMEL.sub("_", key).lower() in _OPTION_NAMES}
 
 
-class DockSelectHandler:
-    """A ``BridgeHandler`` whose ``on_select`` answers from ``rt.dock``; events are
-    dropped and every pre-step enters (subclass to do more)."""
+class DockSelectHandler(NullHandler):
+    """A ``BridgeHandler`` whose ``on_select`` answers from ``rt.dock``; everything else
+    is ``NullHandler``'s (events dropped, every pre-step enters; subclass to do more)."""
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         #: session id -> the binding decided for it (in memory; see the module docstring)
         self.bindings: dict[str, Route] = {}
-
-    def connected(self, conn: BridgeConnection) -> None:
-        pass
-
-    def disconnected(self, conn: BridgeConnection, reason: Disconnect) -> None:
-        pass
-
-    async def on_events(self, conn: BridgeConnection, items: Sequence[SessionEvent]) -> None:
-        pass
-
-    async def on_live(self, conn: BridgeConnection, items: Sequence[LiveEvent]) -> None:
-        pass
-
-    async def on_pre_step(self, conn: BridgeConnection, request: PreStep) -> Verdict:
-        return Verdict("enter")
 
     async def on_select(self, conn: BridgeConnection, request: Select) -> Selection:
         options = _known_options(request.agent_options)

@@ -21,9 +21,6 @@ task says HOLD, so `dsh headless` stays up until the runtime wakes that agent.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,6 +30,7 @@ import trio
 
 from bridge import Verdict, serve_bridge
 from bridge._host_handler import HostCommandError, HostHandler
+from bridge._dsh_files import quiet_env, session_log
 from bridge._patch import write_patch
 from runtime._runtime import Runtime
 
@@ -51,25 +49,7 @@ def _message(text: str, source: dict) -> dict:
 
 
 def _dsh_env(tmp: Path) -> dict[str, str]:
-    home = tmp / "home"
-    home.mkdir(exist_ok=True)
-    return {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(home),
-        "DSH_HOME": str(tmp / "dsh-home"),
-        "DSH_TELEMETRY_MODE": "DISABLED",
-        "DSH_TELEMETRY_OTLP_URL": "http://127.0.0.1:9/v1/logs",
-    }
-
-
-def _session_log(dsh_home: Path, session_id: str) -> list[dict]:
-    zstd = shutil.which("zstd")
-    if zstd is None:
-        pytest.fail("reading DSH's session logs needs the zstd command (apt-get install zstd)")
-    found = list(dsh_home.glob(f"sessions/*/{session_id}/session.v4.jsonl.zstd"))
-    assert len(found) == 1, f"DSH's log of {session_id}: {found}"
-    text = subprocess.run([zstd, "-dc", str(found[0])], check=True, capture_output=True).stdout.decode()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return quiet_env(tmp / "dsh-home", tmp / "home")
 
 
 def _text(event: dict) -> str:
@@ -239,7 +219,7 @@ async def test_runtime_commands_enter_the_exact_dsh_agent_and_pre_step_fails_clo
                 assert code == 0, stderr
                 nursery.cancel_scope.cancel()
 
-    log = _session_log(dsh_home, AGENT)
+    log = session_log(dsh_home, AGENT)
     events = [e for e in log if "seq" in e]
     # the runtime's mirror is DSH's own log, event for event, up to where it stopped listening
     mirrored = [(e.seq, e.type) for e in handler.sessions[AGENT]]
@@ -258,7 +238,7 @@ async def test_runtime_commands_enter_the_exact_dsh_agent_and_pre_step_fails_clo
     assert [e for e in log if e["type"] == "user/message" and _source_of(e) == _source("t1")]
     assert any(e["type"] == "assistant/message" and _text(e) == "pong: continuation one" for e in one)
     # ... in that agent only
-    headless_log = _session_log(dsh_home, headless)
+    headless_log = session_log(dsh_home, headless)
     assert not [e for e in headless_log if (_source_of(e) or {}).get("kind") == OWNED]
 
     # 2. vetoed: it never became part of the conversation, no model step ran; the human

@@ -15,10 +15,6 @@ its task says HOLD: the ping model holds that call until the runtime sends a wak
 from __future__ import annotations
 
 import functools
-import json
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -28,6 +24,7 @@ import trio
 
 from actors import LiveEvent
 from bridge import DockSelectHandler, Wake, serve_bridge
+from bridge._dsh_files import quiet_env, session_log
 from bridge._patch import write_patch
 from runtime import LoopdockError
 from runtime._runtime import Runtime
@@ -98,25 +95,7 @@ async def _noop_setup(ctx) -> None:
 
 
 def _dsh_env(tmp: Path) -> dict[str, str]:
-    home = tmp / "home"
-    home.mkdir(exist_ok=True)
-    return {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(home),
-        "DSH_HOME": str(tmp / "dsh-home"),
-        "DSH_TELEMETRY_MODE": "DISABLED",
-        "DSH_TELEMETRY_OTLP_URL": "http://127.0.0.1:9/v1/logs",
-    }
-
-
-def _session_log(dsh_home: Path, session_id: str) -> list[dict]:
-    zstd = shutil.which("zstd")
-    if zstd is None:
-        pytest.fail("reading DSH's session logs needs the zstd command (apt-get install zstd)")
-    found = list(dsh_home.glob(f"sessions/*/{session_id}/session.v4.jsonl.zstd"))
-    assert len(found) == 1, f"DSH's log of {session_id}: {found}"
-    text = subprocess.run([zstd, "-dc", str(found[0])], check=True, capture_output=True).stdout.decode()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return quiet_env(tmp / "dsh-home", tmp / "home")
 
 
 def _bindings(log: list[dict]) -> list[dict]:
@@ -194,8 +173,8 @@ async def test_two_dsh_agents_land_on_two_loops_and_a_loop_switch_on_resume_is_r
                 answered = {r.session_id: s for r, s in handler.selects if r.op == "create"}
                 assert (answered["s-a"].loop, answered["s-a"].driver) == ("standard", "default")
                 assert (answered["s-b"].loop, answered["s-b"].driver) == ("loopx-alt", "alt")
-                assert _bindings(_session_log(dsh_home, "s-a")) == [{"loop": "standard", "driver": "default"}]
-                assert _bindings(_session_log(dsh_home, "s-b")) == [{"loop": "loopx-alt", "driver": "alt"}]
+                assert _bindings(session_log(dsh_home, "s-a")) == [{"loop": "standard", "driver": "default"}]
+                assert _bindings(session_log(dsh_home, "s-b")) == [{"loop": "loopx-alt", "driver": "alt"}]
                 # the binding reached the runtime too (backfilled: it was logged before publication)
                 streamed = [
                     e.event.data for e in handler.events
@@ -227,8 +206,8 @@ async def test_two_dsh_agents_land_on_two_loops_and_a_loop_switch_on_resume_is_r
                 assert (resumes["s-a"].loop, resumes["s-a"].driver) == ("standard", "default")
                 assert resumes["s-b"] == "LOOP_SWITCH"
                 # s-a resumed on its own loop: its binding is not recorded a second time
-                assert _bindings(_session_log(dsh_home, "s-a")) == [{"loop": "standard", "driver": "default"}]
+                assert _bindings(session_log(dsh_home, "s-a")) == [{"loop": "standard", "driver": "default"}]
                 assert "resume s-b failed" in err and "LOOP_SWITCH" in err, err
                 assert not [i for i in handler.live[live_before:] if i.agent_id == "s-b"]
-                assert _bindings(_session_log(dsh_home, "s-b")) == [{"loop": "loopx-alt", "driver": "alt"}]
+                assert _bindings(session_log(dsh_home, "s-b")) == [{"loop": "loopx-alt", "driver": "alt"}]
                 nursery.cancel_scope.cancel()
