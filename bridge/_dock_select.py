@@ -5,9 +5,13 @@ agent runs on. The answer comes from the runtime's ``LoopDock.decide`` (the same
 errors as ``rt.dock.create_agent``/``resume``, e.g. LOOP_SWITCH); DSH runs the agent and
 records the binding in its own session log.
 
-A resume is judged against the binding this handler decided for the session, kept in
-memory: a session created before this runtime process started resumes as if it had no
-binding. A durable answer needs the host to send the binding stored in DSH's log.
+A resume is judged against the session's durable binding: the one the host read from
+DSH's own session log and sent with ``select`` (``Select.binding``). The binding this
+handler decided earlier, kept in memory, is only a fallback for a host that sent none
+(e.g. an older plugin). If both exist and disagree, the host's wins: DSH's log is the
+durable record (the binding is written there once and never overwritten), and memory can
+be stale, e.g. after the session was resumed through another runtime. A binding that does
+not follow the dock's id grammar counts as none, as a malformed one in a log does.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import attrs
 
 from runtime._options import _CAMEL, AgentOptions  # _CAMEL: AgentOptions' spelling rule
 from runtime.dock import Route
+from runtime.dock._selection import parse_binding
 
 from ._handler import NullHandler
 from ._messages import Select, Selection, SelectionParts
@@ -42,18 +47,28 @@ class DockSelectHandler(NullHandler):
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
-        #: session id -> the binding decided for it (in memory; see the module docstring)
+        #: session id -> the binding decided for it, or the durable one the host sent on a
+        #: resume (in memory: a fallback only, see the module docstring)
         self.bindings: dict[str, Route] = {}
 
     async def on_select(self, conn: BridgeConnection, request: Select) -> Selection:
         options = _known_options(request.agent_options)
-        persisted = self.bindings.get(request.session_id) if request.op == "resume" else None
+        persisted = self.persisted(request) if request.op == "resume" else None
         choice = self.rt.dock.decide(
             request.op, request.session_id, options, request.agent_preset, persisted=persisted
         )
-        self.bindings.setdefault(request.session_id, Route(choice.loop, choice.driver))
+        self.bindings[request.session_id] = Route(choice.loop, choice.driver)
         return Selection(
             choice.loop,
             choice.driver,
             SelectionParts(provider=choice.provider, model=choice.model),
         )
+
+    def persisted(self, request: Select) -> Route | None:
+        """The binding a resume is judged against: the host's (from DSH's log) if it sent
+        a valid one, else the one remembered for the session, else None."""
+        if request.binding is not None:
+            stored = parse_binding(attrs.asdict(request.binding))
+            if stored is not None:
+                return stored
+        return self.bindings.get(request.session_id)

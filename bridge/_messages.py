@@ -168,13 +168,27 @@ class Verdict:
 
 
 @attrs.frozen
+class StoredBinding:
+    """A loop-dock binding as DSH's session log stores it (``agent-preset/selected``'s
+    ``data.agentLoopDock``): ``loop``, and ``driver`` unless the loop is a driver loop."""
+
+    loop: str
+    driver: str | None = None
+
+
+@attrs.frozen
 class Select:
-    """Dock mode: DSH is about to create or resume ``session_id``; which loop and driver?"""
+    """Dock mode: DSH is about to create or resume ``session_id``; which loop and driver?
+
+    On a resume, ``binding`` is the newest valid binding in the session's own log (read by
+    the host before the session is loaded; absent if the log holds none): the durable
+    record the dock judges the resume against."""
 
     op: Literal["create", "resume"]
     session_id: str
     agent_options: Mapping[str, Any] = attrs.field(factory=dict)
     agent_preset: str | None = None
+    binding: StoredBinding | None = None
 
 
 @attrs.frozen

@@ -52,6 +52,7 @@ from ._messages import (
     Selection,
     SelectionParts,
     SessionEvent,
+    StoredBinding,
     Verdict,
     Wake,
     Welcome,
@@ -162,7 +163,7 @@ def _make_converter() -> cattrs.Converter:
         conv.register_unstructure_hook(cls, unstructure_object)
 
     # Nested classes first, so that the outer ones are generated with their hooks.
-    for cls in (Event, LiveEvent, SessionEvent, ErrorNotice, SelectionParts, GoalbarView):
+    for cls in (Event, LiveEvent, SessionEvent, ErrorNotice, SelectionParts, StoredBinding, GoalbarView):
         register(cls)
     for cls in (Hello, Welcome, Events, Live, Followup, Wake, Cancel, Ack, PreStep, Verdict,
                 Select, Selection, Ping, Pong, GoalbarRead, GoalbarWatch, GoalbarStart,

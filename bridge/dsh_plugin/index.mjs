@@ -10,6 +10,7 @@
 //   (config.ownedKinds), with a deadline, failing closed; other messages are never delayed;
 // - dock mode (config.dock): takes DSH's agent-factory slot, re-hosts the official AgentLoop as
 //   named drivers (config.drivers) and asks the runtime which loop/driver every create and resume uses;
+//   a resume's `select` carries the binding stored in the session's own DSH log (the durable record);
 // - registers the offline `ping` adapter (config.ping) for tests without an API key.
 import { randomUUID } from 'node:crypto'
 import { AgentLoop } from '/snapshot/node/node_modules/@deepseek-ai/dsh-agent-loop/lib/index.js'
@@ -68,11 +69,50 @@ function asked(agent, word) {
   return any
 }
 
-function hasBinding(session) {
-  for (const e of sessionEvents(session)) {
-    if (e.type === BINDING_EVENT && e.data && typeof e.data[BINDING_KEY] === 'object' && e.data[BINDING_KEY]) return true
+// The loop dock's id grammar (loops and drivers alike).
+const DOCK_ID = /^[a-z0-9][a-z0-9._-]*$/
+
+// A binding as stored ({loop, driver?}), or undefined if it is malformed.
+function parseBinding(value) {
+  if (!value || typeof value !== 'object' || Array.isArray(value)) return undefined
+  const { loop, driver } = value
+  if (typeof loop !== 'string' || !DOCK_ID.test(loop)) return undefined
+  if (driver !== undefined && driver !== null && (typeof driver !== 'string' || !DOCK_ID.test(driver))) return undefined
+  return { loop, ...(typeof driver === 'string' ? { driver } : {}) }
+}
+
+// The newest valid binding among `events` (malformed ones are skipped), or undefined.
+function newestBinding(events) {
+  for (let i = events.length - 1; i >= 0; i--) {
+    const e = events[i]
+    if (e?.type !== BINDING_EVENT) continue
+    const binding = parseBinding(e.data?.[BINDING_KEY])
+    if (binding) return binding
   }
-  return false
+  return undefined
+}
+
+function hasBinding(session) {
+  return newestBinding(sessionEvents(session)) !== undefined
+}
+
+// The binding a stored session carries, read from DSH's own persistence before a resume
+// (the factory's resume gets only the id: the log is loaded by the driver later). A read
+// handle takes no ownership; undefined when the session or the service is not there.
+async function storedBinding(ctx, sessionId) {
+  const persistence = ctx.get('sessionPersistence')
+  if (!persistence || typeof sessionId !== 'string') return undefined
+  let handle
+  try {
+    handle = await persistence.open(sessionId, 'read')
+    const { events } = await handle.read(0)
+    return newestBinding(events ?? [])
+  } catch (e) {
+    log(`cannot read the stored binding of ${sessionId}:`, e?.message ?? e)
+    return undefined
+  } finally {
+    try { await handle?.close() } catch { /* a read handle owns nothing */ }
+  }
 }
 
 class BridgeError extends Error {
@@ -429,9 +469,12 @@ export function apply(ctx, config = {}) {
       let r
       try {
         const started = Date.now()
-        await whenOpen(selectTimeoutMs)
+        // a resume carries the binding DSH's log holds: the runtime may not remember it
+        const binding = op === 'resume' ? await storedBinding(ctx, sessionId) : undefined
+        await whenOpen(Math.max(1, selectTimeoutMs - (Date.now() - started)))
         r = await request('select', {
           op, sessionId, agentOptions: plain(agentOptions) ?? {}, ...(agentPreset ? { agentPreset } : {}),
+          ...(binding ? { binding } : {}),
         }, Math.max(1, selectTimeoutMs - (Date.now() - started)))
       } catch (e) {
         throw new Error(`loopdock refused to ${op} ${sessionId}: ${e?.message ?? e}`)

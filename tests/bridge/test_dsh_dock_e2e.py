@@ -7,6 +7,11 @@ session logs must show each binding once. A second DSH run resumes both: the one
 still routes to its loop resumes (its binding is not recorded again); the one it now routes
 to another loop gets LOOP_SWITCH from the dock, and DSH refuses that resume.
 
+A third test restarts the runtime: the session created through runtime A resumes
+through a fresh runtime B (an empty handler, no route for it) on the binding DSH's log
+holds, which the plugin reads and sends with ``select``; asking B for another loop is
+LOOP_SWITCH.
+
 Offline and quiet: DSH_HOME and HOME in a temporary directory, telemetry disabled, the
 plugin's `ping` model, loopback only. `dsh headless` exits once its own agent is idle, so
 its task says HOLD: the ping model holds that call until the runtime sends a wake.
@@ -25,8 +30,10 @@ import trio
 from actors import LiveEvent
 from bridge import DockSelectHandler, Wake, serve_bridge
 from bridge._dsh_files import quiet_env, session_log
+from bridge._messages import Select, StoredBinding
 from bridge._patch import write_patch
 from runtime import LoopdockError
+from runtime.dock import DockError
 from runtime._runtime import Runtime
 from runtime.dock import Route, StrategyLoop
 
@@ -102,9 +109,12 @@ def _bindings(log: list[dict]) -> list[dict]:
     return [e["data"].get("agentLoopDock") for e in log if e.get("type") == "agent-preset/selected"]
 
 
-async def _run_dsh(tmp: Path, handler: RecordingHandler, patch: Path, task: str, ready, out_name: str):
-    """Run `dsh headless`; once ``ready()`` holds, wake its headless agent (releasing the
-    ping hold) and return its exit status and stderr."""
+async def _run_dsh(
+    tmp: Path, handler: RecordingHandler, patch: Path, task: str, ready, out_name: str,
+    agents: tuple[str, ...] = ("s-a", "s-b"),
+):
+    """Run `dsh headless`; once ``ready()`` holds, wake its headless agent (the one not in
+    ``agents``, releasing the ping hold) and return its exit status and stderr."""
     seen_before = {item.agent_id for item in handler.live if item.type == "agent/created"}
     stdout = open(tmp / f"{out_name}.out", "wb")
     stderr = open(tmp / f"{out_name}.err", "wb")
@@ -123,7 +133,7 @@ async def _run_dsh(tmp: Path, handler: RecordingHandler, patch: Path, task: str,
                 if (
                     item.type == "agent/created"
                     and item.agent_id not in seen_before
-                    and item.agent_id not in ("s-a", "s-b")
+                    and item.agent_id not in agents
                 ):
                     return item.agent_id
             return None
@@ -211,3 +221,117 @@ async def test_two_dsh_agents_land_on_two_loops_and_a_loop_switch_on_resume_is_r
                 assert not [i for i in handler.live[live_before:] if i.agent_id == "s-b"]
                 assert _bindings(session_log(dsh_home, "s-b")) == [{"loop": "loopx-alt", "driver": "alt"}]
                 nursery.cancel_scope.cancel()
+
+
+async def _serve_runtime(rt: Runtime, handler, nursery, tmp: Path, name: str, **patch) -> Path:
+    """Serve ``handler`` on a fresh port; the patch (in ``tmp/name``) that reaches it."""
+    port = await nursery.start(functools.partial(serve_bridge, handler, token=TOKEN))
+    return write_patch(tmp / name, f"ws://127.0.0.1:{port}", TOKEN, dock=True, drivers=("default", "alt"), ping=True, **patch)
+
+
+def _alt(rt: Runtime) -> None:
+    rt.dock.register(StrategyLoop(id="loopx-alt", setup=_noop_setup, driver="alt"))
+    rt.register_driver("alt", Placeholder())
+
+
+async def test_a_binding_in_dshs_log_outlives_the_runtime_that_chose_it(tmp_path):
+    if not DSH.exists():
+        pytest.fail(f"no dsh next to {sys.executable}: scripts/test installs deepseek-harness-runtime-bin")
+    dsh_home = tmp_path / "dsh-home"
+    session = "s-d"
+    agents = (session,)
+
+    def created(handler, source: str):
+        return lambda: any(
+            i.type == "agent/created" and i.agent_id == session and i.data.get("source") == source
+            for i in handler.live
+        )
+
+    with trio.fail_after(180):
+        # runtime A routes the session to loopx-alt on driver alt and creates it through DSH
+        async with Runtime.open(tmp_path / "runtime-a", config={"sessionLoops": {session: {"loop": "loopx-alt", "driver": "alt"}}}) as rt:
+            _alt(rt)
+            handler = RecordingHandler(rt)
+            async with trio.open_nursery() as nursery:
+                patch = await _serve_runtime(rt, handler, nursery, tmp_path, "pa", extra={"createAgents": [{"sessionId": session}]})
+                code, err = await _run_dsh(tmp_path, handler, patch, "HOLD run A", created(handler, "startup"), "runA", agents)
+                assert code == 0, err
+                nursery.cancel_scope.cancel()
+        assert _bindings(session_log(dsh_home, session)) == [{"loop": "loopx-alt", "driver": "alt"}]
+        assert [r.binding for r, _ in handler.selects if r.session_id == session] == [None]  # a create has none
+
+        # runtime B: a new home, a new handler (nothing in memory), no route for the session;
+        # without the binding from DSH's log it would resume on standard/default
+        async with Runtime.open(tmp_path / "runtime-b") as rt:
+            _alt(rt)
+            assert rt.dock.decide("resume", session).loop == "standard"
+            handler = RecordingHandler(rt)
+            assert handler.bindings == {}
+            async with trio.open_nursery() as nursery:
+                patch = await _serve_runtime(rt, handler, nursery, tmp_path, "pb", extra={"resumeAgents": [{"sessionId": session}]})
+                code, err = await _run_dsh(tmp_path, handler, patch, "HOLD run B", created(handler, "resume"), "runB", agents)
+                assert code == 0, err
+                [(request, selection)] = [(r, s) for r, s in handler.selects if r.session_id == session]
+                assert request.op == "resume"
+                assert request.binding == StoredBinding("loopx-alt", "alt")
+                assert (selection.loop, selection.driver) == ("loopx-alt", "alt")
+                assert handler.bindings[session] == Route("loopx-alt", "alt")
+                # resumed on its binding: not recorded a second time
+                assert _bindings(session_log(dsh_home, session)) == [{"loop": "loopx-alt", "driver": "alt"}]
+
+                # B now routes the session to another loop: the stored binding refuses it
+                handler.bindings.clear()  # the refusal must come from DSH's log, not from memory
+                rt.dock.config = attrs.evolve(rt.dock.config, session_loops={session: Route("standard")})
+                patch = await _serve_runtime(rt, handler, nursery, tmp_path, "pc", extra={"resumeAgents": [{"sessionId": session}]})
+                selects_before = len(handler.selects)
+                live_before = len(handler.live)
+
+                def asked_again():
+                    return any(r.session_id == session for r, _ in handler.selects[selects_before:])
+
+                code, err = await _run_dsh(tmp_path, handler, patch, "HOLD run C", asked_again, "runC", agents)
+                assert code == 0, err
+                [(request, refusal)] = [(r, s) for r, s in handler.selects[selects_before:] if r.session_id == session]
+                assert request.binding == StoredBinding("loopx-alt", "alt")
+                assert refusal == "LOOP_SWITCH"
+                assert f"resume {session} failed" in err and "LOOP_SWITCH" in err, err
+                assert not [i for i in handler.live[live_before:] if i.agent_id == session]
+                nursery.cancel_scope.cancel()
+    assert _bindings(session_log(dsh_home, session)) == [{"loop": "loopx-alt", "driver": "alt"}]
+
+
+async def test_the_select_handler_judges_a_resume_by_the_hosts_binding_first(tmp_path):
+    async with Runtime.open(tmp_path / "rt") as rt:
+        _alt(rt)
+        handler = DockSelectHandler(rt)
+        # nothing anywhere: a session without a binding resumes on the default loop
+        assert (await handler.on_select(None, Select("resume", "s1"))).loop == "standard"
+        # the host's binding, with nothing in memory
+        handler.bindings.clear()
+        resumed = await handler.on_select(None, Select("resume", "s2", binding=StoredBinding("loopx-alt", "alt")))
+        assert (resumed.loop, resumed.driver) == ("loopx-alt", "alt")
+        assert handler.bindings["s2"] == Route("loopx-alt", "alt")
+        # memory says standard, DSH's log says loopx-alt: the log wins
+        handler.bindings["s3"] = Route("standard", "default")
+        resumed = await handler.on_select(None, Select("resume", "s3", binding=StoredBinding("loopx-alt", "alt")))
+        assert (resumed.loop, resumed.driver) == ("loopx-alt", "alt")
+        assert handler.bindings["s3"] == Route("loopx-alt", "alt")
+        with pytest.raises(DockError) as err:
+            await handler.on_select(None, Select("resume", "s3", {"loop": "standard"}, binding=StoredBinding("loopx-alt", "alt")))
+        assert err.value.code == "LOOP_SWITCH"
+        # no binding from the host: memory is the fallback
+        handler.bindings["s4"] = Route("loopx-alt", "alt")
+        with pytest.raises(DockError) as err:
+            await handler.on_select(None, Select("resume", "s4", {"loop": "standard"}))
+        assert err.value.code == "LOOP_SWITCH"
+        # a binding outside the dock's id grammar counts as none (memory, then nothing)
+        handler.bindings["s5"] = Route("loopx-alt", "alt")
+        resumed = await handler.on_select(None, Select("resume", "s5", binding=StoredBinding("Not A Loop")))
+        assert (resumed.loop, resumed.driver) == ("loopx-alt", "alt")
+        resumed = await handler.on_select(None, Select("resume", "s6", binding=StoredBinding("loopx-alt", "BAD DRIVER")))
+        assert (resumed.loop, resumed.driver) == ("standard", "default")
+        # a create never looks at memory or a binding
+        handler.bindings["s7"] = Route("loopx-alt", "alt")
+        created = await handler.on_select(None, Select("create", "s7"))
+        assert (created.loop, created.driver) == ("standard", "default")
+        assert handler.bindings["s7"] == Route("standard", "default")

@@ -39,6 +39,7 @@ from bridge import (
 from bridge._messages import (
     MAX_ID_LENGTH,
     REPLIES,
+    StoredBinding,
     REPLY_TYPES,
     Goalbar,
     GoalbarPause,
@@ -112,6 +113,14 @@ WIRE_SHAPES = [
     (
         Frame(Select("resume", "s1", {"model": "m"}, "reviewer"), id="h2"),
         {"type": "select", "id": "h2", "data": {"op": "resume", "sessionId": "s1", "agentOptions": {"model": "m"}, "agentPreset": "reviewer"}},
+    ),
+    (
+        Frame(Select("resume", "s1", binding=StoredBinding("loop2.reviewer", "loop2")), id="h3"),
+        {"type": "select", "id": "h3", "data": {"op": "resume", "sessionId": "s1", "agentOptions": {}, "binding": {"loop": "loop2.reviewer", "driver": "loop2"}}},
+    ),
+    (
+        Frame(Select("resume", "s1", binding=StoredBinding("loop-ping")), id="h4"),
+        {"type": "select", "id": "h4", "data": {"op": "resume", "sessionId": "s1", "agentOptions": {}, "binding": {"loop": "loop-ping"}}},
     ),
     (
         Frame(Selection("planner", "loop2", SelectionParts(preset="p", allow_tools=("read_file",), deny_tools=(), model="m")), re="h2"),
@@ -238,6 +247,11 @@ def test_an_unknown_type_answers_the_request_it_came_as():
         ("cancel", {"agentId": "a", "cause": "c", "keepInbox": "yes"}, "data.keepInbox", "expected a boolean, got a string"),
         ("verdict", {"kind": "maybe"}, "data.kind", "expected one of 'enter', 'reject', got 'maybe'"),
         ("select", {"op": "create", "sessionId": "s", "agentOptions": []}, "data.agentOptions", "expected an object, got an array"),
+        ("select", {"op": "resume", "sessionId": "s", "binding": "standard"}, "data.binding", "expected an object, got a string"),
+        ("select", {"op": "resume", "sessionId": "s", "binding": {"driver": "d"}}, "data.binding.loop", "required field missing"),
+        ("select", {"op": "resume", "sessionId": "s", "binding": {"loop": 1}}, "data.binding.loop", "expected a string, got a number"),
+        ("select", {"op": "resume", "sessionId": "s", "binding": {"loop": "l", "driver": False}}, "data.binding.driver", "expected a string, got a boolean"),
+        ("select", {"op": "resume", "sessionId": "s", "binding": {"loop": "l", "preset": "p"}}, "data.binding", "extra fields found (preset)"),
         ("selection", {"loop": "l", "parts": {"allowTools": "read_file"}}, "data.parts.allowTools", "expected an array, got a string"),
         ("selection", {"loop": "l", "parts": {"tools": []}}, "data.parts", "extra fields found (tools)"),
         ("events", {"items": [{"sessionId": "s", "event": {"type": "t", "seq": 0, "data": {}}}]}, "data.items[0].event.time", "required field missing"),
@@ -330,7 +344,10 @@ messages = st.one_of(
         messages=st.lists(json_objects, max_size=3).map(tuple),
     ),
     st.builds(Verdict, kind=st.sampled_from(["enter", "reject"]), reason=optional_names),
-    st.builds(Select, op=st.sampled_from(["create", "resume"]), session_id=names, agent_options=json_objects, agent_preset=optional_names),
+    st.builds(
+        Select, op=st.sampled_from(["create", "resume"]), session_id=names, agent_options=json_objects,
+        agent_preset=optional_names, binding=st.none() | st.builds(StoredBinding, loop=names, driver=optional_names),
+    ),
     st.builds(
         Selection, loop=names, driver=optional_names,
         parts=st.builds(
