@@ -11,7 +11,10 @@
 // - dock mode (config.dock): takes DSH's agent-factory slot, re-hosts the official AgentLoop as
 //   named drivers (config.drivers) and asks the runtime which loop/driver every create and resume uses;
 //   a resume's `select` carries the binding stored in the session's own DSH log (the durable record);
-// - registers the offline `ping` adapter (config.ping) for tests without an API key.
+// - registers the offline `ping` adapter (config.ping) for tests without an API key: it answers
+//   `pong: <last user text>`; test hooks: HOLD holds the call until the runtime wakes the agent,
+//   WAIT holds it (after streaming `pong: `) until a steer or inject reaches the agent's next step;
+//   both end when the turn is cancelled.
 import { randomUUID } from 'node:crypto'
 import { AgentLoop } from '/snapshot/node/node_modules/@deepseek-ai/dsh-agent-loop/lib/index.js'
 
@@ -209,6 +212,7 @@ export function apply(ctx, config = {}) {
     clearTimeout(reconnectTimer); reconnectTimer = null
     clearTimeout(flushTimer); flushTimer = null
     for (const h of holds.splice(0)) h()
+    for (const agentId of [...waits.keys()]) releaseWaits(agentId)
     failPending('DSH is unloading the bridge plugin')
     openWaiters.clear() // their timers reject them
     open = false
@@ -282,7 +286,9 @@ export function apply(ctx, config = {}) {
       if (asked(agent, 'HOLD') !== false) releaseHolds()
       agent.wakeDriver()
     } else {
-      liveAgent(data.agentId).cancel({ kind: 'user', reason: String(data.cause ?? 'loopdock') }, { keepInbox: data.keepInbox !== false })
+      // DSH's cancel causes are user | parent | hook | disposed: the runtime's cancel is a
+      // plugin's (a hook's), and only a hook cause keeps its reason in the turn/end DSH logs
+      liveAgent(data.agentId).cancel({ kind: 'hook', reason: String(data.cause ?? 'loopdock') }, { keepInbox: data.keepInbox !== false })
     }
   }
 
@@ -413,6 +419,24 @@ export function apply(ctx, config = {}) {
   const holds = []
   let holdsReleased = false
   function releaseHolds() { holdsReleased = true; for (const h of holds.splice(0)) h() }
+  // WAIT steps, per agent: released by input for the agent's next step (steer, inject)
+  const waits = new Map() // agent id -> Set of release functions
+  function releaseWaits(agentId) {
+    const set = waits.get(agentId)
+    waits.delete(agentId)
+    for (const release of set ?? []) release()
+  }
+  ctx.on('agent/inbox/inserted', (p) => {
+    if (p.agent?.id && waits.has(p.agent.id) && (p.agent.inbox?.nextStep?.length ?? 0) > 0) releaseWaits(p.agent.id)
+  })
+  // `promise`, or a rejection as soon as `signal` aborts (a cancelled turn must not wait on the
+  // test hooks: DSH checks its signal only between stream chunks); `forget` undoes the waiting
+  const released = (promise, signal, forget) => new Promise((resolve, reject) => {
+    const abort = () => { forget?.(); reject(Object.assign(new Error('the turn was cancelled'), { name: 'AbortError' })) }
+    if (signal?.aborted) { abort(); return }
+    signal?.addEventListener('abort', abort, { once: true })
+    promise.then((value) => { signal?.removeEventListener('abort', abort); resolve(value) })
+  })
   if (config.ping) {
     const pingAdapter = {
       providerInfo: (p) => ({ id: p, name: p }),
@@ -426,12 +450,33 @@ export function apply(ctx, config = {}) {
       },
       async *stream(options) {
         const last = lastUserText(options.messages || [])
+        // the test hooks hold the agents' own model calls only (not, e.g., DSH's session-title
+        // calls, which carry a `purpose`), and a cancelled turn ends them
+        const hooked = options.purpose === undefined
         // test hook: a task holding HOLD keeps `dsh headless` alive until the runtime wakes
         // that agent (waking other agents meanwhile does not release it)
-        if (last.includes('HOLD') && !holdsReleased && !disposed) await new Promise((resolve) => holds.push(resolve))
+        if (hooked && last.includes('HOLD') && !holdsReleased && !disposed) {
+          let hold
+          await released(new Promise((resolve) => { hold = resolve; holds.push(resolve) }), options.signal,
+            () => { const i = holds.indexOf(hold); if (i >= 0) holds.splice(i, 1) })
+        }
         const text = 'pong: ' + last
         yield { type: 'block-start', index: 0, blockType: 'text' }
-        yield { type: 'text-delta', index: 0, text }
+        // test hook: a step whose user text says WAIT streams `pong: ` and then waits for input
+        // to its agent's next step (a steer or an inject), or for the turn to be cancelled
+        const agentId = options.sessionId
+        const nextStep = () => ctx.agents.get(agentId)?.inbox?.nextStep?.length ?? 0
+        if (hooked && last.includes('WAIT') && typeof agentId === 'string' && !disposed && nextStep() === 0) {
+          yield { type: 'text-delta', index: 0, text: 'pong: ' }
+          let release
+          const set = waits.get(agentId) ?? new Set()
+          waits.set(agentId, set)
+          await released(new Promise((resolve) => { release = resolve; set.add(resolve) }), options.signal,
+            () => { set.delete(release); if (set.size === 0 && waits.get(agentId) === set) waits.delete(agentId) })
+          yield { type: 'text-delta', index: 0, text: last }
+        } else {
+          yield { type: 'text-delta', index: 0, text }
+        }
         yield { type: 'block-end', index: 0, block: { type: 'text', text } }
         yield { type: 'usage', usage: { inputTokens: 1, outputTokens: 1, totalTokens: 2 } }
         yield { type: 'finish', reason: { kind: 'stop' } }
