@@ -99,20 +99,30 @@ function hasBinding(session) {
   return newestBinding(sessionEvents(session)) !== undefined
 }
 
-// The binding a stored session carries, read from DSH's own persistence before a resume
-// (the factory's resume gets only the id: the log is loaded by the driver later). A read
-// handle takes no ownership; undefined when the session or the service is not there.
-async function storedBinding(ctx, sessionId) {
+// A session's effective agent preset: the newest `agent-preset/selected` that names one, else
+// the header's (DSH's own `agentPreset` projection follows every such event).
+function effectivePreset(events, header) {
+  for (let i = events.length - 1; i >= 0; i--) {
+    const preset = events[i]?.type === BINDING_EVENT ? events[i].data?.agentPreset : undefined
+    if (typeof preset === 'string' && preset) return preset
+  }
+  return typeof header?.agentPreset === 'string' && header.agentPreset ? header.agentPreset : undefined
+}
+
+// What a stored session says before a resume, read from DSH's own persistence (the factory's
+// resume gets only the id: the driver loads the log later): its binding and its effective
+// preset. A read handle takes no ownership; {} when the session or the service is not there.
+async function storedSession(ctx, sessionId) {
   const persistence = ctx.get('sessionPersistence')
-  if (!persistence || typeof sessionId !== 'string') return undefined
+  if (!persistence || typeof sessionId !== 'string') return {}
   let handle
   try {
     handle = await persistence.open(sessionId, 'read')
-    const { events } = await handle.read(0)
-    return newestBinding(events ?? [])
+    const events = (await handle.read(0)).events ?? []
+    return { binding: newestBinding(events), agentPreset: effectivePreset(events, handle.header) }
   } catch (e) {
-    log(`cannot read the stored binding of ${sessionId}:`, e?.message ?? e)
-    return undefined
+    log(`cannot read the stored session ${sessionId}:`, e?.message ?? e)
+    return {}
   } finally {
     try { await handle?.close() } catch { /* a read handle owns nothing */ }
   }
@@ -514,8 +524,11 @@ export function apply(ctx, config = {}) {
       let r
       try {
         const started = Date.now()
-        // a resume carries the binding DSH's log holds: the runtime may not remember it
-        const binding = op === 'resume' ? await storedBinding(ctx, sessionId) : undefined
+        // a resume carries the binding DSH's log holds (the runtime may not remember it) and
+        // the session's effective preset (the dock's preset routes)
+        const stored = op === 'resume' ? await storedSession(ctx, sessionId) : {}
+        const binding = stored.binding
+        agentPreset = agentPreset ?? stored.agentPreset
         await whenOpen(Math.max(1, selectTimeoutMs - (Date.now() - started)))
         r = await request('select', {
           op, sessionId, agentOptions: plain(agentOptions) ?? {}, ...(agentPreset ? { agentPreset } : {}),
@@ -538,19 +551,30 @@ export function apply(ctx, config = {}) {
       delete out.reasoningEffort
       return out
     }
+    // DSH's `agentPreset` projection takes the `agentPreset` of every agent-preset/selected
+    // event, so the binding event carries the session's current preset (or it would clear it)
+    const currentPreset = (session) => {
+      try {
+        const preset = ctx.sessionProjections.stateOf(session, 'agentPreset')
+        if (typeof preset === 'string' && preset) return preset
+      } catch { /* no preset registry in this host */ }
+      return effectivePreset(sessionEvents(session), session?.header)
+    }
     const withBinding = (choice, setup) => async (agentCtx, agent, ...rest) => {
       const result = await setup?.(agentCtx, agent, ...rest)
       const session = agent?.session ?? agentCtx?.session
       if (session && !hasBinding(session)) {
         const data = { [BINDING_KEY]: { loop: choice.loop, driver: choice.driver } }
-        if (choice.parts.preset) data.agentPreset = choice.parts.preset
+        const preset = choice.parts.preset ?? currentPreset(session)
+        if (preset) data.agentPreset = preset
         session.append(BINDING_EVENT, data)
       }
       return result
     }
     ctx.agents.setFactory({
       async createAgent(ownerCtx, options) {
-        const choice = await select('create', options.sessionId, options.agentOptions, options.agentPreset)
+        // DSH 0.2.1 passes a new session's preset in its header meta
+        const choice = await select('create', options.sessionId, options.agentOptions, options.agentPreset ?? options.meta?.agentPreset)
         return drivers[choice.driver].createAgent(ownerCtx, {
           ...options, agentOptions: pinned(options.agentOptions, choice.parts), setup: withBinding(choice, options.setup),
         })
@@ -568,9 +592,10 @@ export function apply(ctx, config = {}) {
   const agentOptions = config.agentOptions ?? (config.ping ? { provider: 'ping', model: 'ping-1' } : undefined)
   if ((config.createAgents?.length ?? 0) + (config.resumeAgents?.length ?? 0) > 0) {
     firstWelcome.then(async () => {
-      for (const { sessionId } of config.createAgents ?? []) {
+      for (const { sessionId, agentPreset } of config.createAgents ?? []) {
         try {
-          await ctx.agents.create({ sessionId, meta: { cwd: process.cwd() }, ...(agentOptions ? { agentOptions } : {}) })
+          const meta = { cwd: process.cwd(), ...(agentPreset ? { agentPreset } : {}) }
+          await ctx.agents.create({ sessionId, meta, ...(agentOptions ? { agentOptions } : {}) })
         } catch (e) { log(`create ${sessionId} failed: ${e?.message ?? e}`) }
       }
       for (const { sessionId } of config.resumeAgents ?? []) {

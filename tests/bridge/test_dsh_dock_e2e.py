@@ -248,17 +248,29 @@ async def test_a_binding_in_dshs_log_outlives_the_runtime_that_chose_it(tmp_path
         )
 
     with trio.fail_after(180):
-        # runtime A routes the session to loopx-alt on driver alt and creates it through DSH
-        async with Runtime.open(tmp_path / "runtime-a", config={"sessionLoops": {session: {"loop": "loopx-alt", "driver": "alt"}}}) as rt:
+        # runtime A routes the preset `reviewer` to loopx-alt on driver alt; DSH creates the
+        # session with that preset in its header
+        config = {"presetLoops": {"reviewer": {"loop": "loopx-alt", "driver": "alt"}}}
+        async with Runtime.open(tmp_path / "runtime-a", config=config) as rt:
             _alt(rt)
             handler = RecordingHandler(rt)
             async with trio.open_nursery() as nursery:
-                patch = await _serve_runtime(rt, handler, nursery, tmp_path, "pa", extra={"createAgents": [{"sessionId": session}]})
+                patch = await _serve_runtime(
+                    rt, handler, nursery, tmp_path, "pa",
+                    extra={"createAgents": [{"sessionId": session, "agentPreset": "reviewer"}]},
+                )
                 code, err = await _run_dsh(tmp_path, handler, patch, "HOLD run A", created(handler, "startup"), "runA", agents)
                 assert code == 0, err
                 nursery.cancel_scope.cancel()
-        assert _bindings(session_log(dsh_home, session)) == [{"loop": "loopx-alt", "driver": "alt"}]
-        assert [r.binding for r, _ in handler.selects if r.session_id == session] == [None]  # a create has none
+        [(request, selection)] = [(r, s) for r, s in handler.selects if r.session_id == session]
+        assert (request.op, request.agent_preset, request.binding) == ("create", "reviewer", None)
+        assert (selection.loop, selection.driver) == ("loopx-alt", "alt")
+        log = session_log(dsh_home, session)
+        assert log[0]["type"] == "session" and log[0].get("agentPreset") == "reviewer"
+        # the binding event keeps the session's preset (DSH's preset projection reads every one)
+        assert [e["data"] for e in log if e.get("type") == "agent-preset/selected"] == [
+            {"agentLoopDock": {"loop": "loopx-alt", "driver": "alt"}, "agentPreset": "reviewer"}
+        ]
 
         # runtime B: a new home, a new handler (nothing in memory), no route for the session;
         # without the binding from DSH's log it would resume on standard/default
@@ -272,7 +284,7 @@ async def test_a_binding_in_dshs_log_outlives_the_runtime_that_chose_it(tmp_path
                 code, err = await _run_dsh(tmp_path, handler, patch, "HOLD run B", created(handler, "resume"), "runB", agents)
                 assert code == 0, err
                 [(request, selection)] = [(r, s) for r, s in handler.selects if r.session_id == session]
-                assert request.op == "resume"
+                assert (request.op, request.agent_preset) == ("resume", "reviewer")
                 assert request.binding == StoredBinding("loopx-alt", "alt")
                 assert (selection.loop, selection.driver) == ("loopx-alt", "alt")
                 assert handler.bindings[session] == Route("loopx-alt", "alt")
