@@ -26,7 +26,7 @@ import structlog
 
 from ._errors import LoopdockError
 from ._events import Event, SessionHeader
-from ._serde import event_from_wire, event_to_wire, header_from_wire, header_to_wire
+from ._serde import event_from_wire, header_from_wire, header_to_wire
 
 log = structlog.get_logger(__name__)
 
@@ -65,15 +65,21 @@ class Write:
     events: tuple[Event, ...] = attrs.field(converter=tuple)
 
 
+# One encoder for every value (``json.dumps`` with options builds a new one per call).
+# allow_nan=False: NaN/Infinity are not JSON and other readers (DSH) reject them.
+_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_JSON_ASCII = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
 def _encode(value: Any) -> str:
-    # allow_nan=False: NaN/Infinity are not JSON and other readers (DSH) reject them.
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        # A lone surrogate (e.g. from surrogateescape-decoded tool output) cannot be
-        # stored as UTF-8 text; escaping it keeps the value exact instead of failing.
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    text = _JSON.encode(value)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            # A lone surrogate (e.g. from surrogateescape-decoded tool output) cannot be
+            # stored as UTF-8 text; escaping it keeps the value exact instead of failing.
+            text = _JSON_ASCII.encode(value)
     return text
 
 
@@ -94,9 +100,10 @@ def _prepare(write: Write) -> _Prepared:
         )
     try:
         header = None if write.header is None else _encode(header_to_wire(write.header))
+        session_id = write.session_id
         events = tuple(
-            (write.session_id, wire["seq"], wire["type"], wire["time"], _encode(wire["data"]))
-            for wire in map(event_to_wire, write.events)
+            (session_id, event.seq, event.type, event.time, _encode(event.data))
+            for event in write.events
         )
     except (TypeError, ValueError) as exc:
         raise StoreError(f"session {write.session_id!r}: value is not JSON: {exc}") from exc
@@ -191,8 +198,7 @@ class SessionStore:
         """Write the whole batch in one transaction, or nothing of it (StoreError)."""
         prepared = [_prepare(write) for write in batch]
         with self._use("commit") as conn, _transaction(conn, "BEGIN IMMEDIATE"):
-            for write in prepared:
-                _apply(conn, write)
+            _apply(conn, prepared)
 
     def list_headers(self) -> list[SessionHeader]:
         """Every session's header, oldest first (ties broken by id)."""
@@ -233,32 +239,61 @@ def _transaction(conn: sqlite3.Connection, begin: str) -> Iterator[None]:
         raise
 
 
-def _apply(conn: sqlite3.Connection, write: _Prepared) -> None:
-    if write.header is not None:
-        try:
-            conn.execute(
-                "INSERT INTO sessions(id, header) VALUES (?, ?)", (write.session_id, write.header)
+_INSERT_EVENT = "INSERT INTO events(session_id, seq, type, time, data) VALUES (?, ?, ?, ?, ?)"
+# Well below SQLite's limit on host parameters in one statement.
+_MAX_PARAMS = 500
+
+
+def _apply(conn: sqlite3.Connection, batch: Sequence[_Prepared]) -> None:
+    """A few statements per batch, whatever its size: the headers, one existence check
+    for the sessions written without one, then every event row in one ``executemany``."""
+    for write in batch:
+        if write.header is not None:
+            try:
+                conn.execute(
+                    "INSERT INTO sessions(id, header) VALUES (?, ?)", (write.session_id, write.header)
+                )
+            except sqlite3.IntegrityError as exc:
+                raise StoreError(f"session {write.session_id!r} already exists") from exc
+    # Sees the sessions inserted just above: same transaction.
+    _check_sessions_exist(conn, [w.session_id for w in batch if w.header is None and w.events])
+    rows = [row for write in batch for row in write.events]
+    if not rows:
+        return
+    conn.execute("SAVEPOINT event_rows")
+    try:
+        conn.executemany(_INSERT_EVENT, rows)
+    except sqlite3.IntegrityError:
+        # Name the offending row: undo the partial insert and replay row by row (the
+        # whole transaction is rolled back by the caller anyway).
+        conn.execute("ROLLBACK TO event_rows")
+        for row in rows:
+            try:
+                conn.execute(_INSERT_EVENT, row)
+            except sqlite3.IntegrityError as exc:
+                raise StoreError(
+                    f"session {row[0]!r} already has an event with seq {row[1]}"
+                ) from exc
+        raise
+    conn.execute("RELEASE event_rows")
+
+
+def _check_sessions_exist(conn: sqlite3.Connection, session_ids: Sequence[str]) -> None:
+    wanted = list(dict.fromkeys(session_ids))
+    for start in range(0, len(wanted), _MAX_PARAMS):
+        chunk = wanted[start : start + _MAX_PARAMS]
+        found = {
+            row[0]
+            for row in conn.execute(
+                f"SELECT id FROM sessions WHERE id IN ({','.join('?' * len(chunk))})", chunk
             )
-        except sqlite3.IntegrityError as exc:
-            raise StoreError(f"session {write.session_id!r} already exists") from exc
-    elif write.events and not conn.execute(
-        "SELECT 1 FROM sessions WHERE id = ?", (write.session_id,)
-    ).fetchone():
-        # Sees sessions inserted earlier in this same batch: same transaction.
-        raise StoreError(
-            f"events for session {write.session_id!r}, which does not exist "
-            "(a new session's first write must carry its header)"
-        )
-    for row in write.events:
-        try:
-            conn.execute(
-                "INSERT INTO events(session_id, seq, type, time, data) VALUES (?, ?, ?, ?, ?)",
-                row,
-            )
-        except sqlite3.IntegrityError as exc:
-            raise StoreError(
-                f"session {write.session_id!r} already has an event with seq {row[1]}"
-            ) from exc
+        }
+        for session_id in chunk:
+            if session_id not in found:
+                raise StoreError(
+                    f"events for session {session_id!r}, which does not exist "
+                    "(a new session's first write must carry its header)"
+                )
 
 
 def _ensure_schema(conn: sqlite3.Connection, path: Path) -> None:
