@@ -103,22 +103,24 @@ def parse_skill(text: str, folder: str, *, rank: int = 0, root: str = "") -> Ski
     return Skill(name, description.strip(), body, rank, root, extra)
 
 
-def _stat_key(path: Path) -> tuple[int, ...] | None:
+def _stat_key(path: str) -> tuple[int, ...] | None:
     try:
-        st = path.stat()
+        st = os.stat(path)
     except OSError:
         return None
     # ctime and inode catch an atomic replace that keeps mtime and size.
     return (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino)
 
 
-def _folders(root: Path) -> list[str]:
+def _folders(root: Path | str) -> list[str]:
     try:
         with os.scandir(root) as it:
-            names = [e.name for e in it if not e.name.startswith(".")]
+            # DirEntry.is_dir() follows symlinks like Path.is_dir(), and needs no extra
+            # stat where the file system reports the entry type.
+            names = [e.name for e in it if not e.name.startswith(".") and e.is_dir()]
     except OSError:  # missing or unreadable root: simply no skills there
         return []
-    return sorted(n for n in names if (root / n).is_dir())
+    return sorted(names)
 
 
 class SkillCatalog:
@@ -151,8 +153,13 @@ class SkillCatalog:
             if key not in seen:
                 seen.add(key)
                 self.roots += (SkillRoot(root.label, key),)
+        # The signature is computed on every lookup: plain strings, no Path objects.
+        self._root_paths = tuple((root.label, str(root.path)) for root in self.roots)
         self._signature: tuple[Any, ...] | None = None
         self._skills: dict[str, Skill] = {}
+        #: Bumped on every rescan (a change on disk): caches of what the catalog
+        #: shows (such as the ``skill`` tool's listing) key on it.
+        self.generation = 0
 
     @classmethod
     def from_env(
@@ -187,14 +194,24 @@ class SkillCatalog:
 
     # -- scanning -----------------------------------------------------------------------
 
+    def refresh(self) -> int:
+        """Look at the disk now (a few ``stat`` calls) and rescan if anything changed;
+        returns ``generation``, which changes exactly when the visible skills may have."""
+        self._refresh()
+        return self.generation
+
     def _current_signature(self) -> tuple[Any, ...]:
         parts: list[Any] = []
-        for root in self.roots:
-            parts.append((root.label, _stat_key(root.path)))
-            for folder in _folders(root.path):
-                parts.append(
-                    (folder, _stat_key(root.path / folder), _stat_key(root.path / folder / SKILL_FILE))
-                )
+        join = os.path.join
+        for label, root in self._root_paths:
+            # access() answers "missing" without raising: most roots usually are.
+            key = _stat_key(root) if os.access(root, os.F_OK) else None
+            parts.append((label, key))
+            if key is None:  # a missing root has no folders: no scandir needed
+                continue
+            for folder in _folders(root):
+                path = join(root, folder)
+                parts.append((folder, _stat_key(path), _stat_key(join(path, SKILL_FILE))))
         return tuple(parts)
 
     def _refresh(self) -> None:
@@ -203,6 +220,7 @@ class SkillCatalog:
             return
         self._skills = self._scan()
         self._signature = signature
+        self.generation += 1
 
     def _scan(self) -> dict[str, Skill]:
         skills: dict[str, Skill] = {}

@@ -53,13 +53,24 @@ def _listing(catalog: SkillCatalog) -> str:
 @attrs.frozen
 class SkillTool(Tool):
     """The ``skill`` tool. Its spec lists the catalog as it is *now*, so a skill added on
-    disk shows up in the next model request without re-registering anything."""
+    disk shows up in the next model request without re-registering anything.
+
+    The listing is built once per catalog generation (a rescan after a change on disk),
+    not on every request: each request only pays the catalog's change check.
+    """
 
     catalog: SkillCatalog = attrs.field(eq=False, kw_only=True)
+    # (catalog generation, spec) of the last listing; a one-slot cache owned by the tool.
+    _cached: list[Any] = attrs.field(factory=lambda: [None, None], init=False, eq=False, repr=False)
 
     @property
     def spec(self) -> ToolSpec:
-        return ToolSpec(self.name, f"{self.description}\n\n{_listing(self.catalog)}", self.parameters)
+        generation = self.catalog.refresh()
+        cached = self._cached
+        if cached[0] != generation:
+            spec = ToolSpec(self.name, f"{self.description}\n\n{_listing(self.catalog)}", self.parameters)
+            cached[0], cached[1] = generation, spec
+        return cached[1]
 
 
 def skill_tool(catalog: SkillCatalog) -> Tool:

@@ -354,3 +354,36 @@ def test_a_person_typing_slash_name_gets_the_skill_body_injected(demo_catalog, t
 )
 def test_everything_else_passes_through_unchanged(demo_catalog, message):
     assert expand_skill_invocations(message, demo_catalog) == (message,)
+
+
+def test_the_tool_spec_is_rebuilt_only_when_the_catalog_changes(dirs, monkeypatch):
+    write_skill(ROOT_PATHS["dsh-home"](dirs), "demo", "x", description="Runs the demo")
+    catalog = catalog_for(dirs)
+    tool = skill_tool(catalog)
+    first = tool.spec
+    generation = catalog.generation
+    listings = []
+    original = catalog.list
+    monkeypatch.setattr(catalog, "list", lambda: listings.append(1) or original())
+    for _ in range(3):
+        assert tool.spec is first  # unchanged on disk: the cached spec, no new listing
+    assert listings == [] and catalog.generation == generation
+
+    # An edit in place, a new skill and a removal each invalidate it on the next request.
+    write_skill(ROOT_PATHS["dsh-home"](dirs), "demo", "x", description="Runs the new demo")
+    assert "- demo: Runs the new demo" in tool.spec.description
+    other = write_skill(ROOT_PATHS["project-dsh"](dirs), "other", "y", description="Another")
+    assert "- other: Another" in tool.spec.description
+    other.unlink()
+    assert "other" not in tool.spec.description
+    assert catalog.generation == generation + 3
+    assert tool.spec is tool.spec
+
+
+def test_refresh_reports_a_new_generation_only_after_a_change(dirs):
+    catalog = catalog_for(dirs)
+    generation = catalog.refresh()
+    assert catalog.refresh() == generation
+    write_skill(ROOT_PATHS["custom-1"](dirs), "demo", "x")
+    assert catalog.refresh() == generation + 1
+    assert catalog.get("demo") is not None and catalog.refresh() == generation + 1
