@@ -1,8 +1,12 @@
-"""Session ids: the one identity an agent, its session and its LoopX thread share."""
+"""Session ids (the one identity an agent, its session and its LoopX thread share) and
+the unique ids of messages."""
 
 from __future__ import annotations
 
+import itertools
+import os
 import re
+import uuid
 
 from ._errors import InvalidSessionIdError
 
@@ -28,3 +32,36 @@ def check_session_id(value: object, *, what: str = "session id") -> str:
             "letters, digits and . _ : @ + -"
         )
     return value
+
+
+class MessageIds:
+    """Unique, UUID-shaped message ids, cheaply: a random per-process prefix + a counter.
+
+    DSH expects a message id to be a UUID (version 4 layout). ``uuid.uuid4()`` costs an
+    ``os.urandom`` syscall per id, on the hot path of every step; here 60 random bits are
+    drawn once per process and the remaining 62 bits count up, so ids stay unique within
+    the process (the counter) and across processes (the prefix), and every id parses as a
+    version-4, RFC 4122-variant UUID. ``next(itertools.count())`` is atomic under the GIL,
+    so ids may be drawn from any thread. A forked child draws a new prefix.
+    """
+
+    _SUFFIX_MASK = (1 << 62) - 1
+
+    def __init__(self) -> None:
+        self._reseed()
+
+    def _reseed(self) -> None:
+        # The first three groups of a random UUID4 (its version nibble included).
+        self._prefix = str(uuid.uuid4())[:19]
+        self._counter = itertools.count()
+
+    def new(self) -> str:
+        low = 0x8000_0000_0000_0000 | (next(self._counter) & self._SUFFIX_MASK)  # variant 10
+        text = f"{low:016x}"
+        return f"{self._prefix}{text[:4]}-{text[4:]}"
+
+
+#: The process's message id source (``Message``'s default id). Its only mutable state is
+#: its counter; it is reseeded in a forked child so parent and child never share ids.
+MESSAGE_IDS = MessageIds()
+os.register_at_fork(after_in_child=MESSAGE_IDS._reseed)

@@ -7,8 +7,8 @@ kinds (``loopx-continuation``, ...). Humans' messages have priority in an agent'
 
 from __future__ import annotations
 
+import functools
 import re
-import uuid
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Literal, Union
@@ -16,6 +16,7 @@ from typing import Literal, Union
 import attrs
 
 from ._errors import LoopdockError
+from ._ids import MESSAGE_IDS
 
 Role = Literal["user", "assistant", "tool", "system"]
 
@@ -142,7 +143,8 @@ def is_human(source: Source) -> bool:
 
 
 def _new_id() -> str:
-    return str(uuid.uuid4())
+    # UUID-shaped, unique per process and across processes (see runtime._ids.MessageIds).
+    return MESSAGE_IDS.new()
 
 
 @attrs.frozen
@@ -156,14 +158,32 @@ class Message:
         if self.role not in ("user", "assistant", "tool", "system"):
             raise InvalidMessageError(f"unknown message role {self.role!r}")
 
-    @property
+    # A message is frozen, so what is derived from its content is computed once: model
+    # requests re-read the whole transcript on every step.
+
+    @functools.cached_property
     def text(self) -> str:
         """The concatenated text blocks (what a transcript shows)."""
         return "".join(b.text for b in self.content if isinstance(b, TextBlock))
 
-    @property
+    @functools.cached_property
     def tool_calls(self) -> tuple[ToolCallBlock, ...]:
         return tuple(b for b in self.content if isinstance(b, ToolCallBlock))
+
+    @functools.cached_property
+    def word_count(self) -> int:
+        """Whitespace-separated words of every block's text: text, reasoning, a tool
+        call's name and arguments, a tool result's content (images count none). The
+        offline ``ping`` model's token count."""
+        words = 0
+        for block in self.content:
+            if isinstance(block, (TextBlock, ReasoningBlock)):
+                words += len(block.text.split())
+            elif isinstance(block, ToolCallBlock):
+                words += len(block.name.split()) + len(block.arguments.split())
+            elif isinstance(block, ToolResultBlock):
+                words += len(block.content.split())
+        return words
 
 
 def user_message(text: str, *, source: Source | None = None) -> Message:

@@ -19,13 +19,7 @@ from collections.abc import AsyncIterator
 
 import trio
 
-from .._messages import (
-    Message,
-    ReasoningBlock,
-    TextBlock,
-    ToolCallBlock,
-    ToolResultBlock,
-)
+from .._messages import Message, ToolResultBlock
 from ._adapter import Chunk, Finish, ModelRequest, TextDelta, ToolCallChunk, Usage
 
 PING_MODEL = "ping-1"
@@ -58,20 +52,9 @@ def _parse_calls(text: str) -> list[tuple[str, str]]:
     return calls
 
 
-def _message_words(message: Message) -> int:
-    words = 0
-    for block in message.content:
-        if isinstance(block, (TextBlock, ReasoningBlock)):
-            words += count_words(block.text)
-        elif isinstance(block, ToolCallBlock):
-            words += count_words(block.name) + count_words(block.arguments)
-        elif isinstance(block, ToolResultBlock):
-            words += count_words(block.content)
-    return words
-
-
 def _input_tokens(request: ModelRequest) -> int:
-    return count_words(request.system) + sum(_message_words(m) for m in request.messages)
+    # Message.word_count is this same count, computed once per (frozen) message.
+    return count_words(request.system) + sum(m.word_count for m in request.messages)
 
 
 def _pong_subject(messages: tuple[Message, ...]) -> str:
