@@ -320,7 +320,8 @@ class AgentActor:
         self._live("agent/inbox/discarded", messageId=entry.message.id, reason=reason)
 
     def _live(self, event_type: str, **data: Any) -> None:
-        self.owner.announce(event_type, self.id, data)
+        if self.owner.live.subscriber_count:  # nobody listening: nothing to build
+            self.owner.announce(event_type, self.id, data)
 
     def _set_status(self, status: Status) -> None:
         if status != self._status:

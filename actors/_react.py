@@ -115,17 +115,22 @@ async def _run_tools(turn: Turn, calls: Sequence[ToolCallBlock]) -> None:
     the transcript stays well-formed for the next model request.
     """
     agent = turn.agent
-    limiter = trio.CapacityLimiter(agent.options.max_parallel_tool_calls)
     results: dict[str, tuple[str, bool]] = {}
-
-    async def run_one(call: ToolCallBlock) -> None:
-        async with limiter:
-            results[call.call_id] = await _run_tool(agent, call)
-
     try:
-        async with trio.open_nursery() as nursery:
-            for call in calls:
-                nursery.start_soon(run_one, call)
+        if len(calls) == 1:
+            # The common case: nothing to run concurrently, so no nursery, no limiter
+            # and no extra task; cancellation reaches the call the same way.
+            results[calls[0].call_id] = await _run_tool(agent, calls[0])
+        else:
+            limiter = trio.CapacityLimiter(agent.options.max_parallel_tool_calls)
+
+            async def run_one(call: ToolCallBlock) -> None:
+                async with limiter:
+                    results[call.call_id] = await _run_tool(agent, call)
+
+            async with trio.open_nursery() as nursery:
+                for call in calls:
+                    nursery.start_soon(run_one, call)
     finally:
         for call in calls:
             content, is_error = results.get(call.call_id, ("cancelled", True))

@@ -42,14 +42,28 @@ class Waterfall(Generic[V, R]):
 
     async def run(self, value: V, final: Callable[[V], Awaitable[R]]) -> R:
         """Run the chain on ``value``; ``final`` answers after the last listener."""
-        listeners = list(self._listeners)  # a listener added mid-run joins the next run
+        if not self._listeners:
+            return await final(value)
+        # A snapshot: a listener added mid-run joins the next run.
+        return await _Chain(tuple(entry.fn for entry in self._listeners), final, 0)(value)
 
-        async def call(index: int, current: V) -> R:
-            if index == len(listeners):
-                return await final(current)
-            return await listeners[index](current, lambda v: call(index + 1, v))
 
-        return await call(0, value)
+class _Chain:
+    """``next`` for the listener at ``index``: calls the rest of the chain (one small
+    object per listener and run, instead of a closure and a coroutine frame more)."""
+
+    __slots__ = ("listeners", "final", "index")
+
+    def __init__(self, listeners: tuple, final: Callable, index: int) -> None:  # type: ignore[type-arg]
+        self.listeners = listeners
+        self.final = final
+        self.index = index
+
+    def __call__(self, value):  # type: ignore[no-untyped-def]
+        index = self.index
+        if index == len(self.listeners):
+            return self.final(value)
+        return self.listeners[index](value, _Chain(self.listeners, self.final, index + 1))
 
 
 class _Entry:

@@ -67,6 +67,7 @@ class ToolRegistry:
 
     def __init__(self) -> None:
         self._slots: dict[str, _Slot] = {}
+        self.version = 0  # bumped on every change: agents' views cache on it
 
     def register(self, tool: Tool) -> Disposer:
         """Add ``tool``; the returned disposer removes exactly this registration.
@@ -78,10 +79,12 @@ class ToolRegistry:
             raise DuplicateToolError(f"tool {tool.name!r} is already registered")
         slot = _Slot(tool)
         self._slots[tool.name] = slot
+        self.version += 1
 
         def dispose() -> None:
             if self._slots.get(tool.name) is slot:
                 del self._slots[tool.name]
+                self.version += 1
 
         return dispose
 
@@ -121,6 +124,12 @@ class AgentTools:
         self._scoped: dict[str, _Slot] = {}
         # Insertion-ordered; order does not matter for the result (restrictions intersect).
         self._restrictions: list[_Restriction] = []
+        # visible() is asked for on every model request and every tool call; it is
+        # recomputed only when the registry or this view changed.
+        self._version = 0
+        self._cache_key: tuple[int, int] | None = None
+        self._visible: tuple[Tool, ...] = ()
+        self._by_name: dict[str, Tool] = {}
 
     # -- changes --------------------------------------------------------------------
 
@@ -140,10 +149,12 @@ class AgentTools:
             raise DuplicateToolError(f"tool {tool.name!r} is already registered for this agent")
         slot = _Slot(tool)
         self._scoped[tool.name] = slot
+        self._version += 1
 
         def dispose() -> None:
             if self._scoped.get(tool.name) is slot:
                 del self._scoped[tool.name]
+                self._version += 1
 
         return dispose
 
@@ -163,12 +174,14 @@ class AgentTools:
             raise _unknown(missing, known, "restriction")
         restriction = _Restriction(allow_names, deny_names)
         self._restrictions.append(restriction)
+        self._version += 1
 
         def dispose() -> None:
             # Identity, not equality: two equal restrictions are still two restrictions.
             for i, active in enumerate(self._restrictions):
                 if active is restriction:
                     del self._restrictions[i]
+                    self._version += 1
                     return
 
         return dispose
@@ -186,6 +199,7 @@ class AgentTools:
             )
         self._scoped.clear()
         self._restrictions.clear()
+        self._version += 1
 
     # -- views ----------------------------------------------------------------------
 
@@ -210,8 +224,13 @@ class AgentTools:
 
     def visible(self) -> tuple[Tool, ...]:
         """The tools the model may call, sorted by name (stable prompts, stable logs)."""
-        tools = self._candidates()
-        return tuple(tools[n] for n in sorted(tools) if self._allowed(n))
+        key = (self._base.version, self._version)
+        if key != self._cache_key:
+            tools = self._candidates()
+            self._visible = tuple(tools[n] for n in sorted(tools) if self._allowed(n))
+            self._by_name = {tool.name: tool for tool in self._visible}
+            self._cache_key = key
+        return self._visible
 
     def specs(self) -> tuple[ToolSpec, ...]:
         return tuple(tool.spec for tool in self.visible())
@@ -222,6 +241,7 @@ class AgentTools:
     def lookup(self, name: str) -> Tool | None:
         """The visible tool called ``name``, else None (hidden and unknown look alike,
         so a model cannot probe for tools it was not shown)."""
-        if not isinstance(name, str) or not self._allowed(name):
+        if not isinstance(name, str):
             return None
-        return self._candidates().get(name)
+        self.visible()
+        return self._by_name.get(name)

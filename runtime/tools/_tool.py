@@ -35,4 +35,11 @@ class Tool:
 
     @property
     def spec(self) -> ToolSpec:
-        return ToolSpec(self.name, self.description, self.parameters)
+        # Built once: a tool is frozen, and its spec goes into every model request.
+        spec = self._spec
+        if spec is None:
+            spec = ToolSpec(self.name, self.description, self.parameters)
+            object.__setattr__(self, "_spec", spec)
+        return spec
+
+    _spec: ToolSpec | None = attrs.field(default=None, init=False, eq=False, repr=False)
