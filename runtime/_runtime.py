@@ -27,6 +27,8 @@ from actors import AgentActor, LiveEvent, ReactDriver, StoreWriter, Subscription
 from ._commands import CommandRegistry, CommandResult, UnknownAgentError, run_command
 from ._driver import AgentHandle, CreateAgentOptions, Driver, ResumeAgentOptions, Setup
 from ._events import SessionHeader
+from ._gc import GC_THRESHOLD
+from ._gc import gc_threshold as _gc_threshold
 from ._options import AgentOptions
 from ._store import SessionStore
 from .loopx import LoopxIntegration, LoopxSettings
@@ -88,6 +90,7 @@ class Runtime:
         env: Mapping[str, str] | None = None,
         skills: SkillCatalog | None = None,
         loopx: LoopxSettings | None = None,
+        gc_threshold: tuple[int, int, int] | None = GC_THRESHOLD,
     ) -> AsyncIterator[Runtime]:
         """Open the runtime on ``home`` (``$LOOPDOCK_HOME``, default ``./.loopdock``).
 
@@ -103,11 +106,30 @@ class Runtime:
         ``loopx`` enables the LoopX integration (off by default in embedded use): every
         agent gets a continuation driver (``rt.loopx``), passive until its session invokes
         the ``loopx`` skill.
+        ``gc_threshold``: while the runtime is open, CPython's cyclic collector runs with
+        this threshold (default ``(10_000, 10, 10)``: a many-agent runtime's growing
+        history otherwise sets off a full collection every ~70,000 allocations) if the
+        process still has CPython's default; ``None`` leaves the collector alone.
         """
         dock_config = _dock_config(config)
         environ = env if env is not None else os.environ
         catalog = skills if skills is not None else SkillCatalog.from_env(Path.cwd(), environ)
         path = resolve_home(home)
+        with _gc_threshold(gc_threshold):
+            async with cls._open(path, dock_config, environ, catalog, shell, loopx) as rt:
+                yield rt
+
+    @classmethod
+    @asynccontextmanager
+    async def _open(
+        cls,
+        path: Path,
+        dock_config: DockConfig,
+        environ: Mapping[str, str],
+        catalog: SkillCatalog,
+        shell: ShellPolicy | None,
+        loopx: LoopxSettings | None,
+    ) -> AsyncIterator[Runtime]:
         store = await trio.to_thread.run_sync(SessionStore.open, path / "sessions.db")
         try:
             tools = ToolRegistry()
