@@ -65,21 +65,44 @@ class Write:
     events: tuple[Event, ...] = attrs.field(converter=tuple)
 
 
-# One encoder for every value (``json.dumps`` with options builds a new one per call).
-# allow_nan=False: NaN/Infinity are not JSON and other readers (DSH) reject them.
-_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-_JSON_ASCII = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+def _not_json(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _json_encoder(ensure_ascii: bool) -> Any:
+    # The C encoder that ``json.dumps`` builds on every call, built once: compact
+    # separators, and allow_nan=False (NaN/Infinity are not JSON and other readers, DSH
+    # among them, reject them). No circular-reference bookkeeping: a cycle is a
+    # RecursionError, refused like any other value that is not JSON.
+    return json.encoder.c_make_encoder(  # type: ignore[attr-defined]
+        None,
+        _not_json,
+        json.encoder.encode_basestring_ascii if ensure_ascii else json.encoder.encode_basestring,
+        None, ":", ",", False, False, False,
+    )
+
+
+if getattr(json.encoder, "c_make_encoder", None) is not None:
+    _JSON, _JSON_ASCII = _json_encoder(False), _json_encoder(True)
+
+    def _dumps(value: Any, ensure_ascii: bool) -> str:
+        return "".join((_JSON_ASCII if ensure_ascii else _JSON)(value, 0))
+
+else:  # no C accelerator (other interpreters): the pure-Python encoder
+
+    def _dumps(value: Any, ensure_ascii: bool) -> str:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=ensure_ascii, allow_nan=False)
 
 
 def _encode(value: Any) -> str:
-    text = _JSON.encode(value)
+    text = _dumps(value, False)
     if not text.isascii():
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:
             # A lone surrogate (e.g. from surrogateescape-decoded tool output) cannot be
             # stored as UTF-8 text; escaping it keeps the value exact instead of failing.
-            text = _JSON_ASCII.encode(value)
+            text = _dumps(value, True)
     return text
 
 
@@ -105,7 +128,7 @@ def _prepare(write: Write) -> _Prepared:
             (session_id, event.seq, event.type, event.time, _encode(event.data))
             for event in write.events
         )
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise StoreError(f"session {write.session_id!r}: value is not JSON: {exc}") from exc
     return _Prepared(write.session_id, header, events)
 
