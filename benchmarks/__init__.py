@@ -1,4 +1,4 @@
-"""loopdock's benchmarks (``loopdock bench``): many agents, human priority under load,
+"""loopdock's benchmarks (``loopdock bench``): many agents, human priority under load, the bridge,
 against the bare trio channel floor and the autogen-core peer. See benchmarks/README.md.
 
 Entry point: ``benchmarks._run.run(mode, out_dir)`` (kept out of this module so that the

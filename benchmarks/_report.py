@@ -61,8 +61,28 @@ def compute(results: dict[str, Any]) -> None:
                 _ratio(row["admission"]["p99_ms"] * 1e3, peer["sequential"]["p99_us"]) if peer_ok else None
             ),
         })
+    ratios["bridge"] = _bridge_ratios(results)
     results["ratios"] = ratios
     results["targets"] = _targets(results)
+
+
+def _bridge_ratios(results: dict[str, Any]) -> dict[str, Any] | None:
+    """The bridge's round trips against this run's bare trio channel hop, its websocket
+    ping (the same connection, answered by the protocol with no handler) and the peer."""
+    bridge = results.get("bridge") or {}
+    if bridge.get("status") != "ok":
+        return None
+    hop, peer = results["floor"]["hop"], results["peer"]
+    peer_ok = peer.get("status") == "ok"
+    pre, ping, wake = bridge["pre_step_sequential"], bridge["ping"], bridge["goalbar"]["wake_to_frame"]
+    return {
+        "pre_step_p50_vs_floor_hop_p50": _ratio(pre["p50_ms"] * 1e3, hop["p50_us"]),
+        "pre_step_p99_vs_floor_hop_p99": _ratio(pre["p99_ms"] * 1e3, hop["p99_us"]),
+        "pre_step_p50_vs_ws_ping_p50": _ratio(pre["p50_ms"], ping["p50_ms"]),
+        "pre_step_p50_vs_peer_message_p50": _ratio(pre["p50_ms"] * 1e3, peer["sequential"]["p50_us"]) if peer_ok else None,
+        "ws_ping_p50_vs_floor_hop_p50": _ratio(ping["p50_ms"] * 1e3, hop["p50_us"]),
+        "goalbar_wake_p50_vs_floor_hop_p50": _ratio(wake["p50_ms"] * 1e3, hop["p50_us"]),
+    }
 
 
 def _targets(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -229,13 +249,60 @@ def print_table(results: dict[str, Any], out: TextIO) -> None:
         verdict = {True: "PASS", False: "MISS", None: "N/A "}[t["passed"]]
         note = f"  ({t['note'].strip()})" if t.get("note", "").strip() else ""
         print(f"  [{verdict}] {t['target']}: {_f(t['measured'], 2)} {t['unit']}{note}", file=out)
-    print(f"\n{results['bridge']['todo']}", file=out)
+    _print_bridge(results, out)
     files = results.get("files", {})
     written = [files.get("json"), files.get("png")]
     print(f"\nwritten: {', '.join(f for f in written if f)}", file=out)
     if files.get("png_skipped"):
         print(f"no plot: {files['png_skipped']}", file=out)
     print(f"took {results['seconds']:.0f} s", file=out)
+
+
+def _print_bridge(results: dict[str, Any], out: TextIO) -> None:
+    bridge = results.get("bridge") or {}
+    if bridge.get("status") != "ok":
+        print(f"\nBridge: {bridge.get('status', 'not run')}", file=out)
+        return
+    ratios = results["ratios"]["bridge"]
+    hop_us = results["floor"]["hop"]["p50_us"]
+    print(
+        "\nBridge: a client process speaking the DSH plugin's frames (and a GoalBar page's) over a loopback websocket"
+        " to serve_bridge + HostHandler + GoalBarHandler in another process; LoopX replaced by a stand-in",
+        file=out,
+    )
+    ping, pre, burst, wake = bridge["ping"], bridge["pre_step_sequential"], bridge["pre_step_burst"], bridge["goalbar"]["wake_to_frame"]
+    _table(out, ["round trip", "samples", "p50 ms", "p99 ms", "max ms", "p50÷floor hop", "p99÷floor hop"], [
+        ["websocket ping -> pong (no handler)", f"{ping['samples']:,}", _f(ping["p50_ms"], 3), _f(ping["p99_ms"], 3),
+         _f(ping["max_ms"], 3), _x(ratios["ws_ping_p50_vs_floor_hop_p50"]), "-"],
+        ["pre-step -> verdict (HostHandler gate), one at a time", f"{pre['samples']:,}", _f(pre["p50_ms"], 3),
+         _f(pre["p99_ms"], 3), _f(pre["max_ms"], 3), _x(ratios["pre_step_p50_vs_floor_hop_p50"]),
+         _x(ratios["pre_step_p99_vs_floor_hop_p99"])],
+        [f"pre-step -> verdict, bursts of {burst['burst_size']} ({_f(burst['verdicts_per_s'], 0)} verdicts/s)",
+         f"{burst['samples']:,}", _f(burst["p50_ms"], 3), _f(burst["p99_ms"], 3), _f(burst["max_ms"], 3), "-", "-"],
+        ["session event -> GoalBar frame showing it", f"{wake['samples']:,}", _f(wake["p50_ms"], 3),
+         _f(wake["p99_ms"], 3), _f(wake["max_ms"], 3), _x(ratios["goalbar_wake_p50_vs_floor_hop_p50"]), "-"],
+    ])
+    print(
+        f"  (floor hop p50 {hop_us:.1f} us; pre-step p50 = {_x(ratios['pre_step_p50_vs_ws_ping_p50'])} the websocket ping"
+        + (f", {_x(ratios['pre_step_p50_vs_peer_message_p50'])} an autogen-core message p50)" if ratios["pre_step_p50_vs_peer_message_p50"] else ")"),
+        file=out,
+    )
+    ingest, relay, flood, server = bridge["ingest"], bridge["relay"], bridge["goalbar"], bridge["server"]
+    _table(out, ["events", "count", "events/s", "frames/s", "events/frame", "clock stops on"], [
+        [f"host -> runtime, mirrored ({ingest['sessions']} sessions)", f"{ingest['events']:,}", _f(ingest["events_per_s"], 0),
+         _f(ingest["frames_per_s"], 0), _f(ingest["items_per_frame"], 0), "pong to a ping sent after the last frame"],
+        [f"host -> runtime -> GoalBar page (bench relay, {relay['window']:,} in flight)", f"{relay['events']:,}",
+         _f(relay["events_per_s"], 0), _f(relay["page_frames"] / relay["seconds"], 0), _f(relay["items_per_page_frame"], 0),
+         "the page got the last event"],
+        ["host events -> GoalBar frames (coalesced re-reads)", f"{flood['flood_events']:,}", _f(flood["flood_events_per_s"], 0),
+         _f(flood["flood_frames_per_s"], 0), _f(flood["events_per_frame"], 0), "the page saw the last event counted"],
+    ])
+    print(
+        f"  relay latency under a full window: p50 {_f(relay['latency']['p50_ms'], 2)} ms, p99 {_f(relay['latency']['p99_ms'], 2)} ms;"
+        f" server: {server['ingest_events'] + server['relay_events']:,} events mirrored, {server['gaps']} gaps,"
+        f" {server['goalbar_reads']:,} GoalBar reads, {server['cpu_seconds']:.1f} s CPU in all",
+        file=out,
+    )
 
 
 # -- the plot -------------------------------------------------------------------------------
@@ -253,7 +320,10 @@ def plot(results: dict[str, Any], path: Path) -> str | None:
     many, floor, peer = results["many"], results["floor"], results["peer"]
     peer_ok = peer.get("status") == "ok"
     ns = [r["n"] for r in many]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    bridge = results.get("bridge") or {}
+    bridge_ok = bridge.get("status") == "ok"
+    figure, axes_row = plt.subplots(1, 3 if bridge_ok else 2, figsize=(15.5 if bridge_ok else 11, 4.2))
+    left, right = axes_row[0], axes_row[1]
     left.plot(ns, [r["steps_per_s"] for r in many], "o-", label="loopdock steps/s")
     left.plot([r["n"] for r in floor["rows"]], [r["hops_per_s"] for r in floor["rows"]], "s--", label="floor: trio channel hops/s")
     if peer_ok:
@@ -266,6 +336,8 @@ def plot(results: dict[str, Any], path: Path) -> str | None:
     if peer_ok:
         right.plot([r["n"] for r in peer["rows"]], [r["p99_ms"] for r in peer["rows"]], "^--", label="autogen-core p99")
     right.set(xscale="log", yscale="log", xlabel="agents (N)", ylabel="ms", title="Latency")
+    if bridge_ok:
+        _plot_bridge(axes_row[2], results)
     for axes in (left, right):
         axes.grid(True, which="major", alpha=0.3)
         axes.legend(fontsize=7)
@@ -277,3 +349,22 @@ def plot(results: dict[str, Any], path: Path) -> str | None:
     figure.savefig(path, dpi=90)
     plt.close(figure)
     return None
+
+
+def _plot_bridge(axes: Any, results: dict[str, Any]) -> None:
+    """The bridge's round trips (p50 and p99) next to this run's floor hop."""
+    bridge, hop = results["bridge"], results["floor"]["hop"]
+    rows = [
+        ("floor hop", hop["p50_us"] / 1e3, hop["p99_us"] / 1e3),
+        ("ws ping", bridge["ping"]["p50_ms"], bridge["ping"]["p99_ms"]),
+        ("pre-step", bridge["pre_step_sequential"]["p50_ms"], bridge["pre_step_sequential"]["p99_ms"]),
+        (f"pre-step\nburst {bridge['pre_step_burst']['burst_size']}", bridge["pre_step_burst"]["p50_ms"], bridge["pre_step_burst"]["p99_ms"]),
+        ("GoalBar\nwake", bridge["goalbar"]["wake_to_frame"]["p50_ms"], bridge["goalbar"]["wake_to_frame"]["p99_ms"]),
+    ]
+    x = range(len(rows))
+    axes.bar([i - 0.2 for i in x], [r[1] for r in rows], 0.4, label="p50")
+    axes.bar([i + 0.2 for i in x], [r[2] for r in rows], 0.4, label="p99")
+    axes.set_xticks(list(x), [r[0] for r in rows], fontsize=7)
+    axes.set(yscale="log", ylabel="ms", title="Bridge round trips (loopback websocket)")
+    axes.grid(True, axis="y", which="major", alpha=0.3)
+    axes.legend(fontsize=7)

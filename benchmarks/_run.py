@@ -19,8 +19,6 @@ from ._common import Progress, ProgressBar, load_average, machine, waves_for
 from ._report import compute, plot, print_table
 from ._worker import PROGRESS_PREFIX, run_phase
 
-BRIDGE_TODO = "TODO: bridge workload (events/s to a GoalBar client, DSH pre-step verdict round trip) is pending the bridge issue"
-
 # The sizes. `quick` must stay well under two minutes on a 2-core machine.
 CONFIGS: dict[str, dict[str, Any]] = {
     "full": {
@@ -34,6 +32,14 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "priority": {
             "agents": 1000, "pending": 10000, "humans": 1000, "busy": 100, "busy_interval": 0.2, "one_agent_humans": 20,
         },
+        # The bridge (benchmarks/_bridge.py): round trips one at a time and in bursts, host
+        # events ingested, relayed to a GoalBar page (at most relay_window in flight), and
+        # GoalBar wakes one at a time and under a flood. timeout: the client's whole run.
+        "bridge": {
+            "sequential": 5000, "warmup": 200, "bursts": 50, "burst_size": 200, "agents": 8,
+            "ingest_events": 200000, "ingest_sessions": 20, "relay_events": 100000, "relay_window": 2000,
+            "goalbar_wakes": 1000, "goalbar_flood": 50000, "timeout": 600,
+        },
     },
     "quick": {
         "ns": [1, 10, 100],
@@ -44,6 +50,11 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "peer_sequential": 2000,
         "priority": {
             "agents": 100, "pending": 1000, "humans": 200, "busy": 10, "busy_interval": 0.02, "one_agent_humans": 20,
+        },
+        "bridge": {
+            "sequential": 1000, "warmup": 100, "bursts": 10, "burst_size": 100, "agents": 8,
+            "ingest_events": 50000, "ingest_sessions": 10, "relay_events": 20000, "relay_window": 2000,
+            "goalbar_wakes": 300, "goalbar_flood": 10000, "timeout": 90,
         },
     },
 }
@@ -109,7 +120,12 @@ def run(
     # Phase weights: a rough guess of each phase's duration, for the progress bar only.
     many_weights = [1.0 + n * k * waves_for(n, k, min_turns) / 2000 for n in ns]
     have_peer = peer and _peer_autogen.available()
-    weights = {"floor": 1.0, "peer": 2.0 if have_peer else 0.0, "priority": 2.0 + cfg["priority"]["pending"] / 2000}
+    weights = {
+        "floor": 1.0,
+        "peer": 2.0 if have_peer else 0.0,
+        "priority": 2.0 + cfg["priority"]["pending"] / 2000,
+        "bridge": 1.0 + cfg["bridge"]["ingest_events"] / 100000 + cfg["bridge"]["sequential"] / 2000,
+    }
     bar = ProgressBar(sum(many_weights) + sum(weights.values()), progress_stream, enabled=show_progress)
 
     def phase(name: str, label: str, weight: float, params: dict[str, Any], child: bool) -> dict[str, Any]:
@@ -147,9 +163,10 @@ def run(
             }
             results["many"].append(phase("many", f"agents: N={n}", weight, params, isolate))
         results["priority"] = phase("priority", "human priority", weights["priority"], cfg["priority"], isolate)
+        # The bridge's client always runs in a process of its own (its own trio loop).
+        results["bridge"] = phase("bridge", "bridge: websocket", weights["bridge"], cfg["bridge"], isolate)
     finally:
         bar.close()
-    results["bridge"] = {"status": "pending", "todo": BRIDGE_TODO}
     results["seconds"] = time.monotonic() - started
     results["machine"]["load_average_at_end"] = load_average()
     compute(results)

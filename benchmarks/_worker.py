@@ -15,7 +15,7 @@ from typing import Any
 
 from ._common import Progress
 
-PHASES = ("floor", "many", "priority", "peer")
+PHASES = ("floor", "many", "priority", "bridge", "peer")
 PROGRESS_PREFIX = "@@progress "
 
 
@@ -40,6 +40,10 @@ def run_phase(phase: str, params: dict[str, Any], progress: Progress) -> dict[st
         from ._agents import run_priority
 
         return trio.run(run_priority, params, progress)
+    if phase == "bridge":
+        from ._bridge import run_bridge
+
+        return trio.run(run_bridge, params, progress)
     raise ValueError(f"unknown phase {phase!r}; phases: {', '.join(PHASES)}")
 
 

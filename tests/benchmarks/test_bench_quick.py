@@ -21,6 +21,12 @@ TINY = {
     "sequential_hops": 200,
     "peer_sequential": 50,
     "priority": {"agents": 4, "pending": 20, "humans": 5, "busy": 2, "busy_interval": 0.01, "one_agent_humans": 2},
+    # A relay window below the plugin's batch (200) exercises the "at least one frame" rule.
+    "bridge": {
+        "sequential": 20, "warmup": 5, "bursts": 2, "burst_size": 10, "agents": 2,
+        "ingest_events": 450, "ingest_sessions": 2, "relay_events": 450, "relay_window": 100,
+        "goalbar_wakes": 5, "goalbar_flood": 450, "timeout": 60,
+    },
 }
 
 
@@ -32,6 +38,45 @@ def check_latency(summary) -> None:
     assert summary["samples"] > 0
     assert positive(summary["p50_ms"])
     assert summary["max_ms"] >= summary["p99_ms"] >= summary["p50_ms"] > 0
+
+
+def check_bridge(results, saved) -> None:
+    """The bridge workload: every figure there, non-zero, p50 <= p99, counts add up."""
+    bridge = results["bridge"]
+    assert saved["bridge"] == bridge and bridge["status"] == "ok"
+    size = TINY["bridge"]
+    for key in ("ping", "pre_step_sequential"):
+        check_latency(bridge[key])
+        assert bridge[key]["samples"] == size["sequential"]
+    burst = bridge["pre_step_burst"]
+    check_latency(burst)
+    assert burst["samples"] == size["bursts"] * size["burst_size"] and positive(burst["verdicts_per_s"])
+    ingest = bridge["ingest"]
+    assert ingest["events"] == 450 and ingest["frames"] == 4  # 225 per session: 200 + 25
+    for key in ("events_per_s", "frames_per_s", "mb_per_s", "chars_per_event"):
+        assert positive(ingest[key]), key
+    relay = bridge["relay"]
+    assert relay["events"] == size["relay_events"] and relay["page_frames"] >= 3
+    assert positive(relay["events_per_s"])
+    check_latency(relay["latency"])
+    assert relay["latency"]["samples"] == size["relay_events"]
+    goalbar = bridge["goalbar"]
+    check_latency(goalbar["wake_to_frame"])
+    assert goalbar["wake_to_frame"]["samples"] == size["goalbar_wakes"]
+    assert 1 <= goalbar["flood_frames"] <= size["goalbar_flood"]
+    for key in ("flood_events_per_s", "flood_frames_per_s", "events_per_frame"):
+        assert positive(goalbar[key]), key
+    assert bridge["errors"] == []
+    server = bridge["server"]
+    # Every event the client sent was mirrored by the HostHandler, in order, and relayed.
+    assert server["ingest_events"] == ingest["events"] and server["relay_events"] == relay["events"]
+    assert server["gaps"] == 0 and server["relayed"] == relay["events"] and server["not_relayed"] == 0
+    assert server["goalbar_reads"] >= size["goalbar_wakes"] and positive(server["cpu_seconds"])
+    assert not any(ending["kind"] == "slow-peer" for ending in server["endings"])
+    ratios = results["ratios"]["bridge"]
+    for key in ("pre_step_p50_vs_floor_hop_p50", "pre_step_p99_vs_floor_hop_p99", "pre_step_p50_vs_ws_ping_p50",
+                "ws_ping_p50_vs_floor_hop_p50", "goalbar_wake_p50_vs_floor_hop_p50"):
+        assert positive(ratios[key]), key
 
 
 def check_results(results, out_dir, *, ns, peer_ok, rss_n=None) -> None:
@@ -94,7 +139,7 @@ def check_results(results, out_dir, *, ns, peer_ok, rss_n=None) -> None:
             assert target["measured"] >= 0 and positive(largest["tracemalloc_per_agent_kb"])
         else:
             assert positive(target["measured"]), target["id"]
-    assert "pending the bridge issue" in results["bridge"]["todo"]
+    check_bridge(results, saved)
 
     png = out_dir / "bench-quick.png"
     try:
@@ -113,9 +158,9 @@ def test_quick_bench_in_fresh_processes(tmp_path):
     )
     check_results(results, tmp_path, ns=[1, 200], peer_ok=_peer_autogen.available(), rss_n=200)
     table = out.getvalue()
-    for heading in ("Many agents", "Latency, ms", "Memory", "Human priority", "Targets"):
+    for heading in ("Many agents", "Latency, ms", "Memory", "Human priority", "Targets", "Bridge"):
         assert heading in table
-    assert "TODO: bridge workload" in table
+    assert "Bridge:" in table and "pre-step -> verdict" in table and "GoalBar" in table
 
 
 def test_quick_bench_in_process_without_the_peer(tmp_path, monkeypatch):
