@@ -1,6 +1,6 @@
 """The GoalBar service: a live projection of one session's bound LoopX goal, with Start/Pause.
 
-LoopX is the only authority. Everything the bar shows is rebuilt from three read-only CLI
+LoopX is the only authority. Everything the bar shows is rebuilt from four read-only CLI
 calls for the exact session id (:func:`project_goalbar`):
 
 1. ``resolve-agent-thread`` -- no binding, more than one, or a failure hides the bar
@@ -8,7 +8,16 @@ calls for the exact session id (:func:`project_goalbar`):
 2. ``goal-lifecycle --operation stop`` as a preview (writes nothing): its ``before_state``
    is the goal's lifecycle state;
 3. ``todo list --role agent --agent-id A --limit 1``: processed = done, remaining = open,
-   total.
+   total;
+4. ``status --goal-id G --limit 1`` (the status collector; it writes nothing unless asked
+   to with ``--write-projection-cache``, which is never passed): the goal's text
+   (:func:`read_goal_text`). It is the only read-only answer of loopx 2.1.1 that carries
+   it: ``run_history.goals[].goal_objective`` (the current objective, public-safe, at most
+   1,000 characters; LoopX fills it for active goals only) and ``display_name`` (the
+   registry's public-safe title, at most 132 characters, also for stopped goals). LoopX
+   leaves both out when the text looks like a local path or a secret. No text, or a
+   failed status call, leaves ``goal_text`` ``None`` -- the page then shows the goal id
+   -- and never hides a bar the other three calls justify.
 
 The service keeps one actor per watched ``(session id, project)``, each in its own nursery
 (cancelled with the service). An actor owns only process-local things: the last projection,
@@ -61,11 +70,13 @@ from pathlib import Path
 from typing import Literal, Union
 
 import attrs
+import structlog
 import trio
 
 from runtime.loopx import (
     LifecycleResult,
     LoopxClient,
+    LoopxOk,
     LoopxRequestError,
     ThreadBinding,
     TodoProgress,
@@ -95,15 +106,24 @@ __all__ = [
     "GoalBarService",
     "GoalBarState",
     "GoalBarVisible",
+    "LOOPX_OFF_DETAIL",
+    "MAX_GOAL_TEXT",
     "goal_state_file",
     "project_goalbar",
+    "read_goal_text",
     "registry_file",
     "state_to_json",
 ]
 
+log = structlog.get_logger(__name__)
+
 #: Why the bar is hidden: no binding for the session, more than one, LoopX says the
-#: binding is unavailable, or a CLI call failed (transport, refusal, malformed answer).
-HIDDEN_REASONS = ("unbound", "ambiguous", "unavailable", "loopx-failure")
+#: binding is unavailable, a CLI call failed (transport, refusal, malformed answer), or
+#: the runtime runs without its LoopX integration (``loopdock serve --no-loopx``).
+HIDDEN_REASONS = ("unbound", "ambiguous", "unavailable", "loopx-failure", "loopx-off")
+#: The longest goal text passed on (LoopX's own limit for ``goal_objective``); a longer
+#: one is cut, ending in an ellipsis.
+MAX_GOAL_TEXT = 1000
 
 
 @attrs.frozen
@@ -121,8 +141,10 @@ class GoalBarHidden:
 @attrs.frozen
 class GoalBarVisible:
     """The bound goal: its lifecycle state (``active``, ``stopped``, ...) and the agent
-    lane's progress. ``pending``: a Start/Pause is running; ``error``: the last one failed
-    or could not be verified (the other fields are still LoopX's, read afterwards)."""
+    lane's progress; ``goal_text``: what LoopX says the goal is (``None`` when it gives no
+    text: see :func:`read_goal_text`). ``pending``: a Start/Pause is running; ``error``:
+    the last one failed or could not be verified (the other fields are still LoopX's, read
+    afterwards)."""
 
     session_id: str
     goal_id: str
@@ -182,8 +204,34 @@ def _source_hashes(project: Path, goal_id: str | None) -> tuple[str | None, str 
     return registry, goal
 
 
+def _goal_text(value: object) -> str | None:
+    if not isinstance(value, str):
+        return None
+    text = " ".join(value.split())  # no control characters, no runs of white space
+    if not text:
+        return None
+    return text if len(text) <= MAX_GOAL_TEXT else text[: MAX_GOAL_TEXT - 1] + "\u2026"
+
+
+async def read_goal_text(client: LoopxClient, goal_id: str) -> str | None:
+    """The goal's text from ``status --goal-id G --limit 1`` (read-only, retried like the
+    other reads): the entry of ``run_history.goals`` whose ``id`` is ``goal_id``, its
+    ``goal_objective`` if LoopX gives one, else its ``display_name``. ``None`` when LoopX
+    gives neither or the call fails (the bar then shows the goal id)."""
+    result = await client.run("status", "--goal-id", goal_id, "--limit", "1", retry=True)
+    if not isinstance(result, LoopxOk):
+        log.info("goalbar goal text unavailable", goal_id=goal_id, kind=type(result).__name__)
+        return None
+    history = result.payload.get("run_history")
+    goals = history.get("goals") if isinstance(history, dict) else None
+    for goal in goals if isinstance(goals, list) else ():
+        if isinstance(goal, dict) and goal.get("id") == goal_id:
+            return _goal_text(goal.get("goal_objective")) or _goal_text(goal.get("display_name"))
+    return None
+
+
 async def project_goalbar(client: LoopxClient, session_id: str) -> GoalBarState:
-    """The bar for ``session_id``, from LoopX only (three read-only calls)."""
+    """The bar for ``session_id``, from LoopX only (four read-only calls)."""
     binding = await client.resolve_thread(session_id)
     if not isinstance(binding, ThreadBinding):
         return GoalBarHidden(session_id, "loopx-failure", binding.reason)
@@ -207,6 +255,7 @@ async def project_goalbar(client: LoopxClient, session_id: str) -> GoalBarState:
         processed=progress.done,
         remaining=progress.open,
         total=progress.total,
+        goal_text=await read_goal_text(client, goal_id),
     )
 
 
@@ -217,7 +266,6 @@ class _SessionActor:
         self.service = service
         self.session_id = session_id
         self.project = project
-        self.client = service._client_for(project)
         #: The last projection read from LoopX, and what is shown (with the overlay).
         self.base: GoalBarState | None = None
         self.state: GoalBarState | None = None
@@ -237,6 +285,12 @@ class _SessionActor:
         self._hashes: tuple[str | None, str | None] | None = None
         self._last_forced: tuple[str | None, str | None] | None = None
         self._source_goal: str | None = None
+
+    @property
+    def client(self) -> LoopxClient:
+        # Asked for on every use: a client factory that follows a repaired CLI (e.g. the
+        # runtime's LoopX integration after /loopx-init) is followed at the next call.
+        return self.service._client_for(self.project)
 
     # -- Life ---------------------------------------------------------------------------
 
@@ -334,8 +388,9 @@ class _SessionActor:
                 return GoalBarActionResult("refused", shown, "hidden")
             expected = (shown.goal_id, shown.agent_id)
         goal_id, agent_id = expected
+        client = self.client  # one CLI for the check and the mutation
         async with self.service._lock_for(self.project, goal_id):
-            binding = await self.client.resolve_thread(self.session_id)
+            binding = await client.resolve_thread(self.session_id)
             if not (isinstance(binding, ThreadBinding) and binding.status == "bound"
                     and (binding.goal_id, binding.agent_id) == expected):
                 return GoalBarActionResult("refused", await self.read(), "stale-binding")
@@ -343,7 +398,7 @@ class _SessionActor:
             self._pending = True
             self._publish()
             try:
-                result = await self.client.goal_lifecycle(goal_id, operation, execute=True)
+                result = await client.goal_lifecycle(goal_id, operation, execute=True)
             finally:
                 self._pending = False
                 self._publish()  # shows the last read (never the optimistic state) ...
@@ -464,6 +519,10 @@ def state_to_view(state: GoalBarState) -> GoalbarView:
     return GoalbarView(**state_to_json(state))  # type: ignore[arg-type]
 
 
+#: The detail of the ``loopx-off`` state.
+LOOPX_OFF_DETAIL = "the LoopX integration is off in this runtime"
+
+
 class GoalBarHandler:
     """A ``BridgeHandler`` that serves GoalBar pages and passes everything else on.
 
@@ -471,11 +530,15 @@ class GoalBarHandler:
     hidden, reason ``unbound``). Session events from a DSH host wake the sessions they
     belong to (and go on to ``inner``); ``goalbarWatch`` starts a task in ``nursery`` that
     pushes every change to that page until it disconnects.
+
+    ``service=None``: the runtime has no LoopX integration. Every page gets a hidden bar
+    with the reason ``loopx-off`` (and a Start/Pause is ``refused`` with that reason); no
+    CLI is called and nothing is guessed.
     """
 
     def __init__(
         self,
-        service: GoalBarService,
+        service: GoalBarService | None,
         project_for: Callable[[str], Path | None],
         nursery: trio.Nursery,
         inner: object | None = None,
@@ -497,8 +560,9 @@ class GoalBarHandler:
         self.inner.disconnected(conn, reason)  # type: ignore[attr-defined]
 
     async def on_events(self, conn, items: "list[SessionEvent]") -> None:
-        for session_id in {item.session_id for item in items}:
-            self.service.wake(session_id)
+        if self.service is not None:
+            for session_id in {item.session_id for item in items}:
+                self.service.wake(session_id)
         await self.inner.on_events(conn, items)  # type: ignore[attr-defined]
 
     async def on_live(self, conn, items) -> None:
@@ -516,6 +580,11 @@ class GoalBarHandler:
         self, conn, request: GoalbarRead | GoalbarWatch | GoalbarStart | GoalbarPause
     ) -> GoalbarResult:
         session_id = check_thread_id(request.session_id)  # LoopxRequestError -> error frame
+        if self.service is None:
+            off = state_to_view(GoalBarHidden(session_id, "loopx-off", LOOPX_OFF_DETAIL))
+            if isinstance(request, (GoalbarRead, GoalbarWatch)):
+                return GoalbarResult(off)
+            return GoalbarResult(off, "refused", "loopx-off")
         project = self.project_for(session_id)
         if project is None:
             return GoalbarResult(state_to_view(GoalBarHidden(session_id, "unbound")))

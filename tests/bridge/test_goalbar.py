@@ -18,6 +18,7 @@ import trio
 from trio_websocket import open_websocket
 
 from bridge._goalbar import (
+    MAX_GOAL_TEXT,
     GoalBarHandler,
     GoalBarHidden,
     GoalBarService,
@@ -78,8 +79,9 @@ async def ok(client: LoopxClient, *args: str) -> dict:
     return dict(result.payload)
 
 
-async def new_goal(client: LoopxClient, goal_id: str, *agent_ids: str) -> None:
-    await ok(client, "bootstrap", "--project", ".", "--goal-id", goal_id, "--objective", f"Test goal {goal_id}",
+async def new_goal(client: LoopxClient, goal_id: str, *agent_ids: str, objective: str | None = None) -> None:
+    objective = objective if objective is not None else f"Test goal {goal_id}"
+    await ok(client, "bootstrap", "--project", ".", "--goal-id", goal_id, "--objective", objective,
              "--adapter-kind", "read_only_project_map_v0", "--adapter-status", "connected-read-only")
     for agent_id in agent_ids:
         await ok(client, "register-agent", "--goal-id", goal_id, "--agent-id", agent_id, "--require-new", "--execute")
@@ -113,7 +115,8 @@ async def test_hidden_visible_counts_and_reconstruction_after_restart(client, lo
     # The source file the service hashes is the one LoopX names.
     assert Path(listing["state_file"]) == goal_state_file(loopx_project, goal)
 
-    expected = GoalBarVisible(SESSION, goal, agent, "active", processed=0, remaining=2, total=2)
+    expected = GoalBarVisible(SESSION, goal, agent, "active", processed=0, remaining=2, total=2,
+                              goal_text=f"Test goal {goal}")
     with trio.fail_after(PHASE):
         async with service(client) as bar:
             unbound = await bar.read("dsh-session-nobody", loopx_project)
@@ -136,6 +139,45 @@ async def test_hidden_visible_counts_and_reconstruction_after_restart(client, lo
     assert isinstance(ambiguous, GoalBarHidden) and ambiguous.reason == "ambiguous"
 
 
+def loopx_files(project: Path) -> dict[str, bytes]:
+    """Every file LoopX keeps in the project, by relative path."""
+    root = project / ".loopx"
+    return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
+
+
+async def test_goal_text_comes_from_a_read_only_status_call(client, loopx_project):
+    # Longer than LoopX's 132-character title: the objective itself is shown while the goal
+    # is active; LoopX gives only the (cut) title for a stopped goal.
+    long_text = "Ship the release notes: " + " ".join(f"item{i}" for i in range(60))
+    assert 132 < len(long_text) <= MAX_GOAL_TEXT
+    with trio.fail_after(2 * PHASE):
+        await new_goal(client, "goal-text", "agent-text", objective=long_text)
+        await bind(client, "goal-text", "agent-text", SESSION)
+        # LoopX withholds a text that looks like a local path: the bar stays, without text.
+        await new_goal(client, "goal-pathy", "agent-pathy", objective="Fix the bug in /home/someone/secret.txt")
+        await bind(client, "goal-pathy", "agent-pathy", "dsh-session-pathy")
+
+    with trio.fail_after(3 * PHASE):
+        async with service(client) as bar:
+            before = loopx_files(loopx_project)
+            shown = await bar.read(SESSION, loopx_project)
+            pathy = await bar.read("dsh-session-pathy", loopx_project)
+            # Reading the bar (text included) wrote nothing to the project's LoopX state.
+            assert loopx_files(loopx_project) == before
+            assert isinstance(shown, GoalBarVisible) and shown.goal_text == long_text
+            assert state_to_json(shown)["goal_text"] == long_text
+            assert isinstance(pathy, GoalBarVisible) and pathy.goal_text is None
+            assert pathy.goal_id == "goal-pathy" and pathy.lifecycle_state == "active"
+
+            paused = await bar.pause(SESSION, loopx_project)
+            assert paused.outcome == "done" and paused.state.lifecycle_state == "stopped"
+            title = paused.state.goal_text
+            assert title is not None and title != long_text
+            assert title.endswith("\u2026") and long_text.startswith(title[:-1].rstrip())
+
+            assert (await bar.start(SESSION, loopx_project)).state.goal_text == long_text
+
+
 async def test_pause_start_serialized_with_verified_readback(client, loopx_project):
     goal, agent = "goal-life", "agent-life"
     with trio.fail_after(PHASE):
@@ -143,7 +185,8 @@ async def test_pause_start_serialized_with_verified_readback(client, loopx_proje
         await add_todo(client, goal, agent, "[P0] Only")
         await bind(client, goal, agent, SESSION)
 
-    active = GoalBarVisible(SESSION, goal, agent, "active", processed=0, remaining=1, total=1)
+    active = GoalBarVisible(SESSION, goal, agent, "active", processed=0, remaining=1, total=1,
+                            goal_text=f"Test goal {goal}")
     with trio.fail_after(3 * PHASE):
         async with service(client) as bar:
             assert await bar.read(SESSION, loopx_project) == active
@@ -217,7 +260,8 @@ async def test_source_change_forces_reread_and_runtime_wakes_create_no_state(cli
         await add_todo(client, goal, agent, "[P0] First")
         await bind(client, goal, agent, SESSION)
 
-    one = GoalBarVisible(SESSION, goal, agent, "active", processed=0, remaining=1, total=1)
+    one = GoalBarVisible(SESSION, goal, agent, "active", processed=0, remaining=1, total=1,
+                         goal_text=f"Test goal {goal}")
     with trio.fail_after(3 * PHASE):
         async with service(client, poll_interval=0.05) as bar:
             # Runtime events for a session nobody watches make no actor and no bar.
@@ -326,8 +370,8 @@ async def test_goalbar_endpoint_read_watch_pause_start(client, loopx_project):
 
                 # Watch the bound session: the answer, and pushed states from then on.
                 visible = {"kind": "visible", "sessionId": SESSION, "goalId": goal, "agentId": agent,
-                           "lifecycleState": "active", "processed": 0, "remaining": 1, "total": 1,
-                           "pending": False}
+                           "goalText": f"Test goal {goal}", "lifecycleState": "active", "processed": 0,
+                           "remaining": 1, "total": 1, "pending": False}
                 await ws.send_message(wire("goalbarWatch", {"sessionId": SESSION}, id="w1"))
                 frames = await frames_until(ws, lambda f: f["type"] == "goalbar")
                 replies = [f for f in frames if f.get("re") == "w1"]

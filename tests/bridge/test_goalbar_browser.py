@@ -21,6 +21,9 @@ from selenium.webdriver.support.ui import WebDriverWait
 TOKEN = "goalbar-browser-token"
 SESSION = "dsh-session-browser-1"
 PHASE = 90
+# Longer than the bar has room for: the page cuts it with an ellipsis, the tooltip has it all.
+OBJECTIVE = ("Ship the GoalBar page: show the bound goal's text, its lifecycle state and the agent "
+             "lane's progress, with Start and Pause")
 
 
 def chromium(profile_dir):
@@ -58,7 +61,7 @@ async def test_the_page_shows_the_bar_and_pause_start_change_loopx(
                          runtime_root=loopx_runtime_root)
     goal, agent = "goal-page", "agent-page"
     with trio.fail_after(PHASE):
-        await ok(client, "bootstrap", "--project", ".", "--goal-id", goal, "--objective", "Ship the page",
+        await ok(client, "bootstrap", "--project", ".", "--goal-id", goal, "--objective", OBJECTIVE,
                  "--adapter-kind", "read_only_project_map_v0", "--adapter-status", "connected-read-only")
         await ok(client, "register-agent", "--goal-id", goal, "--agent-id", agent, "--require-new", "--execute")
         for text in ("[P0] One", "[P1] Two"):
@@ -97,6 +100,23 @@ async def test_the_page_shows_the_bar_and_pause_start_change_loopx(
                     return text("counts"), text("action"), browser.find_element(By.ID, "progress").get_attribute("max")
                 assert await trio.to_thread.run_sync(bound) == ("0 done / 2 open / 2", "Pause", "2")
                 assert (tmp_path / "goalbar.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+                # The goal's text from LoopX: whole in the element (what a screen reader
+                # reads), cut to one line on screen, whole in the tooltip with the ids.
+                def goal_text():
+                    goal = browser.find_element(By.ID, "goal")
+                    return {
+                        "text": goal.get_attribute("textContent"),
+                        "title": goal.get_attribute("title"),
+                        "source": goal.get_attribute("data-source"),
+                        "cut": browser.execute_script("return arguments[0].scrollWidth > arguments[0].clientWidth", goal),
+                        "label": browser.find_element(By.ID, "goal-label").get_attribute("textContent"),
+                        "focusable": goal.get_attribute("tabindex") == "0",
+                    }
+                assert await trio.to_thread.run_sync(goal_text) == {
+                    "text": OBJECTIVE, "title": f"{OBJECTIVE}\ngoal {goal} · agent {agent}", "source": "text",
+                    "cut": True, "label": "Goal:", "focusable": True,
+                }
 
                 # Pause from the keyboard, then Start with a click: the verified state shows.
                 def pause():
