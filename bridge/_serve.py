@@ -3,34 +3,80 @@
 from __future__ import annotations
 
 import functools
+import os
 import signal
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import TextIO
 
 import trio
 
+from runtime._errors import InvalidOptionsError
 from runtime._runtime import Runtime, resolve_home
 from runtime.loopx import LoopxSettings
 
 from ._dock_select import DockSelectHandler
+from ._goalbar import GoalBarHandler, GoalBarService
 from ._server import DEFAULT_HOST, serve_bridge
 from ._token import TOKEN_FILE, load_or_create_token
 
 
-async def serve_command(home: str | None, host: str | None, port: int, out: TextIO, loopx: bool = True) -> None:
-    """Open the runtime on ``home``, serve the bridge (the runtime's loop dock answers
-    DSH hosts' loop selection) on ``host`` (default loopback) and
+def goalbar_project_for(rt: Runtime, project: Path) -> Callable[[str], Path]:
+    """The LoopX project of a session, for the GoalBar: the ``cwd`` of the live agent the
+    runtime owns under that id (agent id == session id), else ``project`` (``serve
+    --project``: DSH sessions and any other session this runtime does not run)."""
+
+    def project_for(session_id: str) -> Path:
+        agent = rt.get_agent(session_id)
+        if agent is not None and not agent.closed:
+            return agent.cwd
+        return project
+
+    return project_for
+
+
+@asynccontextmanager
+async def goalbar_service(rt: Runtime) -> AsyncIterator[GoalBarService | None]:
+    """The GoalBar service on the runtime's LoopX integration: its clients come from
+    ``rt.loopx.client_for`` (the integration's environment and the CLI command start-up
+    found or installed, followed after a ``/loopx-init`` repair). ``None`` when the runtime
+    runs without LoopX: the handler then answers every page ``hidden``/``loopx-off``."""
+    if rt.loopx is None:
+        yield None
+        return
+    async with GoalBarService.open(rt.loopx.client_for) as service:
+        yield service
+
+
+async def serve_command(
+    home: str | None,
+    host: str | None,
+    port: int,
+    out: TextIO,
+    loopx: bool = True,
+    project: str | os.PathLike[str] | None = None,
+) -> None:
+    """Open the runtime on ``home``, serve the bridge on ``host`` (default loopback) and
     ``port`` (0: any free port), print one readiness line on ``out``, and run until SIGINT
-    or SIGTERM; then close everything (sessions made durable). ``loopx``: enable the LoopX
-    integration (continuation drivers, /loopx-init, start-up initialisation)."""
+    or SIGTERM; then close everything (sessions made durable).
+
+    The bridge answers DSH hosts' loop selection from the runtime's dock and serves the
+    GoalBar (page and ``/goalbar`` endpoint). ``loopx``: enable the LoopX integration
+    (continuation drivers, /loopx-init, start-up initialisation, the GoalBar's reads).
+    ``project``: the LoopX project of sessions the runtime does not own (default: the
+    current directory); a session of a live runtime agent uses that agent's ``cwd``."""
     host = host or DEFAULT_HOST
+    project_dir = Path(project if project is not None else Path.cwd()).absolute()
+    if not project_dir.is_dir():
+        raise InvalidOptionsError(f"--project is not a directory: {str(project_dir)[:200]}")
     # The LoopX integration is on for serve: start-up initialises the CLI and the skills
     # (a failure is a safe diagnostic in rt.loopx.startup; /loopx-init repairs it).
     async with Runtime.open(resolve_home(home), loopx=LoopxSettings() if loopx else None) as rt:
         token = await trio.to_thread.run_sync(load_or_create_token, rt.home)
-        async with trio.open_nursery() as nursery:
-            bound = await nursery.start(
-                functools.partial(serve_bridge, DockSelectHandler(rt), token=token, host=host, port=port)
-            )
+        async with goalbar_service(rt) as service, trio.open_nursery() as nursery:
+            handler = GoalBarHandler(service, goalbar_project_for(rt, project_dir), nursery, inner=DockSelectHandler(rt))
+            bound = await nursery.start(functools.partial(serve_bridge, handler, token=token, host=host, port=port))
             print(f"loopdock serve: ws://{host}:{bound} (token in {rt.home / TOKEN_FILE})", file=out, flush=True)
             # SIGTERM too: a supervisor stopping us should get the same clean close as ^C.
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

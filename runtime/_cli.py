@@ -113,11 +113,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     from benchmarks._run import add_arguments as add_bench_arguments  # argparse only: nothing runs
 
     add_bench_arguments(bench)
-    serve = commands.add_parser("serve", help="the websocket bridge for DSH hosts and GoalBar clients, until interrupted")
+    serve = commands.add_parser(
+        "serve",
+        help="the websocket bridge for DSH hosts and GoalBar clients, until interrupted",
+        description="Run the runtime and its websocket bridge (on 127.0.0.1 by default) until interrupted: DSH hosts "
+        "connect to ws://HOST:PORT/dsh, and a browser opens the GoalBar of one session at "
+        "http://HOST:PORT/goalbar?session=<id>#token=<token> (the token is in <home>/bridge.token).",
+    )
     serve.add_argument("--port", type=int, default=0, help="port to listen on (default: any free port)")
     serve.add_argument("--host", help="address to bind (default: 127.0.0.1)")
     serve.add_argument("--home", help="runtime home (default: $LOOPDOCK_HOME or ./.loopdock)")
-    serve.add_argument("--no-loopx", action="store_true", help="leave the LoopX integration off (it is on by default)")
+    serve.add_argument(
+        "--no-loopx", action="store_true",
+        help="leave the LoopX integration off (it is on by default); the GoalBar then shows no bar (reason loopx-off)",
+    )
+    serve.add_argument(
+        "--project", metavar="DIR",
+        help="the LoopX project (its .loopx/) the GoalBar reads for sessions this runtime does not run, "
+        "e.g. DSH's (default: the current directory); a runtime agent's session uses the agent's cwd",
+    )
     patch = commands.add_parser("dsh-patch", help="write the DSH patch file that loads the bridge plugin")
     patch.add_argument("--url", required=True, help="the bridge, e.g. ws://127.0.0.1:PORT (path /dsh is added)")
     patch.add_argument("--out", required=True, help="directory to write patch.yml into")
@@ -147,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "serve":
             from bridge._serve import serve_command  # the bridge sits on top of the runtime
 
-            trio.run(serve_command, args.home, args.host, args.port, sys.stdout, not args.no_loopx)
+            trio.run(serve_command, args.home, args.host, args.port, sys.stdout, not args.no_loopx, args.project)
         else:
             trio.run(_run, args.task, args.session_id, args.home, args.provider, args.model, sys.stdout)
     except LoopdockError as exc:
