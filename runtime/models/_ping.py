@@ -76,6 +76,11 @@ class PingAdapter:
     models: tuple[str, ...] = (PING_MODEL,)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
+        # One schedule point per request: a model call is a checkpoint, as trio asks.
+        # After it every chunk is a cancel point (the stream is cancellable at each
+        # chunk, as the adapter protocol requires) but not a schedule point: nothing
+        # here blocks, and a scheduler round per word only spends the caller's time.
+        await trio.lowlevel.checkpoint()
         input_tokens = _input_tokens(request)
         last = request.messages[-1] if request.messages else None
 
@@ -87,11 +92,9 @@ class PingAdapter:
             output_tokens = 0
             for offset, (name, arguments) in enumerate(calls):
                 output_tokens += count_words(name) + count_words(arguments)
-                # A checkpoint per chunk keeps the stream cancellable at every step,
-                # as the adapter protocol requires, even though nothing here blocks.
-                await trio.lowlevel.checkpoint()
+                await trio.lowlevel.checkpoint_if_cancelled()
                 yield ToolCallChunk(f"ping-call-{first + offset}", name, arguments)
-            await trio.lowlevel.checkpoint()
+            await trio.lowlevel.checkpoint_if_cancelled()
             yield Usage(input_tokens, output_tokens)
             yield Finish("tool-calls")
             return
@@ -105,8 +108,8 @@ class PingAdapter:
                 pieces[-1] = pieces[-1].rstrip()
             reason = "max-tokens"
         for piece in pieces:
-            await trio.lowlevel.checkpoint()
+            await trio.lowlevel.checkpoint_if_cancelled()
             yield TextDelta(piece)
-        await trio.lowlevel.checkpoint()
+        await trio.lowlevel.checkpoint_if_cancelled()
         yield Usage(input_tokens, len(pieces))
         yield Finish(reason)
