@@ -19,7 +19,7 @@ import structlog
 import trio
 
 from runtime._errors import LoopdockError
-from runtime._events import Event, SessionHeader, check_event_type
+from runtime._events import KNOWN_EVENT_TYPES, Event, SessionHeader, check_event_type
 from runtime._store import Write
 
 from ._fanout import SUBSCRIBER_BUFFER, Fanout, Subscription
@@ -89,10 +89,13 @@ class SessionActor:
 
     def append(self, event_type: str, data: Mapping[str, Any]) -> Event:
         """Append one event; atomic, never a checkpoint. Raises UnknownEventTypeError."""
-        check_event_type(event_type)
+        if event_type not in KNOWN_EVENT_TYPES:
+            check_event_type(event_type)  # raises
         if self._closed:
             raise SessionClosedError(f"session {self.id} is closed")
-        self._last_time = max(self._last_time, _now_ms())
+        now = _now_ms()
+        if now > self._last_time:
+            self._last_time = now
         event = Event(event_type, len(self._events), self._last_time, data)
         self._events.append(event)
         self._pending.append(event)
@@ -162,7 +165,8 @@ class SessionActor:
         else:
             self._durable = True
             self._committed += len(write.events)
-            for event in write.events:
-                self._fanout.publish(event)
+            if self._fanout.subscriber_count:
+                for event in write.events:
+                    self._fanout.publish(event)
         self._committed_changed.set()
         self._committed_changed = trio.Event()

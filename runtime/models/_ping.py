@@ -14,6 +14,7 @@ A "token" is a whitespace-separated word: crude, but deterministic and easy to a
 from __future__ import annotations
 
 import json
+import operator
 import re
 from collections.abc import AsyncIterator
 
@@ -52,9 +53,13 @@ def _parse_calls(text: str) -> list[tuple[str, str]]:
     return calls
 
 
+_WORD_COUNT = operator.attrgetter("word_count")
+_TOOL_CALLS = operator.attrgetter("tool_calls")
+
+
 def _input_tokens(request: ModelRequest) -> int:
     # Message.word_count is this same count, computed once per (frozen) message.
-    return count_words(request.system) + sum(m.word_count for m in request.messages)
+    return count_words(request.system) + sum(map(_WORD_COUNT, request.messages))
 
 
 def _pong_subject(messages: tuple[Message, ...]) -> str:
@@ -88,7 +93,7 @@ class PingAdapter:
         if calls:
             # Ids continue after the calls already in the conversation, so they stay
             # unique within a session without the adapter keeping any state.
-            first = 1 + sum(len(m.tool_calls) for m in request.messages)
+            first = 1 + sum(map(len, map(_TOOL_CALLS, request.messages)))
             output_tokens = 0
             for offset, (name, arguments) in enumerate(calls):
                 output_tokens += count_words(name) + count_words(arguments)
