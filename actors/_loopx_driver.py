@@ -9,7 +9,8 @@ checkpoint it
 1. yields to pending human input;
 2. resolves the session's binding in LoopX (missing, ambiguous or unhealthy: stop);
 3. asks ``quota should-run`` with one fresh turn id (no: stop, or arm the scheduler's
-   wake-up timer);
+   wake-up timer; a turn LoopX admits without a settlement identity because an earlier
+   one is unsettled: stop);
 4. fetches the thin task body for that same turn id;
 5. reserves exactly one followup with a ``loopx-continuation`` source;
 6. at ``agent/pre-step`` revalidates the exact reservation, competing human input and the
@@ -146,6 +147,11 @@ class LoopxContinuation:
             if decision.wait_minutes:
                 return self._arm_timer(decision.wait_minutes * 60.0)
             return self._stop(f"should-run: {decision.decision}")
+        if decision.settlement_owed:
+            # An earlier admitted turn is not settled: a turn without its own settlement
+            # identity could only be settled by guesswork. A person (or the model in a
+            # human turn) settles or recovers it; the next idle asks again.
+            return self._stop(f"should-run: {decision.decision} (settlement owed)")
         body = await self.client.heartbeat_prompt(binding.goal_id, binding.agent_id, turn_id)
         if not isinstance(body, TaskBody):
             return self._stop(f"no valid task body: {_why(body)}")
@@ -245,6 +251,8 @@ class LoopxContinuation:
             return f"should-run replay failed: {_why(replay)}"
         if not replay.should_run:
             return "quota no longer admits this turn"
+        if replay.settlement_owed:
+            return "quota admits this turn without a settlement identity"
         return None
 
 

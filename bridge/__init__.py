@@ -17,6 +17,8 @@ from ._connection import Opened as Opened
 from ._connection import Received as Received
 from ._connection import SendFrame as SendFrame
 from ._dock_select import DockSelectHandler as DockSelectHandler
+from ._dsh_agent import DshAgent as DshAgent
+from ._dsh_agent import DshAgentMirror as DshAgentMirror
 from ._errors import BridgeClosedError as BridgeClosedError
 from ._errors import ErrorCode as ErrorCode
 from ._errors import NotServedError as NotServedError
@@ -27,6 +29,9 @@ from ._errors import TokenFileError as TokenFileError
 from ._handler import BridgeHandler as BridgeHandler
 from ._handler import Disconnect as Disconnect
 from ._handler import NullHandler as NullHandler
+from ._host_handler import HostCommandError as HostCommandError
+from ._host_handler import HostHandler as HostHandler
+from ._host_handler import NoHostError as NoHostError
 from ._messages import MESSAGE_TYPES as MESSAGE_TYPES
 from ._messages import Ack as Ack
 from ._messages import BridgeMessage as BridgeMessage

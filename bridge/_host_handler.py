@@ -80,6 +80,8 @@ class HostAgent:
     connection_id: str
     #: ``idle`` or ``running`` (the last ``agent/status``), None before any
     status: str | None = None
+    #: counts status changes, for observers that must not miss one
+    status_version: int = 0
     #: message id -> message: inserted into its inbox and not yet claimed or discarded
     inbox: dict[str, Mapping[str, Any]] = attrs.field(factory=dict)
 
@@ -112,7 +114,8 @@ class HostHandler(DockSelectHandler):
 
     # -- waiting for the host ------------------------------------------------------------
 
-    def _poke(self) -> None:
+    def poke(self) -> None:
+        """Wake every ``wait_until`` to check its predicate again."""
         self._changed.set()
         self._changed = trio.Event()
 
@@ -128,13 +131,13 @@ class HostHandler(DockSelectHandler):
         super().connected(conn)
         if conn.role == "dsh-host":
             self.host = conn
-            self._poke()
+            self.poke()
 
     def disconnected(self, conn: BridgeConnection, reason: Disconnect) -> None:
         super().disconnected(conn, reason)
         if self.host is conn:
             self.host = None
-            self._poke()
+            self.poke()
 
     # -- the mirror -------------------------------------------------------------------------
 
@@ -149,19 +152,25 @@ class HostHandler(DockSelectHandler):
             if seq > expected:
                 self.gaps.append(Gap(item.session_id, expected, seq))
             log.append(item.event)
-        self._poke()
+        self.poke()
 
     async def on_live(self, conn: BridgeConnection, items: Sequence[LiveEvent]) -> None:
         await super().on_live(conn, items)
         for item in items:
             self._apply_live(conn, item)
-        self._poke()
+        self.poke()
 
     def _apply_live(self, conn: BridgeConnection, item: LiveEvent) -> None:
         data = item.data
         if item.type == "agent/created":
             source = data.get("source")
             session_id = data.get("sessionId")
+            known = self.agents.get(item.agent_id)
+            if known is not None and known.source is None and known.connection_id == conn.id:
+                # learned from its status or inbox a moment ago: the same live agent
+                known.source = source if isinstance(source, str) else None
+                known.session_id = session_id if isinstance(session_id, str) else item.agent_id
+                return
             self.agents[item.agent_id] = HostAgent(
                 item.agent_id,
                 session_id if isinstance(session_id, str) else item.agent_id,
@@ -177,7 +186,10 @@ class HostHandler(DockSelectHandler):
             agent = self.agents[item.agent_id] = HostAgent(item.agent_id, item.agent_id, None, conn.id)
         if item.type == "agent/status":
             status = data.get("status")
-            agent.status = status if isinstance(status, str) else None
+            status = status if isinstance(status, str) else None
+            if status != agent.status:
+                agent.status = status
+                agent.status_version += 1
         elif item.type.startswith("agent/inbox/"):
             message = data.get("message")
             message_id = message.get("id") if isinstance(message, Mapping) else None
@@ -190,13 +202,20 @@ class HostHandler(DockSelectHandler):
 
     # -- pre-step gates ---------------------------------------------------------------------
 
-    def gate(self, agent_id: str, callback: Gate | None) -> None:
+    def gate(self, agent_id: str, callback: Gate | None) -> Callable[[], None]:
         """Answer ``agent_id``'s pre-step verdict requests with ``callback`` (replacing
-        any earlier one); ``None`` removes the gate (its pre-steps enter again)."""
+        any earlier one); ``None`` removes the gate (its pre-steps enter again). Returns a
+        disposer that removes exactly this gate (not a later one)."""
         if callback is None:
             self._gates.pop(agent_id, None)
         else:
             self._gates[agent_id] = callback
+
+        def dispose() -> None:
+            if callback is not None and self._gates.get(agent_id) is callback:
+                del self._gates[agent_id]
+
+        return dispose
 
     async def on_pre_step(self, conn: BridgeConnection, request: PreStep) -> Verdict:
         callback = self._gates.get(request.agent_id)

@@ -199,6 +199,10 @@ class ShouldRun:
     (``run_now``, ``stop_until_explicit_resume``, ...). ``effect_id`` and ``todo_id`` come
     from the receipt's settlement identity, which a skip has none of.
     ``settlement_plan`` is ``interaction_contract.cli_channel.settlement_plan`` as given.
+    ``settlement_owed``: LoopX admitted a turn with no settlement identity yet
+    (``heartbeat_receipt.settlement_binding_owed``; seen with the decision
+    ``unsettled_host_turn_recovery`` while an earlier admitted turn of the agent is not
+    settled): such a turn cannot be settled under its own exact identity.
     """
 
     should_run: bool
@@ -211,6 +215,7 @@ class ShouldRun:
     todo_id: str | None
     settlement_plan: Mapping[str, Any] | None
     payload: Mapping[str, Any]
+    settlement_owed: bool = False
 
 
 @attrs.frozen
@@ -537,7 +542,7 @@ class LoopxClient:
                 return MalformedOutput("settlement identity has no effect id for this turn")
             if todo_id is not None and not isinstance(todo_id, str):
                 return MalformedOutput("settlement identity has a malformed todo id")
-        elif should:
+        elif should and receipt.get("settlement_binding_owed") is not True:
             return MalformedOutput("an admitted turn came without a settlement identity")
         plan = _path(payload, "interaction_contract", "cli_channel", "settlement_plan")
         if plan is not None and not isinstance(plan, Mapping):
@@ -560,6 +565,7 @@ class LoopxClient:
             todo_id=todo_id,
             settlement_plan=plan,
             payload=payload,
+            settlement_owed=identity is None and should,
         )
 
     async def heartbeat_prompt(

@@ -70,13 +70,16 @@ class LoopxIntegration:
             return self.init_settings(ctx.agent.cwd)
 
         commands.register(loopx_init_command(settings_for, on_success=self.adopt))
-        supervisor.agent_started.append(self._start_driver)
+        supervisor.agent_started.append(self.start_driver)
         if self.settings.initialize:
             self.startup = await startup_initialize(self.init_settings(project))
             self.adopt(self.startup)
             log.info("loopx start-up initialisation", ok=self.startup.ok, stage=self.startup.stage, kind=self.startup.kind)
 
-    async def _start_driver(self, agent: AgentActor) -> None:
+    async def start_driver(self, agent: AgentActor) -> None:
+        """Attach a continuation driver to ``agent`` as its companion: every runtime agent
+        gets one at start; a bridge proxy of a DSH agent (``bridge.DshAgent``, the same
+        interface) gets one the same way."""
         from actors import LoopxContinuation  # the actors build on this package's values
 
         driver = LoopxContinuation(agent, self.client_for(agent.cwd))

@@ -370,6 +370,18 @@ async def test_should_run_parses_the_wait_and_the_settlement_identity(standin):
     assert result.settlement_plan == plan
 
 
+async def test_should_run_admits_a_recovery_turn_that_owes_its_settlement_binding(standin):
+    # What loopx 2.1.1 answers while an earlier admitted turn of the agent is unsettled.
+    standin.plan({"json": {
+        "ok": True, "should_run": True, "decision": "unsettled_host_turn_recovery",
+        "heartbeat_receipt": {"turn_instance_id": "turn-1", "status": "committed", "settlement_binding_owed": True},
+    }})
+    with trio.fail_after(30):
+        result = await standin.client().should_run("g1", "a1", "turn-1")
+    assert isinstance(result, ShouldRun)
+    assert (result.should_run, result.settlement_owed, result.effect_id) == (True, True, None)
+
+
 @pytest.mark.parametrize(
     "receipt",
     [
@@ -377,6 +389,7 @@ async def test_should_run_parses_the_wait_and_the_settlement_identity(standin):
         {"turn_instance_id": "turn-2", "status": "committed"},
         {"turn_instance_id": "turn-1", "status": "exploded"},
         {"turn_instance_id": "turn-1", "status": "committed"},  # admitted without identity
+        {"turn_instance_id": "turn-1", "status": "committed", "settlement_binding_owed": "yes"},
         {"turn_instance_id": "turn-1", "status": "committed", "settlement_identity": {
             "effect_id": "g1:a1:t:turn-2", "goal_id": "g1", "agent_id": "a1", "turn_instance_id": "turn-2"}},
     ],

@@ -1,0 +1,312 @@
+"""A proxy actor for each live DSH agent, so runtime drivers run against DSH agents unchanged.
+
+``DshAgent`` offers the part of ``actors.AgentActor`` a driver uses (the LoopX
+continuation driver in particular) and carries it out on the real agent over the bridge:
+
+- ``id``, ``cwd``, ``session`` (``events_since``, ``header.forked_events``): the session
+  events the host mirrored into ``HostHandler.sessions``;
+- ``status``, ``status_version``, ``wait_idle``, ``wait_status_change``, ``closed``: the
+  host's ``agent/status`` and ``agent/disposed``;
+- ``has_pending_human_input``, ``inbox_size``: the host's live inbox (plus reservations
+  sent and not yet settled);
+- ``reserve``: a ``followup`` command with the message's producer-owned source. The
+  reservation settles at DSH's ``agent/pre-step``: the proxy answers the host's verdict
+  request with its own ``pre_step`` waterfall (``admitted`` on enter, ``rejected`` on
+  reject); a command the host refuses settles it ``cancelled``;
+- ``withdraw``: settles a pending reservation ``cancelled``; if its message still reaches
+  a pre-step it is rejected there (it never enters a model step);
+- ``pre_step``: a waterfall like the agent's; a verdict request for messages of an owned
+  kind that are not this proxy's pending reservations is rejected before it runs;
+- ``start_companion``: an actor that lives exactly as long as the proxy.
+
+After a reject DSH leaves the agent idle with its inbox stalled: the proxy wakes it once
+the blocked turn has ended, if anything is still queued. Nothing here is durable: DSH's session log is the record, and
+a proxy's state dies with it (a resume announces a new agent: a new proxy).
+
+``DshAgentMirror`` starts a proxy for every agent the host announces and hands it to
+``on_agent`` (e.g. ``rt.loopx.start_driver``); a proxy stops when its agent is disposed or
+announced again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import structlog
+import trio
+
+from actors import ENTER, Enter, PreStep, Reject, Reservation, Verdict
+from actors._agent import InvalidReservationError
+from actors._inbox import Placement
+from runtime._errors import LoopdockError
+from runtime._events import Event
+from runtime._messages import HUMAN_SOURCE_KINDS, InvalidMessageError, Message, ProducerSource
+from runtime._serde import message_from_wire, message_to_wire
+from runtime._waterfall import Waterfall
+
+from . import _messages as wire
+from ._host_handler import HostAgent, HostHandler
+
+log = structlog.get_logger(__name__)
+
+
+@attrs.frozen
+class MirroredHeader:
+    """What a driver reads of a session header. DSH's header does not say how many of a
+    seeded session's events were copied, so nothing counts as forked."""
+
+    id: str
+    cwd: str
+    forked_events: int | None = None
+
+
+class MirroredSession:
+    """A read-only view of one DSH session's events as the host mirrored them."""
+
+    def __init__(self, handler: HostHandler, session_id: str, cwd: Path) -> None:
+        self.id = session_id
+        self.header = MirroredHeader(session_id, str(cwd))
+        self._handler = handler
+
+    @property
+    def events(self) -> list[Event]:
+        return self._handler.sessions.get(self.id, [])
+
+    def events_since(self, index: int) -> list[Event]:
+        """The mirrored events from position ``index`` on (the mirror only grows)."""
+        return self.events[index:]
+
+
+def _message(raw: Mapping[str, Any]) -> Message:
+    """A DSH message as a runtime ``Message``. DSH's own built-in kinds that the runtime
+    has no type for (``runtime-context``, ...) keep their id and role and lose content and
+    source: no listener judges them, and human kinds always convert."""
+    try:
+        return message_from_wire(dict(raw))
+    except InvalidMessageError:
+        role = raw.get("role")
+        return Message(role if role in ("user", "assistant", "tool", "system") else "user", (), None, str(raw.get("id")))
+
+
+def _is_human(message: Mapping[str, Any]) -> bool:
+    source = message.get("source")
+    return isinstance(source, Mapping) and source.get("kind") in HUMAN_SOURCE_KINDS
+
+
+class DshAgent:
+    """The runtime-side proxy of one live DSH agent (see the module docstring)."""
+
+    def __init__(self, handler: HostHandler, live: HostAgent, cwd: Path, owned_kinds: frozenset[str]) -> None:
+        self.id = live.id
+        self.live = live
+        self.session = MirroredSession(handler, live.session_id, cwd)
+        self.pre_step: Waterfall[PreStep, Verdict] = Waterfall("agent/pre-step")
+        self.log = log.bind(agent_id=self.id)
+        self._cwd = cwd
+        self._handler = handler
+        self._owned = owned_kinds
+        self._reservations: dict[str, Reservation] = {}  # message id -> pending reservation
+        self._nursery: trio.Nursery | None = None
+        self._stopped = False
+
+    # -- what a driver reads ---------------------------------------------------------------
+
+    @property
+    def cwd(self) -> Path:
+        return self._cwd
+
+    @property
+    def closed(self) -> bool:
+        return self._stopped or self._handler.agents.get(self.id) is not self.live
+
+    @property
+    def status(self) -> str:
+        return self.live.status or "idle"
+
+    @property
+    def status_version(self) -> int:
+        return self.live.status_version
+
+    @property
+    def inbox_size(self) -> int:
+        unseen = [m for m in self._reservations if m not in self.live.inbox]
+        return len(self.live.inbox) + len(unseen)
+
+    def has_pending_human_input(self) -> bool:
+        return any(_is_human(m) for m in self.live.inbox.values())
+
+    async def wait_idle(self) -> None:
+        """Wait until the agent is idle with an empty inbox (or gone). Always a checkpoint."""
+        await trio.lowlevel.checkpoint()
+        await self._handler.wait_until(lambda: self.closed or (self.status == "idle" and not self.live.inbox))
+
+    async def wait_status_change(self, since: int) -> None:
+        """Wait until the status changed after version ``since``, or the agent is gone."""
+        await trio.lowlevel.checkpoint()
+        await self._handler.wait_until(lambda: self.closed or self.status_version > since)
+
+    # -- what a driver does ----------------------------------------------------------------
+
+    def reserve(self, message: Message, placement: Placement = "followup") -> Reservation:
+        """Send an automatic message to the live agent and return its reservation (see the
+        module docstring for how it settles)."""
+        if not isinstance(message.source, ProducerSource):
+            raise InvalidReservationError(f"only producer-owned sources reserve; got {message.source!r}")
+        if message.source.kind not in self._owned:
+            # DSH would let it enter without asking us: the reservation could never settle.
+            raise InvalidReservationError(f"source kind {message.source.kind!r} is not one the bridge owns")
+        if self.closed or self._nursery is None:
+            raise DshAgentClosedError(f"DSH agent {self.id} is not live")
+        reservation = Reservation(message, placement)
+        self._reservations[message.id] = reservation
+        self._nursery.start_soon(self._send, reservation)
+        return reservation
+
+    def withdraw(self, reservation: Reservation, reason: str = "withdrawn") -> bool:
+        """Settle a pending reservation ``cancelled``; True if it was pending."""
+        if self._reservations.get(reservation.message.id) is not reservation:
+            return False
+        del self._reservations[reservation.message.id]
+        return reservation._settle("cancelled", reason)
+
+    async def start_companion(self, actor: Callable[..., Any], *args: Any) -> None:
+        """Start an actor that lives exactly as long as this proxy (``nursery.start``)."""
+        if self._nursery is None or self.closed:
+            raise DshAgentClosedError(f"DSH agent {self.id} is not live")
+        await self._nursery.start(actor, *args)
+
+    # -- the actor -------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        ungate = self._handler.gate(self.id, self._verdict)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                await self._handler.wait_until(lambda: self.closed)
+                nursery.cancel_scope.cancel()
+        finally:
+            self._stopped = True
+            ungate()
+            for reservation in self._reservations.values():
+                reservation._settle("cancelled", "agent gone")
+            self._reservations.clear()
+
+    def stop(self) -> None:
+        """Stop the proxy (its companions are cancelled); the DSH agent is not touched."""
+        self._stopped = True
+        self._handler.poke()
+
+    async def _send(self, reservation: Reservation) -> None:
+        try:
+            await self._handler.followup(self.id, message_to_wire(reservation.message), reservation.placement)
+        except LoopdockError as exc:
+            self._settle(reservation, "cancelled", f"the host did not take it: {exc.code}")
+            self.log.info("reservation not sent", code=exc.code)
+
+    def _settle(self, reservation: Reservation, state: Any, reason: str | None = None) -> None:
+        if self._reservations.get(reservation.message.id) is reservation:
+            del self._reservations[reservation.message.id]
+        reservation._settle(state, reason)
+
+    async def _verdict(self, request: wire.PreStep) -> wire.Verdict:
+        owned = [m for m in request.messages if (m.get("source") or {}).get("kind") in self._owned]
+        mine = [self._reservations.get(m.get("id")) for m in owned]  # type: ignore[arg-type]
+        if not owned or None in mine:
+            # Not a pending reservation of ours (withdrawn, or someone else's): never enters.
+            return wire.Verdict("reject", "not a pending reservation of this runtime")
+        try:
+            pre = PreStep(
+                request.agent_id,
+                request.session_id,
+                request.turn,
+                request.step,
+                tuple(_message(m) for m in request.messages),
+            )
+            verdict: Enter | Reject = await self.pre_step.run(pre, _enter)
+        except BaseException:
+            for reservation in mine:
+                self._settle(reservation, "rejected", "pre-step failed")  # type: ignore[arg-type]
+            raise
+        if isinstance(verdict, Enter):
+            for reservation in mine:
+                self._settle(reservation, "admitted")  # type: ignore[arg-type]
+            return wire.Verdict("enter")
+        for reservation in mine:
+            self._settle(reservation, "rejected", verdict.reason)  # type: ignore[arg-type]
+        assert self._nursery is not None
+        self._nursery.start_soon(self._wake_after_blocked_turn, self.status_version)
+        return wire.Verdict("reject", verdict.reason)
+
+    async def _wake_after_blocked_turn(self, seen: int) -> None:
+        """DSH ends the turn ``blocked`` and leaves the rest of the inbox stalled: wake the
+        agent once it is idle again so that the queue goes on."""
+        await self._handler.wait_until(lambda: self.closed or (self.status_version > seen and self.status == "idle"))
+        if self.closed or not self.live.inbox:
+            return  # nothing stalled (a wake would open an empty turn)
+        try:
+            await self._handler.wake(self.id)
+        except LoopdockError as exc:
+            self.log.info("re-wake after a reject failed", code=exc.code)
+
+
+async def _enter(_: PreStep) -> Verdict:
+    return ENTER
+
+
+class DshAgentClosedError(LoopdockError):
+    """Raised when reserving on, or starting a companion of, a DSH agent that is gone."""
+
+    code = "AGENT_CLOSED"
+
+
+class DshAgentMirror:
+    """Starts a ``DshAgent`` for every live agent ``handler`` learns about and passes it to
+    ``on_agent`` (awaited inside the proxy's life, e.g. to start a driver as its
+    companion). ``cwd_for(session_id)`` is the agent's working directory (the LoopX
+    project); ``owned_kinds`` the source kinds the plugin asks the runtime about."""
+
+    def __init__(
+        self,
+        handler: HostHandler,
+        on_agent: Callable[[DshAgent], Awaitable[None]],
+        cwd_for: Callable[[str], Path],
+        owned_kinds: frozenset[str],
+    ) -> None:
+        self.handler = handler
+        self.on_agent = on_agent
+        self.cwd_for = cwd_for
+        self.owned_kinds = owned_kinds
+        #: agent id -> its live proxy
+        self.proxies: dict[str, DshAgent] = {}
+
+    def _unmirrored(self) -> list[HostAgent]:
+        return [
+            live for agent_id, live in self.handler.agents.items()
+            if (proxy := self.proxies.get(agent_id)) is None or proxy.live is not live
+        ]
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            while True:
+                await self.handler.wait_until(lambda: bool(self._unmirrored()))
+                for live in self._unmirrored():
+                    proxy = DshAgent(self.handler, live, self.cwd_for(live.session_id), self.owned_kinds)
+                    self.proxies[live.id] = proxy
+                    nursery.start_soon(self._run_proxy, proxy)
+
+    async def _run_proxy(self, proxy: DshAgent) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(proxy.run)
+                try:
+                    await self.on_agent(proxy)
+                except Exception as exc:  # one agent's driver must not take the mirror down
+                    proxy.log.warning("starting the agent's companions failed", error=repr(exc))
+        finally:
+            if self.proxies.get(proxy.id) is proxy:
+                del self.proxies[proxy.id]

@@ -1,0 +1,265 @@
+"""The LoopX continuation driver continues a real DSH session bound in real LoopX (issue 5, test 3).
+
+`dsh headless` loads bridge/dsh_plugin through the patch and creates one extra agent,
+``s-loopx``. The runtime mirrors it as a ``DshAgent`` proxy and attaches the unchanged
+``LoopxContinuation`` to it, exactly as it does for its own agents. The goal is bound to
+that session with the real CLI (no model shell commands), then:
+
+1. before the session invokes the ``loopx`` skill the driver stays passive;
+2. a ``/loopx`` invocation (the ``skill-invocation`` message DSH logs for it) activates
+   it: at the next idle the driver asks should-run with one fresh turn id, and one
+   followup with the ``loopx-continuation`` source enters DSH, admitted at DSH's
+   pre-step after the driver replayed should-run with that same turn id;
+3. the test settles that turn in LoopX (writeback and spend under its exact identity, as
+   the model would through its shell), so the driver continues again; that continuation
+   is vetoed at pre-step: DSH ends it ``blocked`` and it never reaches a model step.
+   Its committed receipt is now unsettled, so LoopX offers only a recovery turn without
+   a settlement identity, which the driver refuses: it stops.
+
+Offline and quiet: temporary DSH_HOME and HOME, telemetry disabled, the plugin's `ping`
+model, LoopX on Node 22 with its usage ping off, loopback only.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from actors import PreStep, Reject
+from bridge import DshAgentMirror, HostHandler, serve_bridge
+from bridge._dsh_files import quiet_env, session_log
+from bridge._patch import write_patch
+from runtime._runtime import Runtime
+from runtime.loopx import HOST_SURFACE, LifecycleResult, LoopxClient, LoopxOk, LoopxSettings, ShouldRun
+
+DSH = Path(sys.executable).parent / "dsh"
+TOKEN = "e2e-token-" + "x" * 20
+SESSION = "s-loopx"
+GOAL, LX_AGENT = "goal-dsh", "agent-dsh"
+OWNED = "loopx-continuation"
+# Placeholders LoopX leaves in its writeback template for the agent to fill in.
+FILL = {
+    "<validated_progress>": "the session went on",
+    "<scale>": "single_surface",
+    "<outcome>": "outcome_progress",
+    "<boundary>": "in_flight_continuation",
+}
+ACTIVATE = {
+    "role": "user",
+    "content": [{"type": "text", "text": "/loopx keep working on the goal"}],
+    "source": {"kind": "skill-invocation", "name": "loopx", "form": "instructions"},
+}
+
+
+class RecordingClient(LoopxClient):
+    """The real client, recording the turn id of every should-run call."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.should_runs: list[str] = []
+        self.answers: list = []
+        self.settled: list = []
+
+    async def should_run(self, goal_id, agent_id, turn_id):
+        self.should_runs.append(turn_id)
+        return await super().should_run(goal_id, agent_id, turn_id)
+
+    async def run(self, *args, retry=False):
+        answer = await super().run(*args, retry=retry)
+        self.answers.append((args[:2], answer))
+        return answer
+
+
+async def ok(client: LoopxClient, *args: str) -> dict:
+    result = await client.run(*args)
+    assert isinstance(result, LoopxOk), (args, result)
+    return dict(result.payload)
+
+
+async def settle(client: RecordingClient, turn_id: str) -> None:
+    """Run the settlement plan LoopX gave with ``turn_id``'s admission: writeback, spend."""
+    (admission,) = [a for args, a in client.answers if args == ("quota", "should-run") and isinstance(a, LoopxOk)
+                    and a.payload["heartbeat_receipt"]["turn_instance_id"] == turn_id][:1]
+    plan = admission.payload["interaction_contract"]["cli_channel"]["settlement_plan"]
+    for kind in ("durable_writeback", "quota_spend"):
+        (step,) = [s for s in plan["ordered_steps"] if s["kind"] == kind]
+        template = step["command_template"]
+        for placeholder, value in FILL.items():
+            template = template.replace(placeholder, shlex.quote(value))
+        argv = shlex.split(template)[1:]  # without the leading ``loopx``
+        argv = [a for a in argv if a not in ("--registry", ".loopx/registry.json", "--format", "json")]
+        client.settled.append((kind, await client.run(*argv)))
+
+
+def _source_of(event: dict) -> dict | None:
+    data = event.get("data") or {}
+    message = data.get("message", data)
+    return message.get("source") if isinstance(message, dict) else None
+
+
+def _text(event: dict) -> str:
+    data = event.get("data") or {}
+    message = data.get("message", data)
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, list):
+        return ""
+    return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
+
+
+def _turns(log: list[dict]) -> list[list[dict]]:
+    turns: list[list[dict]] = []
+    for event in log:
+        if event.get("type") == "turn/start":
+            turns.append([])
+        if turns:
+            turns[-1].append(event)
+    return turns
+
+
+def _end(turn: list[dict]) -> str | None:
+    ends = [e for e in turn if e.get("type") == "turn/end"]
+    return (ends[0]["data"].get("reason") or {}).get("kind") if ends else None
+
+
+async def test_the_loopx_driver_continues_a_real_dsh_session(tmp_path, loopx_env, loopx_command, loopx_project):
+    if not DSH.exists():
+        pytest.fail(f"no dsh next to {sys.executable}: scripts/test installs deepseek-harness-runtime-bin")
+    cli = LoopxClient(loopx_command, project=loopx_project, env=loopx_env, timeout=120)
+    with trio.fail_after(240):
+        await ok(cli, "bootstrap", "--project", ".", "--goal-id", GOAL, "--objective", "Keep the DSH session going",
+                 "--adapter-kind", "read_only_project_map_v0", "--adapter-status", "connected-read-only")
+        await ok(cli, "register-agent", "--goal-id", GOAL, "--agent-id", LX_AGENT, "--require-new", "--execute")
+        await ok(cli, "bind-agent-thread", "--goal-id", GOAL, "--thread-id", SESSION,
+                 "--host-surface", HOST_SURFACE, "--agent-id", LX_AGENT, "--execute")
+        await ok(cli, "todo", "add", "--goal-id", GOAL, "--project", ".", "--role", "agent",
+                 "--claimed-by", LX_AGENT, "--task-class", "advancement_task", "--text", "[P0] Keep going")
+
+    dsh_home = tmp_path / "dsh-home"
+    seen: list[tuple[str, ...]] = []  # the continuation turn ids of each pre-step the proxy judged
+    paused: list = []  # LoopX's answers to the test's pause
+
+    async def settle_then_veto(pre: PreStep, next_):
+        """An inner pre-step listener (the driver's own is outermost, so its checks have
+        passed). The first continuation is settled in LoopX as the model would settle it
+        through its shell (writeback, then spend, under the turn's exact identity) and
+        goes on; a later one pauses the goal in LoopX and is vetoed."""
+        turns = tuple(m.source.fields["turnInstanceId"] for m in pre.messages if m.source and m.source.kind == OWNED)
+        seen.append(turns)
+        if len(seen) == 1:
+            await settle(client, turns[0])
+            return await next_(pre)
+        paused.append(await cli.goal_lifecycle(GOAL, "stop", execute=True))
+        return Reject("test: the goal is paused")
+
+    settings = LoopxSettings(env=loopx_env, command=tuple(loopx_command), timeout=120, initialize=False)
+    with trio.fail_after(480):
+        async with Runtime.open(tmp_path / "runtime", loopx=settings) as rt:
+            handler = HostHandler(rt)
+            mirror = DshAgentMirror(handler, rt.loopx.start_driver, lambda _: loopx_project, frozenset({OWNED}))
+            async with trio.open_nursery() as nursery:
+                await nursery.start(mirror.run)
+                port = await nursery.start(lambda task_status: serve_bridge(handler, token=TOKEN, task_status=task_status))
+                patch = write_patch(
+                    tmp_path / "p", f"ws://127.0.0.1:{port}", TOKEN, ping=True,
+                    extra={"createAgents": [{"sessionId": SESSION}], "verdictTimeoutMs": 240000},
+                )
+                err = open(tmp_path / "dsh.err", "wb")
+                proc = await trio.lowlevel.open_process(
+                    [str(DSH), "headless", "--patch", str(patch), "HOLD until the runtime is done"],
+                    cwd=loopx_project, env=quiet_env(dsh_home, tmp_path / "home"),
+                    stdout=err, stderr=err,
+                )
+                try:
+                    async def until(predicate) -> None:
+                        while not predicate():
+                            if proc.returncode is not None:
+                                pytest.fail(f"dsh exited ({proc.returncode}): {(tmp_path / 'dsh.err').read_text()}")
+                            with trio.move_on_after(0.5):  # and see whether dsh is still alive
+                                await handler.wait_until(predicate)
+
+                    def mirrored() -> bool:
+                        live = handler.agents.get(SESSION)
+                        proxy = mirror.proxies.get(SESSION)
+                        return live is not None and live.source == "startup" and proxy is not None \
+                            and proxy.live is live and SESSION in rt.loopx.drivers
+
+                    await until(mirrored)
+                    proxy = mirror.proxies[SESSION]
+                    driver = rt.loopx.drivers[SESSION]
+                    assert driver.agent is proxy
+                    client = driver.client = RecordingClient(
+                        loopx_command, project=loopx_project, env=loopx_env, timeout=120
+                    )
+                    proxy.pre_step.add(settle_then_veto)
+                    assert proxy.cwd == loopx_project and proxy.session.header.forked_events is None
+
+                    # 1. passive: idle checkpoints pass, nothing is asked or reserved
+                    await driver.wait_checkpoint(0)
+                    assert not driver.activation.active
+                    assert (client.should_runs, driver.pending, driver.admitted) == ([], None, [])
+
+                    # 2. the session invokes the loopx skill: one continuation is admitted
+                    await handler.followup(SESSION, ACTIVATE)
+                    await until(lambda: len(driver.admitted) == 1 or driver.stopped)
+                    assert driver.admitted, (driver.stopped, client.answers)
+                    (first,) = driver.admitted
+                    assert driver.activation.active
+                    # asked once at the idle checkpoint, replayed once at DSH's pre-step
+                    assert client.should_runs[:2] == [first, first]
+                    assert seen[0] == (first,)
+
+                    # 3. the next continuation is vetoed: blocked in DSH, then the driver stops
+                    await until(lambda: len(seen) >= 2 and driver.pending is None and driver.stopped is not None)
+                    assert [(kind, type(r)) for kind, r in client.settled] == [
+                        ("durable_writeback", LoopxOk), ("quota_spend", LoopxOk)
+                    ], client.settled
+                    # the driver asked LoopX again: the vetoed turn holds a committed receipt
+                    # that nobody settled, so LoopX offers only a recovery turn without a
+                    # settlement identity, which the driver does not take
+                    assert driver.stopped == "should-run: unsettled_host_turn_recovery (settlement owed)", driver.stopped
+                    assert driver.admitted == [first]
+                    second = seen[1][0]
+                    (pause,) = paused
+                    assert isinstance(pause, LifecycleResult) and pause.readback_verified, pause
+                    assert second != first and client.should_runs[-1] not in (first, second)
+                    await until(lambda: proxy.status == "idle" and not proxy.live.inbox)
+
+                    # the end: wake the headless agent (its ping call holds until then)
+                    headless = next(a for a in handler.agents if a != SESSION)
+                    await handler.wake(headless)
+                    with trio.fail_after(60):
+                        code = await proc.wait()
+                finally:
+                    if proc.returncode is None:
+                        proc.kill()
+                        await proc.wait()
+                    err.close()
+                assert code == 0, (tmp_path / "dsh.err").read_text(errors="replace")
+                nursery.cancel_scope.cancel()
+
+    # DSH's own log: activation, the admitted continuation with its exact source, the veto
+    events = [e for e in session_log(dsh_home, SESSION) if "seq" in e]
+    turns = _turns(events)
+    assert [_end(t) for t in turns] == ["completed", "completed", "blocked"], [
+        [(e["type"], _text(e)[:40], e["data"].get("reason")) for e in t] for t in turns
+    ]
+    activation, continued, vetoed = turns
+    assert any(_source_of(e) == ACTIVATE["source"] for e in activation if e["type"] == "user/message")
+    (message,) = [e for e in continued if e["type"] == "user/message" and (_source_of(e) or {}).get("kind") == OWNED]
+    assert _source_of(message) == {
+        "kind": OWNED, "schemaVersion": "loopx_dsh_continuation_v0",
+        "goalId": GOAL, "agentId": LX_AGENT, "turnInstanceId": first,
+    }
+    assert str(loopx_project) not in _text(message)
+    assert any(e["type"] == "assistant/message" and _text(e).startswith("pong: ") for e in continued)
+    assert not [e for e in vetoed if e["type"] in ("user/message", "assistant/message", "request/context")]
+    assert not [e for e in events if (_source_of(e) or {}).get("turnInstanceId") == second]
+
+    # LoopX holds one receipt for the admitted turn: asking again replays it
+    with trio.fail_after(120):
+        replay = await cli.should_run(GOAL, LX_AGENT, first)
+    assert isinstance(replay, ShouldRun) and replay.receipt_status == "replayed"
