@@ -16,8 +16,10 @@ from runtime._errors import InvalidOptionsError
 from runtime._runtime import Runtime, resolve_home
 from runtime.loopx import LoopxSettings
 
-from ._dock_select import DockSelectHandler
+from ._dsh_agent import DshAgentMirror
 from ._goalbar import GoalBarHandler, GoalBarService
+from ._host_handler import HostHandler
+from ._patch import DEFAULT_OWNED_KINDS
 from ._server import DEFAULT_HOST, serve_bridge
 from ._token import TOKEN_FILE, load_or_create_token
 
@@ -61,11 +63,13 @@ async def serve_command(
     ``port`` (0: any free port), print one readiness line on ``out``, and run until SIGINT
     or SIGTERM; then close everything (sessions made durable).
 
-    The bridge answers DSH hosts' loop selection from the runtime's dock and serves the
-    GoalBar (page and ``/goalbar`` endpoint). ``loopx``: enable the LoopX integration
+    The bridge answers DSH hosts' loop selection from the runtime's dock, mirrors every
+    live DSH agent as a ``DshAgent`` with a LoopX continuation driver (with ``loopx``),
+    and serves the GoalBar (page and ``/goalbar`` endpoint). ``loopx``: enable the LoopX integration
     (continuation drivers, /loopx-init, start-up initialisation, the GoalBar's reads).
-    ``project``: the LoopX project of sessions the runtime does not own (default: the
-    current directory); a session of a live runtime agent uses that agent's ``cwd``."""
+    ``project``: the LoopX project of sessions the runtime does not own, DSH's included
+    (default: the current directory); a session of a live runtime agent uses that agent's
+    ``cwd``."""
     host = host or DEFAULT_HOST
     project_dir = Path(project if project is not None else Path.cwd()).absolute()
     if not project_dir.is_dir():
@@ -75,7 +79,14 @@ async def serve_command(
     async with Runtime.open(resolve_home(home), loopx=LoopxSettings() if loopx else None) as rt:
         token = await trio.to_thread.run_sync(load_or_create_token, rt.home)
         async with goalbar_service(rt) as service, trio.open_nursery() as nursery:
-            handler = GoalBarHandler(service, goalbar_project_for(rt, project_dir), nursery, inner=DockSelectHandler(rt))
+            project_for = goalbar_project_for(rt, project_dir)
+            hosts = HostHandler(rt)
+            if rt.loopx is not None:
+                # Every live DSH agent gets a proxy with a continuation driver, like the
+                # runtime's own agents (passive until its session invokes /loopx).
+                mirror = DshAgentMirror(hosts, rt.loopx.start_driver, project_for, frozenset(DEFAULT_OWNED_KINDS))
+                await nursery.start(mirror.run)
+            handler = GoalBarHandler(service, project_for, nursery, inner=hosts)
             bound = await nursery.start(functools.partial(serve_bridge, handler, token=token, host=host, port=port))
             print(f"loopdock serve: ws://{host}:{bound} (token in {rt.home / TOKEN_FILE})", file=out, flush=True)
             # SIGTERM too: a supervisor stopping us should get the same clean close as ^C.
