@@ -217,7 +217,13 @@ class DshAgent:
         mine = [self._reservations.get(m.get("id")) for m in owned]  # type: ignore[arg-type]
         if not owned or None in mine:
             # Not a pending reservation of ours (withdrawn, or someone else's): never enters.
-            return wire.Verdict("reject", "not a pending reservation of this runtime")
+            # DSH drops every owned message of a rejected batch: ours in it are rejected too.
+            reason = "not a pending reservation of this runtime"
+            for reservation in mine:
+                if reservation is not None:
+                    self._settle(reservation, "rejected", reason)
+            self._wake_later()
+            return wire.Verdict("reject", reason)
         try:
             pre = PreStep(
                 request.agent_id,
@@ -230,6 +236,7 @@ class DshAgent:
         except BaseException:
             for reservation in mine:
                 self._settle(reservation, "rejected", "pre-step failed")  # type: ignore[arg-type]
+            self._wake_later()  # the host fails closed: a reject like any other
             raise
         if isinstance(verdict, Enter):
             for reservation in mine:
@@ -237,9 +244,13 @@ class DshAgent:
             return wire.Verdict("enter")
         for reservation in mine:
             self._settle(reservation, "rejected", verdict.reason)  # type: ignore[arg-type]
-        assert self._nursery is not None
-        self._nursery.start_soon(self._wake_after_blocked_turn, self.status_version)
+        self._wake_later()
         return wire.Verdict("reject", verdict.reason)
+
+    def _wake_later(self) -> None:
+        """After any reject (ours, or the host failing closed) the inbox stalls."""
+        if self._nursery is not None and not self.closed:
+            self._nursery.start_soon(self._wake_after_blocked_turn, self.status_version)
 
     async def _wake_after_blocked_turn(self, seen: int) -> None:
         """DSH ends the turn ``blocked`` and leaves the rest of the inbox stalled: wake the

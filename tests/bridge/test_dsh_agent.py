@@ -1,0 +1,615 @@
+"""``DshAgent`` and ``DshAgentMirror`` without DSH: a ``HostHandler`` fed live events by
+hand (``on_live``/``on_pre_step`` called directly, as the bridge server would) and a fake
+host connection that records the commands it is sent and answers them (its only purpose
+is to inject faults: negative acks, no host).
+
+Every wait is bounded by ``trio.fail_after`` on the autojump clock; "nothing happens"
+is checked with ``trio.move_on_after`` on the same clock (it fires only once every task is
+blocked, so a task that could still act has acted)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from actors import LiveEvent, PreStep, Reject
+from actors._agent import InvalidReservationError
+from bridge import Ack, DshAgent, DshAgentMirror, ErrorNotice, Followup, HostHandler, Verdict, Wake
+from bridge import PreStep as WirePreStep
+from bridge._dsh_agent import DshAgentClosedError
+from bridge._handler import Disconnect
+from runtime._messages import Message, ProducerSource, SkillInvocationSource, TextBlock, UserSource
+from runtime._serde import message_to_wire
+
+OWNED = "loopx-continuation"
+OWNED_KINDS = frozenset({OWNED})
+NOT_PENDING = "not a pending reservation of this runtime"
+
+
+class FakeHost:
+    """A DSH-host connection: records every command, answers with ``replies[type]`` (an
+    ``Ack``, or an exception to raise), ``Ack(True)`` by default."""
+
+    role = "dsh-host"
+
+    def __init__(self, conn_id: str = "c1") -> None:
+        self.id = conn_id
+        self.closed = None
+        self.sent: list = []
+        self.replies: dict[type, object] = {}
+        self._changed = trio.Event()
+
+    async def request(self, message, timeout=10.0):
+        self.sent.append(message)
+        self._changed.set()
+        self._changed = trio.Event()
+        reply = self.replies.get(type(message), Ack(True))
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+    def of(self, kind: type) -> list:
+        return [m for m in self.sent if isinstance(m, kind)]
+
+    async def wait_sent(self, kind: type, count: int = 1) -> None:
+        while len(self.of(kind)) < count:
+            await self._changed.wait()
+
+
+async def live(handler: HostHandler, conn: FakeHost, *items: tuple[str, str, dict]) -> None:
+    await handler.on_live(conn, [LiveEvent(kind, agent_id, data) for kind, agent_id, data in items])
+
+
+def created(agent_id: str, source: str = "startup") -> tuple[str, str, dict]:
+    return ("agent/created", agent_id, {"source": source, "sessionId": agent_id})
+
+
+def status(agent_id: str, value: str) -> tuple[str, str, dict]:
+    return ("agent/status", agent_id, {"status": value})
+
+
+def inbox(kind: str, agent_id: str, message: dict) -> tuple[str, str, dict]:
+    return (f"agent/inbox/{kind}", agent_id, {"message": message})
+
+
+def human(message_id: str, kind: str = "user") -> dict:
+    source = {"kind": "user"} if kind == "user" else {"kind": "skill-invocation", "name": "loopx", "form": "instructions"}
+    return {"id": message_id, "role": "user", "content": [{"type": "text", "text": "hi"}], "source": source}
+
+
+def continuation(turn: str = "t1", kind: str = OWNED) -> Message:
+    source = ProducerSource(kind, {"schemaVersion": "loopx_dsh_continuation_v0", "goalId": "g1", "turnInstanceId": turn})
+    return Message("user", (TextBlock(f"continue {turn}"),), source)
+
+
+def pre_step(agent_id: str, *messages: dict, turn: int = 1) -> WirePreStep:
+    return WirePreStep(agent_id, agent_id, turn, 1, tuple(messages))
+
+
+async def still_blocked(async_fn, *args, seconds: float = 1) -> bool:
+    """True if ``async_fn(*args)`` is still waiting once everything else has settled."""
+    with trio.move_on_after(seconds) as scope:
+        await async_fn(*args)
+    return scope.cancelled_caught
+
+
+async def open_host(rt, *agents: str) -> tuple[HostHandler, FakeHost]:
+    handler = HostHandler(rt)
+    conn = FakeHost()
+    handler.connected(conn)
+    await live(handler, conn, *[created(a) for a in agents])
+    return handler, conn
+
+
+async def start_proxy(nursery: trio.Nursery, handler: HostHandler, agent_id: str, cwd: Path) -> DshAgent:
+    proxy = DshAgent(handler, handler.agents[agent_id], cwd, OWNED_KINDS)
+    await nursery.start(proxy.run)
+    return proxy
+
+
+class Recorder:
+    """A pre-step listener: records what it saw, then answers ``verdict`` (or enters)."""
+
+    def __init__(self, verdict=None, error: BaseException | None = None) -> None:
+        self.seen: list[PreStep] = []
+        self.verdict = verdict
+        self.error = error
+
+    async def __call__(self, pre: PreStep, next_):
+        self.seen.append(pre)
+        if self.error is not None:
+            raise self.error
+        if self.verdict is not None:
+            return self.verdict
+        return await next_(pre)
+
+
+# -- what a driver reads ------------------------------------------------------------------
+
+
+async def test_status_and_waits_follow_the_host(rt, tmp_path, autojump_clock):
+    handler, conn = await open_host(rt, "a1")
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            proxy = await start_proxy(nursery, handler, "a1", tmp_path)
+            assert (proxy.id, proxy.cwd, proxy.closed) == ("a1", tmp_path, False)
+            assert (proxy.status, proxy.status_version) == ("idle", 0)  # no agent/status yet
+
+            # wait_status_change wakes on the host's change, not on a repeat
+            assert await still_blocked(proxy.wait_status_change, 0)
+            await live(handler, conn, status("a1", "running"))
+            await proxy.wait_status_change(0)
+            assert (proxy.status, proxy.status_version) == ("running", 1)
+            await live(handler, conn, status("a1", "running"))
+            assert proxy.status_version == 1
+            assert await still_blocked(proxy.wait_status_change, 1)
+
+            woke: list[str] = []
+
+            async def waiter(fn, *args):
+                await fn(*args)
+                woke.append(fn.__name__)
+
+            nursery.start_soon(waiter, proxy.wait_status_change, 1)
+            nursery.start_soon(waiter, proxy.wait_idle)
+            message = human("h1")
+            await live(handler, conn, inbox("inserted", "a1", message))
+            assert await still_blocked(trio.sleep_forever) and woke == []
+            # idle, but something is queued: not yet idle for wait_idle
+            await live(handler, conn, status("a1", "idle"))
+            assert await still_blocked(trio.sleep_forever) and woke == ["wait_status_change"]
+            assert (proxy.status, proxy.status_version) == ("idle", 2)
+            await live(handler, conn, inbox("claimed", "a1", message))
+            assert await still_blocked(trio.sleep_forever) and woke == ["wait_status_change", "wait_idle"]
+            await proxy.wait_idle()  # returns at once when already idle and empty
+
+            # a disposed agent wakes every waiter
+            await live(handler, conn, status("a1", "running"))
+            nursery.start_soon(waiter, proxy.wait_idle)
+            assert await still_blocked(trio.sleep_forever) and len(woke) == 2
+            await live(handler, conn, ("agent/disposed", "a1", {}))
+            await proxy.wait_status_change(proxy.status_version)
+            assert await still_blocked(trio.sleep_forever) and woke[-1] == "wait_idle" and len(woke) == 3
+            assert proxy.closed
+
+
+async def test_human_input_and_inbox_size_come_from_the_host_inbox(rt, tmp_path, autojump_clock):
+    handler, conn = await open_host(rt, "a1")
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            proxy = await start_proxy(nursery, handler, "a1", tmp_path)
+            assert (proxy.has_pending_human_input(), proxy.inbox_size) == (False, 0)
+
+            # DSH's own automatic kinds and other producers' messages are not human input
+            other = {"id": "o1", "role": "user", "content": [], "source": {"kind": "runtime-context"}}
+            await live(handler, conn, inbox("inserted", "a1", other))
+            assert (proxy.has_pending_human_input(), proxy.inbox_size) == (False, 1)
+            for message_id, kind in (("u1", "user"), ("s1", "skill-invocation")):
+                message = human(message_id, kind)
+                await live(handler, conn, inbox("inserted", "a1", message))
+                assert (proxy.has_pending_human_input(), proxy.inbox_size) == (True, 2)
+                await live(handler, conn, inbox("discarded", "a1", message))
+                assert (proxy.has_pending_human_input(), proxy.inbox_size) == (False, 1)
+
+            # a reservation counts from the moment it is sent, once (not again when inserted)
+            reservation = proxy.reserve(continuation())
+            assert proxy.inbox_size == 2
+            await conn.wait_sent(Followup)
+            wire_message = message_to_wire(reservation.message)
+            await live(handler, conn, inbox("inserted", "a1", wire_message))
+            assert proxy.inbox_size == 2 and not proxy.has_pending_human_input()
+            await live(handler, conn, inbox("claimed", "a1", wire_message))
+            verdict = await handler.on_pre_step(conn, pre_step("a1", wire_message))
+            assert verdict == Verdict("enter") and reservation.state == "admitted"
+            assert proxy.inbox_size == 1
+            nursery.cancel_scope.cancel()
+
+
+# -- reserve ----------------------------------------------------------------------------------
+
+
+async def test_reserve_sends_a_followup_with_the_wire_form(rt, tmp_path, autojump_clock):
+    handler, conn = await open_host(rt, "a1")
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            proxy = await start_proxy(nursery, handler, "a1", tmp_path)
+            message = continuation("t1")
+            reservation = proxy.reserve(message)
+            assert (reservation.state, reservation.message, reservation.placement) == ("pending", message, "followup")
+            await conn.wait_sent(Followup)
+            assert conn.sent == [
+                Followup(
+                    "a1",
+                    {
+                        "role": "user",
+                        "content": [{"type": "text", "text": "continue t1"}],
+                        "source": {
+                            "kind": OWNED,
+                            "schemaVersion": "loopx_dsh_continuation_v0",
+                            "goalId": "g1",
+                            "turnInstanceId": "t1",
+                        },
+                        "id": message.id,
+                    },
+                    "followup",
+                )
+            ]
+            steer = proxy.reserve(continuation("t2"), "steer")
+            await conn.wait_sent(Followup, 2)
+            assert conn.sent[-1].placement == "steer" and conn.sent[-1].message["id"] == steer.message.id
+            # a positive ack does not settle it: only the pre-step does
+            assert await still_blocked(reservation.wait) and reservation.state == "pending"
+            nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        UserSource(),
+        SkillInvocationSource("loopx", "instructions"),
+        None,
+        ProducerSource("someone-else", {"goalId": "g1"}),
+    ],
+    ids=["user", "skill-invocation", "no-source", "kind-not-owned"],
+)
+async def test_reserve_refuses_human_sources_and_kinds_the_bridge_does_not_own(rt, tmp_path, autojump_clock, source):
+    handler, conn = await open_host(rt, "a1")
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            proxy = await start_proxy(nursery, handler, "a1", tmp_path)
+            with pytest.raises(InvalidReservationError):
+                proxy.reserve(Message("user", (TextBlock("x"),), source))
+            assert await still_blocked(trio.sleep_forever)
+            assert conn.sent == [] and proxy.inbox_size == 0
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_refused_or_unsendable_reservation_settles_cancelled(rt, tmp_path, autojump_clock):
+    handler, conn = await open_host(rt, "a1")
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            proxy = await start_proxy(nursery, handler, "a1", tmp_path)
+            conn.replies[Followup] = Ack(False, ErrorNotice("NOT_LIVE", "no live agent a1"))
+            refused = proxy.reserve(continuation("t1"))
+            assert await refused.wait() == "cancelled"
+            assert "NOT_LIVE" in refused.reason
+            assert proxy.inbox_size == 0 and len(conn.of(Followup)) == 1
+
+            handler.disconnected(conn, Disconnect("peer-closed", "bye"))
+            assert not proxy.closed  # the agent outlives its connection
+            unsent = proxy.reserve(continuation("t2"))
+            assert await unsent.wait() == "cancelled"
+            assert "NO_HOST" in unsent.reason
+            assert proxy.inbox_size == 0 and len(conn.of(Followup)) == 1
+            nursery.cancel_scope.cancel()
+
+
+# -- the pre-step gate ---------------------------------------------------------------------
+
+
+async def test_pre_step_enter_admits_the_reservation(rt, tmp_path, autojump_clock):
+    handler, conn = await open_host(rt, "a1")
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            proxy = await start_proxy(nursery, handler, "a1", tmp_path)
+            listener = Recorder()
+            proxy.pre_step.add(listener)
+            reservation = proxy.reserve(continuation("t1"))
+            await conn.wait_sent(Followup)
+            wire_message = conn.sent[0].message
+            await live(handler, conn, status("a1", "running"))
+            verdict = await handler.on_pre_step(conn, pre_step("a1", wire_message, turn=3))
+            assert verdict == Verdict("enter")
+            assert await reservation.wait() == "admitted"
+            (seen,) = listener.seen
+            assert (seen.agent_id, seen.session_id, seen.turn, seen.step) == ("a1", "a1", 3, 1)
+            assert seen.messages == (reservation.message,)
+            assert seen.messages[0].source.fields["turnInstanceId"] == "t1"
+            # settled: the same message at a later pre-step is no longer ours
+            again = await handler.on_pre_step(conn, pre_step("a1", wire_message))
+            assert again == Verdict("reject", NOT_PENDING) and len(listener.seen) == 1
+            # an admitted turn sends no wake
+            await live(handler, conn, status("a1", "idle"))
+            assert await still_blocked(trio.sleep_forever) and conn.of(Wake) == []
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_reject_wakes_the_agent_after_the_blocked_turn_only_if_input_is_queued(rt, tmp_path, autojump_clock):
+    handler, conn = await open_host(rt, "a1")
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            proxy = await start_proxy(nursery, handler, "a1", tmp_path)
+            listener = Recorder(Reject("quota says no"))
+            proxy.pre_step.add(listener)
+
+            # 1. something is queued behind the vetoed continuation: one wake, once idle
+            first = proxy.reserve(continuation("t1"))
+            await conn.wait_sent(Followup)
+            await live(handler, conn, status("a1", "running"), inbox("inserted", "a1", human("h1")))
+            verdict = await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message))
+            assert verdict == Verdict("reject", "quota says no")
+            assert (await first.wait(), first.reason) == ("rejected", "quota says no")
+            assert len(listener.seen) == 1
+            assert await still_blocked(trio.sleep_forever) and conn.of(Wake) == []  # still running
+            await live(handler, conn, status("a1", "idle"))
+            await conn.wait_sent(Wake)
+            assert conn.of(Wake) == [Wake("a1")]
+            assert await still_blocked(trio.sleep_forever) and len(conn.of(Wake)) == 1
+
+            # 2. nothing queued: the turn ends and no wake is sent
+            await live(handler, conn, status("a1", "running"), inbox("claimed", "a1", human("h1")))
+            second = proxy.reserve(continuation("t2"))
+            await conn.wait_sent(Followup, 2)
+            verdict = await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message))
+            assert verdict == Verdict("reject", "quota says no") and second.state == "rejected"
+            await live(handler, conn, status("a1", "idle"))
+            assert await still_blocked(trio.sleep_forever)
+            assert len(conn.of(Wake)) == 1 and proxy.live.inbox == {}
+
+            # 3. a wake the host refuses does not take the proxy down
+            conn.replies[Wake] = Ack(False, ErrorNotice("NOT_LIVE", "gone"))
+            third = proxy.reserve(continuation("t3"))
+            await conn.wait_sent(Followup, 3)
+            await live(handler, conn, status("a1", "running"), inbox("inserted", "a1", human("h2")))
+            await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message))
+            await live(handler, conn, status("a1", "idle"))
+            await conn.wait_sent(Wake, 2)
+            assert third.state == "rejected" and not proxy.closed
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_pre_step_for_a_message_that_is_not_pending_is_rejected_without_the_waterfall(rt, tmp_path, autojump_clock):
+    handler, conn = await open_host(rt, "a1")
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            proxy = await start_proxy(nursery, handler, "a1", tmp_path)
+            listener = Recorder()
+            proxy.pre_step.add(listener)
+
+            # an owned kind this runtime never reserved
+            stranger = message_to_wire(continuation("t-x"))
+            assert await handler.on_pre_step(conn, pre_step("a1", stranger)) == Verdict("reject", NOT_PENDING)
+
+            # a withdrawn reservation whose message still reaches a pre-step
+            reservation = proxy.reserve(continuation("t1"))
+            await conn.wait_sent(Followup)
+            assert proxy.withdraw(reservation, "driver stopped") is True
+            assert (reservation.state, reservation.reason) == ("cancelled", "driver stopped")
+            assert proxy.withdraw(reservation) is False and proxy.inbox_size == 0
+            verdict = await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message))
+            assert verdict == Verdict("reject", NOT_PENDING)
+            assert reservation.state == "cancelled"
+            assert listener.seen == []
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_batch_with_a_foreign_owned_message_settles_the_pending_one_rejected(rt, tmp_path, autojump_clock):
+    """DSH consumes the whole batch it rejects (it puts back only what the runtime does not
+    own): a pending reservation in it must not stay pending forever."""
+    handler, conn = await open_host(rt, "a1")
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            proxy = await start_proxy(nursery, handler, "a1", tmp_path)
+            listener = Recorder()
+            proxy.pre_step.add(listener)
+            mine = proxy.reserve(continuation("t1"))
+            await conn.wait_sent(Followup)
+            stranger = message_to_wire(continuation("t-x"))
+            verdict = await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message, stranger))
+            assert verdict == Verdict("reject", NOT_PENDING) and listener.seen == []
+            assert mine.state == "rejected" and mine.reason == NOT_PENDING
+            assert proxy.inbox_size == 0
+            nursery.cancel_scope.cancel()
+
+
+async def test_every_reject_wakes_a_stalled_inbox_not_only_a_listeners(rt, tmp_path, autojump_clock):
+    """After any reject (not pending, or failed closed) DSH leaves the inbox stalled just the
+    same: the proxy wakes the agent once idle if anything is queued."""
+    handler, conn = await open_host(rt, "a1")
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            proxy = await start_proxy(nursery, handler, "a1", tmp_path)
+            await live(handler, conn, status("a1", "running"), inbox("inserted", "a1", human("h1")))
+            stranger = message_to_wire(continuation("t-x"))
+            assert await handler.on_pre_step(conn, pre_step("a1", stranger)) == Verdict("reject", NOT_PENDING)
+            await live(handler, conn, status("a1", "idle"))
+            await conn.wait_sent(Wake)
+
+            proxy.pre_step.add(Recorder(error=RuntimeError("listener bug")))
+            reservation = proxy.reserve(continuation("t1"))
+            await conn.wait_sent(Followup)
+            await live(handler, conn, status("a1", "running"))
+            with pytest.raises(RuntimeError):
+                await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message))
+            assert reservation.state == "rejected"
+            await live(handler, conn, status("a1", "idle"))
+            await conn.wait_sent(Wake, 2)
+            assert conn.of(Wake) == [Wake("a1"), Wake("a1")]
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_listener_that_raises_fails_the_pre_step_and_rejects_the_reservation(rt, tmp_path, autojump_clock):
+    handler, conn = await open_host(rt, "a1")
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            proxy = await start_proxy(nursery, handler, "a1", tmp_path)
+            boom = Recorder(error=ValueError("listener bug"))
+            dispose = proxy.pre_step.add(boom)
+            reservation = proxy.reserve(continuation("t1"))
+            await conn.wait_sent(Followup)
+            with pytest.raises(ValueError, match="listener bug"):
+                await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message))
+            assert (reservation.state, reservation.reason) == ("rejected", "pre-step failed")
+            assert len(boom.seen) == 1 and proxy.inbox_size == 0
+            # the proxy goes on: the next reservation is judged normally
+            dispose()
+            later = proxy.reserve(continuation("t2"))
+            await conn.wait_sent(Followup, 2)
+            assert await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message)) == Verdict("enter")
+            assert later.state == "admitted" and not proxy.closed
+            nursery.cancel_scope.cancel()
+
+
+# -- the proxy's end ---------------------------------------------------------------------------
+
+
+async def test_a_disposed_agent_closes_its_proxy(rt, tmp_path, autojump_clock):
+    handler, conn = await open_host(rt, "a1")
+    companion_cancelled = trio.Event()
+    finished = trio.Event()
+
+    async def companion(*, task_status=trio.TASK_STATUS_IGNORED):
+        task_status.started()
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            companion_cancelled.set()
+            raise
+
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            proxy = DshAgent(handler, handler.agents["a1"], tmp_path, OWNED_KINDS)
+
+            async def run_proxy(task_status=trio.TASK_STATUS_IGNORED):
+                await proxy.run(task_status=task_status)
+                finished.set()
+
+            await nursery.start(run_proxy)
+            await proxy.start_companion(companion)
+            proxy.pre_step.add(Recorder(Reject("no")))
+            reservation = proxy.reserve(continuation("t1"))
+            await conn.wait_sent(Followup)
+            wire_message = conn.sent[-1].message
+            assert await handler.on_pre_step(conn, pre_step("a1", message_to_wire(continuation("t-x")))) == Verdict(
+                "reject", NOT_PENDING
+            )
+
+            await live(handler, conn, ("agent/disposed", "a1", {}))
+            await finished.wait()
+            assert companion_cancelled.is_set()
+            assert (reservation.state, reservation.reason) == ("cancelled", "agent gone")
+            assert proxy.closed and proxy.inbox_size == 0
+            # the gate is gone: the handler's default answers
+            assert await handler.on_pre_step(conn, pre_step("a1", wire_message)) == Verdict("enter")
+            with pytest.raises(DshAgentClosedError):
+                proxy.reserve(continuation("t2"))
+            with pytest.raises(DshAgentClosedError):
+                await proxy.start_companion(companion)
+            await proxy.wait_idle()
+            assert len(conn.of(Followup)) == 1
+
+
+async def test_status_before_created_on_the_same_connection_is_one_agent_one_proxy(rt, tmp_path, autojump_clock):
+    handler = HostHandler(rt)
+    conn = FakeHost()
+    handler.connected(conn)
+    started: list[DshAgent] = []
+
+    async def on_agent(proxy: DshAgent) -> None:
+        started.append(proxy)
+
+    mirror = DshAgentMirror(handler, on_agent, lambda _: tmp_path, OWNED_KINDS)
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mirror.run)
+            await live(handler, conn, status("a1", "running"))
+            assert await still_blocked(trio.sleep_forever)
+            (proxy,) = started
+            await live(handler, conn, created("a1"))
+            assert await still_blocked(trio.sleep_forever)
+            assert started == [proxy] and mirror.proxies == {"a1": proxy}
+            assert not proxy.closed and proxy.live.source == "startup" and proxy.status == "running"
+            nursery.cancel_scope.cancel()
+
+
+async def test_an_agent_announced_again_gets_a_fresh_proxy(rt, tmp_path, autojump_clock):
+    handler = HostHandler(rt)
+    old_conn, new_conn = FakeHost("c1"), FakeHost("c2")
+    handler.connected(old_conn)
+    started: list[DshAgent] = []
+    cancelled: list[DshAgent] = []
+
+    async def companion(proxy, *, task_status=trio.TASK_STATUS_IGNORED):
+        task_status.started()
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled.append(proxy)
+
+    async def on_agent(proxy: DshAgent) -> None:
+        started.append(proxy)
+        await proxy.start_companion(companion, proxy)
+
+    mirror = DshAgentMirror(handler, on_agent, lambda session_id: tmp_path / session_id, OWNED_KINDS)
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mirror.run)
+            await live(handler, old_conn, created("a1"))
+            assert await still_blocked(trio.sleep_forever)
+            (first,) = started
+            assert mirror.proxies == {"a1": first} and first.cwd == tmp_path / "a1"
+            old_listener = Recorder()
+            first.pre_step.add(old_listener)
+            reservation = first.reserve(continuation("t1"))
+            await old_conn.wait_sent(Followup)
+            old_message = old_conn.sent[-1].message
+
+            # the host comes back on a new connection and announces the agent again (a resume)
+            handler.connected(new_conn)
+            await live(handler, new_conn, created("a1", "resume"))
+            assert await still_blocked(trio.sleep_forever)
+            assert first.closed and cancelled == [first]
+            assert (reservation.state, reservation.reason) == ("cancelled", "agent gone")
+            assert len(started) == 2
+            second = started[1]
+            assert second is not first and mirror.proxies == {"a1": second}
+            assert second.live is handler.agents["a1"] and second.live.source == "resume" and not second.closed
+            # the new proxy gates the agent; the old one's reservation is nobody's now
+            assert await handler.on_pre_step(new_conn, pre_step("a1", old_message)) == Verdict("reject", NOT_PENDING)
+            assert old_listener.seen == []
+            fresh = second.reserve(continuation("t2"))
+            await new_conn.wait_sent(Followup)
+            assert await handler.on_pre_step(new_conn, pre_step("a1", new_conn.sent[-1].message)) == Verdict("enter")
+            assert fresh.state == "admitted"
+
+            # disposed: the proxy ends and the mirror forgets it, without starting another
+            await live(handler, new_conn, ("agent/disposed", "a1", {}))
+            assert await still_blocked(trio.sleep_forever)
+            assert second.closed and cancelled == [first, second]
+            assert mirror.proxies == {} and len(started) == 2
+            assert await handler.on_pre_step(new_conn, pre_step("a1", old_message)) == Verdict("enter")
+            nursery.cancel_scope.cancel()
+
+
+async def test_on_agent_raising_does_not_take_the_mirror_down(rt, tmp_path, autojump_clock):
+    handler, conn = await open_host(rt)
+    calls: list[str] = []
+
+    async def on_agent(proxy: DshAgent) -> None:
+        calls.append(proxy.id)
+        if proxy.id == "bad":
+            raise RuntimeError("driver failed to start")
+
+    mirror = DshAgentMirror(handler, on_agent, lambda _: tmp_path, OWNED_KINDS)
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mirror.run)
+            await live(handler, conn, created("bad"))
+            assert await still_blocked(trio.sleep_forever)
+            await live(handler, conn, created("good"))
+            assert await still_blocked(trio.sleep_forever)
+            assert calls == ["bad", "good"] and set(mirror.proxies) == {"bad", "good"}
+            bad = mirror.proxies["bad"]
+            # the proxy itself still serves its agent
+            assert not bad.closed
+            bad.pre_step.add(Recorder(Reject("vetoed")))
+            reservation = bad.reserve(continuation("t1"))
+            await conn.wait_sent(Followup)
+            assert await handler.on_pre_step(conn, pre_step("bad", conn.sent[-1].message)) == Verdict("reject", "vetoed")
+            assert reservation.state == "rejected"
+            await live(handler, conn, ("agent/disposed", "bad", {}))
+            assert await still_blocked(trio.sleep_forever)
+            assert set(mirror.proxies) == {"good"} and bad.closed
+            nursery.cancel_scope.cancel()
