@@ -320,6 +320,11 @@ def _frozen_env(value: Mapping[str, str]) -> Mapping[str, str]:
     return MappingProxyType(env)
 
 
+#: What a shell tool's child inherits from the runtime's environment by default: enough to
+#: find programs and run in the user's locale, none of the runtime's credentials.
+INHERITED_ENV = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM"})
+
+
 @attrs.frozen
 class ShellPolicy:
     """What the ``shell`` tool may run. The default allows nothing."""
@@ -331,7 +336,10 @@ class ShellPolicy:
     max_output: int = attrs.field(default=64_000, validator=_positive)  # characters
     env: Mapping[str, str] = attrs.field(
         factory=dict, converter=_frozen_env, hash=False
-    )  # added to the runtime's environment
+    )  # set on top of the inherited variables below
+    #: the runtime's own variables the child sees (everything else, API keys included,
+    #: stays with the runtime); ``env`` adds or overrides on top of them
+    inherit: frozenset[str] = attrs.field(default=INHERITED_ENV, converter=frozenset)
 
 
 # Unquoted shell operators. shlex with punctuation_chars splits them out as tokens made
@@ -410,7 +418,8 @@ def shell_tool(policy: ShellPolicy) -> Tool:
         if name not in policy.allow:
             raise ToolError(f"shell: {name!r} is not allowed; allowed: {allowed}")
 
-        env = {**os.environ, **policy.env, SESSION_ENV_VAR: ctx.session_id}
+        inherited = {key: value for key, value in os.environ.items() if key in policy.inherit}
+        env = {**inherited, **policy.env, SESSION_ENV_VAR: ctx.session_id}
         executable = shutil.which(name, path=env.get("PATH", os.defpath))
         # A relative PATH entry would resolve against our process cwd, not the agent's.
         if executable is None or not os.path.isabs(executable):

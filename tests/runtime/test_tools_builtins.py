@@ -292,6 +292,20 @@ async def test_shell_exports_the_session_id_exactly(workdir: Path):
     assert out.startswith(f"exit code 0\n--- stdout ---\n{SESSION}\n1\n")
 
 
+async def test_shell_children_do_not_inherit_the_runtimes_secrets(workdir: Path, monkeypatch):
+    monkeypatch.setenv("DEEPSEEK_API_KEY", "sk-secret")
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    with trio.fail_after(30):
+        out = await call(shell_tool(policy("printenv")), workdir, command="printenv")
+    names = {line.split("=", 1)[0] for line in out.splitlines() if "=" in line}
+    assert "DEEPSEEK_API_KEY" not in names and "sk-secret" not in out
+    assert {"PATH", "LANG", "DSH_SESSION_ID"} <= names
+    # a variable the policy names explicitly is inherited
+    with trio.fail_after(30):
+        out = await call(shell_tool(policy("printenv", inherit={"PATH", "DEEPSEEK_API_KEY"})), workdir, command="printenv")
+    assert "DEEPSEEK_API_KEY=sk-secret" in out and "LANG=" not in out
+
+
 async def test_shell_path_comes_from_the_merged_env(workdir: Path, tmp_path: Path):
     bindir = tmp_path / "bin"
     bindir.mkdir()
