@@ -142,6 +142,8 @@ class Runtime:
             async with trio.open_nursery() as nursery:
                 writer = StoreWriter(store)
                 await nursery.start(writer.run)
+                # The skill tool's listing then re-reads the disk only after a change.
+                nursery.start_soon(catalog.watch, name="skill catalog watcher")
                 supervisor = Supervisor(
                     nursery, store, writer, default_adapters(environ), tools
                 )

@@ -9,6 +9,11 @@ signature (a few ``stat`` calls: each root, each skill folder, each ``SKILL.md``
 rescans only when it differs from the last scan. That keeps the catalog a plain object
 with no lifetime to manage, and a change on disk is seen by the very next call.
 
+``refresh()``, which the ``skill`` tool's listing asks on every model request, can skip
+even those calls: while a ``watch()`` task runs (the runtime starts one in its nursery),
+an inotify signal on the roots says when the disk changed, and ``refresh()`` looks at the
+disk only then. Without a watcher (or without inotify) it checks every time.
+
 Nothing the model can see carries an absolute path: a ``Skill`` names its root by a label
 (``project-dsh``, ``dsh-home``, ...), and the warnings for skipped skills do the same.
 """
@@ -24,9 +29,11 @@ from typing import Any
 
 import attrs
 import structlog
+import trio
 import yaml
 
 from .._errors import LoopdockError
+from ._watch import open_watches, watch_supported
 
 log = structlog.get_logger(__name__)
 
@@ -160,6 +167,8 @@ class SkillCatalog:
         #: Bumped on every rescan (a change on disk): caches of what the catalog
         #: shows (such as the ``skill`` tool's listing) key on it.
         self.generation = 0
+        self._live_watches = 0  # watch() tasks whose inotify watches are in place
+        self._signalled = True  # a watcher saw a change (or has just (re)started)
 
     @classmethod
     def from_env(
@@ -195,10 +204,65 @@ class SkillCatalog:
     # -- scanning -----------------------------------------------------------------------
 
     def refresh(self) -> int:
-        """Look at the disk now (a few ``stat`` calls) and rescan if anything changed;
-        returns ``generation``, which changes exactly when the visible skills may have."""
+        """Rescan if anything changed on disk; returns ``generation``, which changes
+        exactly when the visible skills may have. Looks at the disk (a few ``stat``
+        calls) unless a ``watch()`` task runs and has seen no change since the last look."""
+        if self._live_watches and not self._signalled:
+            return self.generation
+        self._signalled = False
         self._refresh()
         return self.generation
+
+    async def watch(self) -> None:
+        """Keep a change signal on the roots until cancelled (run it in a nursery).
+
+        Each change (in a root, a skill folder, or the nearest existing parent of a
+        missing root) reopens the watches for the tree as it is now and makes the next
+        ``refresh()`` look at the disk. Where inotify is missing it only waits to be
+        cancelled; if the watches cannot be set up it retries every second. Either way
+        ``refresh()`` meanwhile checks the disk every time.
+        """
+        if not watch_supported():
+            await trio.sleep_forever()
+        while True:
+            paths = self._watch_paths()
+            fd = open_watches(paths)
+            if fd is None:
+                await trio.sleep(1.0)
+                continue
+            if self._watch_paths() != paths:
+                # A folder came or went while the watches were being added: one of
+                # them may be missing. Set them up again for the tree as it is now.
+                os.close(fd)
+                await trio.lowlevel.checkpoint()
+                continue
+            self._live_watches += 1
+            self._signalled = True  # whatever changed before the watches were in place
+            try:
+                await trio.lowlevel.wait_readable(fd)
+            finally:
+                self._live_watches -= 1
+                self._signalled = True
+                trio.lowlevel.notify_closing(fd)
+                os.close(fd)
+
+    def _watch_paths(self) -> list[str]:
+        paths: list[str] = []
+        for _, root in self._root_paths:
+            if os.path.isdir(root):
+                paths.append(root)
+                for folder in _folders(root):
+                    path = os.path.join(root, folder)
+                    paths.append(path)
+                    skill_file = os.path.join(path, SKILL_FILE)
+                    if os.path.islink(skill_file):  # its target may live anywhere
+                        paths.append(skill_file)
+            else:  # the root appears when an entry of its nearest existing parent does
+                parent = os.path.dirname(root)
+                while not os.path.isdir(parent) and os.path.dirname(parent) != parent:
+                    parent = os.path.dirname(parent)
+                paths.append(parent)
+        return list(dict.fromkeys(paths))
 
     def _current_signature(self) -> tuple[Any, ...]:
         parts: list[Any] = []

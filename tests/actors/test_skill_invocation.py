@@ -12,6 +12,7 @@ from actors import Reject
 from runtime import Message, ProducerSource, Runtime, TextBlock
 from runtime.models import Reply, ScriptedAdapter, ToolCall
 from runtime.skills import SkillCatalog
+from runtime.skills._watch import watch_supported
 
 TIMEOUT = 10
 SCRIPTED = {"provider": "scripted", "model": "script-1"}
@@ -189,3 +190,17 @@ async def test_a_resumed_session_keeps_the_injected_skill_in_its_transcript(tmp_
             handle.agent.followup("next")
             await handle.agent.wait_idle()
             assert [m.text for m in adapter.requests[0].messages] == ["/demo do X", BODY, "done", "next"]
+
+
+@pytest.mark.skipif(not watch_supported(), reason="needs inotify")
+async def test_the_runtime_watches_the_skill_roots_for_the_models_listing(tmp_path):
+    with trio.fail_after(TIMEOUT):
+        async with Runtime.open(tmp_path / "home") as rt:
+            while rt.skills._live_watches != 1:  # the watcher runs in the runtime's nursery
+                await trio.sleep(0.005)
+            tool = rt.tools.get("skill")
+            assert "No skills are installed." in tool.spec.description
+            write_skill(Path(os.environ["DSH_HOME"]) / "skills", "watched", "body")
+            while "- watched: The watched skill" not in tool.spec.description:
+                await trio.sleep(0.005)
+        assert rt.skills._live_watches == 0  # cancelled with the runtime

@@ -4,6 +4,7 @@
 from pathlib import Path
 
 import pytest
+import trio
 from structlog.testing import capture_logs
 
 from runtime import (
@@ -23,6 +24,7 @@ from runtime.skills import (
     parse_skill,
     skill_tool,
 )
+from runtime.skills._watch import watch_supported
 from runtime.tools import ToolContext
 
 
@@ -387,3 +389,62 @@ def test_refresh_reports_a_new_generation_only_after_a_change(dirs):
     write_skill(ROOT_PATHS["custom-1"](dirs), "demo", "x")
     assert catalog.refresh() == generation + 1
     assert catalog.get("demo") is not None and catalog.refresh() == generation + 1
+
+
+# -- the change signal ----------------------------------------------------------------------
+
+
+async def _until(predicate, timeout: float = 10.0) -> None:
+    with trio.fail_after(timeout):
+        while not predicate():
+            await trio.sleep(0.005)
+
+
+@pytest.mark.skipif(not watch_supported(), reason="needs inotify")
+async def test_a_watched_catalog_looks_at_the_disk_only_after_a_change(dirs, monkeypatch):
+    catalog = catalog_for(dirs)
+    tool = skill_tool(catalog)
+    looks: list[int] = []
+    original = catalog._current_signature
+    monkeypatch.setattr(catalog, "_current_signature", lambda: looks.append(1) or original())
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(catalog.watch)
+        await _until(lambda: catalog._live_watches == 1)
+        assert "No skills are installed." in tool.spec.description
+        looks.clear()
+        for _ in range(5):
+            assert "No skills are installed." in tool.spec.description
+        assert looks == []  # nothing changed: no stat at all
+
+        # A root that does not exist yet, created folder by folder, then the skill in it.
+        write_skill(ROOT_PATHS["project-dsh"](dirs), "demo", "x", description="Demo")
+        await _until(lambda: "- demo: Demo" in tool.spec.description)
+        # An edit in place, an atomic replace, a second root, a removal.
+        path = write_skill(ROOT_PATHS["project-dsh"](dirs), "demo", "x", description="Edited")
+        await _until(lambda: "- demo: Edited" in tool.spec.description)
+        replacement = path.with_name("SKILL.md.tmp")
+        replacement.write_text(path.read_text().replace("Edited", "Edited!"))
+        replacement.replace(path)
+        await _until(lambda: "- demo: Edited!" in tool.spec.description)
+        other = write_skill(ROOT_PATHS["agents-home"](dirs), "other", "y", description="Other")
+        await _until(lambda: "- other: Other" in tool.spec.description)
+        other.unlink()
+        await _until(lambda: "other" not in tool.spec.description)
+        looks.clear()
+        tool.spec
+        assert looks == []  # quiet again
+        nursery.cancel_scope.cancel()
+    assert catalog._live_watches == 0
+    # No watcher any more: every request looks at the disk again.
+    write_skill(ROOT_PATHS["custom-1"](dirs), "third", "z", description="Third")
+    assert "- third: Third" in tool.spec.description
+
+
+async def test_lookups_by_name_never_wait_for_the_signal(dirs):
+    catalog = catalog_for(dirs)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(catalog.watch)
+        await trio.sleep(0.05)
+        write_skill(ROOT_PATHS["dsh-home"](dirs), "demo", "now")
+        assert catalog.get("demo").body == "now"  # at once, without a checkpoint
+        nursery.cancel_scope.cancel()
