@@ -259,6 +259,8 @@ export function apply(ctx, config = {}) {
         log(`runtime error ${data?.code}: ${data?.message}`)
         return
       case 'ping':
+        // a barrier: everything queued before the ping goes out before its pong
+        if (ws) flush(ws)
         if (id) reply(id, 'pong', {})
         return
       case 'followup': case 'wake': case 'cancel':

@@ -28,9 +28,13 @@ from pathlib import Path
 import pytest
 import trio
 
-from bridge import Verdict, serve_bridge
+from bridge import Ping, Pong, Verdict, serve_bridge
 from bridge._host_handler import HostCommandError, HostHandler
-from bridge._dsh_files import quiet_env, session_log
+from bridge._dsh_files import event_source as _source_of
+from bridge._dsh_files import event_text as _text
+from bridge._dsh_files import message_text as _text_of
+from bridge._dsh_files import quiet_env, session_log, turn_end
+from bridge._dsh_files import split_turns as _turns
 from bridge._patch import write_patch
 from runtime._runtime import Runtime
 
@@ -50,45 +54,6 @@ def _message(text: str, source: dict) -> dict:
 
 def _dsh_env(tmp: Path) -> dict[str, str]:
     return quiet_env(tmp / "dsh-home", tmp / "home")
-
-
-def _text(event: dict) -> str:
-    """The text of a message event (user/message, assistant/message), else ''."""
-    data = event.get("data") or {}
-    message = data.get("message", data)
-    content = message.get("content") if isinstance(message, dict) else None
-    if not isinstance(content, list):
-        return ""
-    return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
-
-
-def _source_of(event: dict) -> dict | None:
-    data = event.get("data") or {}
-    message = data.get("message", data)
-    return message.get("source") if isinstance(message, dict) else None
-
-
-def _turns(log: list[dict]) -> list[list[dict]]:
-    """The log split into turns: each list runs from a turn/start to its turn/end."""
-    turns: list[list[dict]] = []
-    current: list[dict] | None = None
-    for event in log:
-        if event.get("type") == "turn/start":
-            current = [event]
-            turns.append(current)
-        elif current is not None:
-            current.append(event)
-            if event.get("type") == "turn/end":
-                current = None
-    return turns
-
-
-def _end_reason(turn: list[dict]) -> str | None:
-    end = turn[-1]
-    if end.get("type") != "turn/end":
-        return None
-    reason = end["data"].get("reason")
-    return reason.get("kind") if isinstance(reason, dict) else reason
 
 
 async def _serve(nursery: trio.Nursery, handler: HostHandler, port: int = 0) -> tuple[trio.CancelScope, int]:
@@ -184,8 +149,12 @@ async def test_runtime_commands_enter_the_exact_dsh_agent_and_pre_step_fails_clo
                     await until(lambda: any(_text_of(m) == "human after the veto" for m in handler.agents[AGENT].inbox.values()))
                     human_queued.set()
                     await until(lambda: ends("blocked") == 1 and handler.agents[AGENT].status == "idle")
-                    # stalled: DSH does not run the queued human message by itself
-                    await trio.sleep(1.0)
+                    # stalled: DSH does not run the queued human message by itself. Two
+                    # round trips through the plugin let DSH's event loop turn after the
+                    # blocked turn; the plugin sends what it queued before a pong, so a turn
+                    # DSH had started would be mirrored by then.
+                    for _ in range(2):
+                        assert isinstance(await handler.host.request(Ping(), 30), Pong)
                     assert ends("completed") == 1
                     assert [m for m in handler.agents[AGENT].inbox.values() if _text_of(m) == "human after the veto"]
                     await handler.wake(AGENT)
@@ -227,7 +196,7 @@ async def test_runtime_commands_enter_the_exact_dsh_agent_and_pre_step_fails_clo
     assert [e.seq for e in handler.sessions[AGENT]] == list(range(len(mirrored)))
 
     turns = _turns(events)
-    assert [_end_reason(t) for t in turns] == ["completed", "blocked", "completed", "blocked"], [
+    assert [(turn_end(t) or {}).get("kind") for t in turns] == ["completed", "blocked", "completed", "blocked"], [
         [(e["type"], _text(e)) for e in t] for t in turns
     ]
     one, two, human, three = turns
@@ -254,13 +223,6 @@ async def test_runtime_commands_enter_the_exact_dsh_agent_and_pre_step_fails_clo
     assert not [e for e in three if e["type"] in ("step/start", "assistant/message", "request/context")]
     assert not [e for e in events if "continuation three" in _text(e) and e["type"] == "assistant/message"]
     assert "continuation three" not in json.dumps([e for e in events if e["type"] == "request/context"])
-
-
-def _text_of(message) -> str:
-    content = message.get("content") if hasattr(message, "get") else None
-    if not isinstance(content, list):
-        return ""
-    return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
 
 
 # -- the handler's bookkeeping, without a host ---------------------------------------------

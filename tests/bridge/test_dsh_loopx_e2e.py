@@ -31,7 +31,10 @@ import trio
 
 from actors import PreStep, Reject
 from bridge import DshAgentMirror, HostHandler, serve_bridge
-from bridge._dsh_files import quiet_env, session_log
+from bridge._dsh_files import event_source as _source_of
+from bridge._dsh_files import event_text as _text
+from bridge._dsh_files import quiet_env, session_log, turn_end
+from bridge._dsh_files import split_turns as _turns
 from bridge._patch import write_patch
 from runtime._runtime import Runtime
 from runtime.loopx import HOST_SURFACE, LifecycleResult, LoopxClient, LoopxOk, LoopxSettings, ShouldRun
@@ -93,36 +96,6 @@ async def settle(client: RecordingClient, turn_id: str) -> None:
         argv = shlex.split(template)[1:]  # without the leading ``loopx``
         argv = [a for a in argv if a not in ("--registry", ".loopx/registry.json", "--format", "json")]
         client.settled.append((kind, await client.run(*argv)))
-
-
-def _source_of(event: dict) -> dict | None:
-    data = event.get("data") or {}
-    message = data.get("message", data)
-    return message.get("source") if isinstance(message, dict) else None
-
-
-def _text(event: dict) -> str:
-    data = event.get("data") or {}
-    message = data.get("message", data)
-    content = message.get("content") if isinstance(message, dict) else None
-    if not isinstance(content, list):
-        return ""
-    return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
-
-
-def _turns(log: list[dict]) -> list[list[dict]]:
-    turns: list[list[dict]] = []
-    for event in log:
-        if event.get("type") == "turn/start":
-            turns.append([])
-        if turns:
-            turns[-1].append(event)
-    return turns
-
-
-def _end(turn: list[dict]) -> str | None:
-    ends = [e for e in turn if e.get("type") == "turn/end"]
-    return (ends[0]["data"].get("reason") or {}).get("kind") if ends else None
 
 
 async def test_the_loopx_driver_continues_a_real_dsh_session(tmp_path, loopx_env, loopx_command, loopx_project):
@@ -244,7 +217,7 @@ async def test_the_loopx_driver_continues_a_real_dsh_session(tmp_path, loopx_env
     # DSH's own log: activation, the admitted continuation with its exact source, the veto
     events = [e for e in session_log(dsh_home, SESSION) if "seq" in e]
     turns = _turns(events)
-    assert [_end(t) for t in turns] == ["completed", "completed", "blocked"], [
+    assert [(turn_end(t) or {}).get("kind") for t in turns] == ["completed", "completed", "blocked"], [
         [(e["type"], _text(e)[:40], e["data"].get("reason")) for e in t] for t in turns
     ]
     activation, continued, vetoed = turns

@@ -33,7 +33,12 @@ import pytest
 import trio
 
 from bridge import serve_bridge
+from bridge._dsh_files import event_source as _source_of
+from bridge._dsh_files import event_text as _text
+from bridge._dsh_files import message_text as _text_of
 from bridge._dsh_files import quiet_env, session_log
+from bridge._dsh_files import split_turns as _turns
+from bridge._dsh_files import turn_end as _reason
 from bridge._host_handler import HostHandler
 from bridge._patch import write_patch
 from runtime._runtime import Runtime
@@ -47,34 +52,6 @@ USER = {"kind": "user"}
 
 def _message(text: str) -> dict:
     return {"role": "user", "content": [{"type": "text", "text": text}], "source": USER}
-
-
-def _text_of(message) -> str:
-    content = message.get("content") if isinstance(message, dict) else None
-    if not isinstance(content, list):
-        return ""
-    return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
-
-
-def _text(event: dict) -> str:
-    """The text of a message event (user/message, assistant/message), else ''."""
-    data = event.get("data") or {}
-    return _text_of(data.get("message", data))
-
-
-def _turns(log: list[dict]) -> list[list[dict]]:
-    """The log split into turns: each list runs from a turn/start to its turn/end."""
-    turns: list[list[dict]] = []
-    current: list[dict] | None = None
-    for event in log:
-        if event.get("type") == "turn/start":
-            current = [event]
-            turns.append(current)
-        elif current is not None:
-            current.append(event)
-            if event.get("type") == "turn/end":
-                current = None
-    return turns
 
 
 def _steps(turn: list[dict]) -> dict[int, list[dict]]:
@@ -97,13 +74,8 @@ def _said(events: list[dict], kind: str) -> list[str]:
     return [
         _text(e) for e in events
         if e["type"] == f"{kind}/message"
-        and (e["data"].get("message", e["data"]).get("source") or {}).get("kind") != "runtime-context"
+        and (_source_of(e) or {}).get("kind") != "runtime-context"
     ]
-
-
-def _reason(turn: list[dict]) -> dict | None:
-    end = turn[-1]
-    return end["data"].get("reason") if end["type"] == "turn/end" else None
 
 
 class LiveRecordingHandler(HostHandler):
