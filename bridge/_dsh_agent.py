@@ -55,8 +55,8 @@ log = structlog.get_logger(__name__)
 
 @attrs.frozen
 class MirroredHeader:
-    """What a driver reads of a session header. DSH's header does not say how many of a
-    seeded session's events were copied, so nothing counts as forked."""
+    """What a driver reads of a session header: ``forked_events`` is how many of a seeded
+    session's events DSH copied from its parent (history a driver must not inherit)."""
 
     id: str
     cwd: str
@@ -66,9 +66,9 @@ class MirroredHeader:
 class MirroredSession:
     """A read-only view of one DSH session's events as the host mirrored them."""
 
-    def __init__(self, handler: HostHandler, session_id: str, cwd: Path) -> None:
+    def __init__(self, handler: HostHandler, session_id: str, cwd: Path, forked_events: int | None) -> None:
         self.id = session_id
-        self.header = MirroredHeader(session_id, str(cwd))
+        self.header = MirroredHeader(session_id, str(cwd), forked_events)
         self._handler = handler
 
     @property
@@ -102,7 +102,7 @@ class DshAgent:
     def __init__(self, handler: HostHandler, live: HostAgent, cwd: Path, owned_kinds: frozenset[str]) -> None:
         self.id = live.id
         self.live = live
-        self.session = MirroredSession(handler, live.session_id, cwd)
+        self.session = MirroredSession(handler, live.session_id, cwd, live.inherited_events)
         self.pre_step: Waterfall[PreStep, Verdict] = Waterfall("agent/pre-step")
         self.log = log.bind(agent_id=self.id)
         self._cwd = cwd
@@ -277,8 +277,9 @@ class DshAgentClosedError(LoopdockError):
 class DshAgentMirror:
     """Starts a ``DshAgent`` for every live agent ``handler`` learns about and passes it to
     ``on_agent`` (awaited inside the proxy's life, e.g. to start a driver as its
-    companion). ``cwd_for(session_id)`` is the agent's working directory (the LoopX
-    project); ``owned_kinds`` the source kinds the plugin asks the runtime about."""
+    companion). An agent's working directory (its LoopX project) is the one its session
+    header names (the plugin sends it), else ``cwd_for(session_id)``; ``owned_kinds`` are
+    the source kinds the plugin asks the runtime about."""
 
     def __init__(
         self,
@@ -306,7 +307,8 @@ class DshAgentMirror:
             while True:
                 await self.handler.wait_until(lambda: bool(self._unmirrored()))
                 for live in self._unmirrored():
-                    proxy = DshAgent(self.handler, live, self.cwd_for(live.session_id), self.owned_kinds)
+                    cwd = Path(live.cwd) if live.cwd is not None else self.cwd_for(live.session_id)
+                    proxy = DshAgent(self.handler, live, cwd, self.owned_kinds)
                     self.proxies[live.id] = proxy
                     nursery.start_soon(self._run_proxy, proxy)
 

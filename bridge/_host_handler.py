@@ -27,6 +27,7 @@ connection announced each one).
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -84,6 +85,10 @@ class HostAgent:
     status_version: int = 0
     #: message id -> message: inserted into its inbox and not yet claimed or discarded
     inbox: dict[str, Mapping[str, Any]] = attrs.field(factory=dict)
+    #: the session's working directory (its header's ``cwd``), None if not announced
+    cwd: str | None = None
+    #: how many of a seeded (forked) session's events were copied from its parent
+    inherited_events: int | None = None
 
 
 @attrs.frozen
@@ -165,18 +170,16 @@ class HostHandler(DockSelectHandler):
         if item.type == "agent/created":
             source = data.get("source")
             session_id = data.get("sessionId")
+            cwd, inherited = data.get("cwd"), data.get("inheritedEvents")
             known = self.agents.get(item.agent_id)
-            if known is not None and known.source is None and known.connection_id == conn.id:
-                # learned from its status or inbox a moment ago: the same live agent
-                known.source = source if isinstance(source, str) else None
-                known.session_id = session_id if isinstance(session_id, str) else item.agent_id
-                return
-            self.agents[item.agent_id] = HostAgent(
-                item.agent_id,
-                session_id if isinstance(session_id, str) else item.agent_id,
-                source if isinstance(source, str) else None,
-                conn.id,
-            )
+            if known is None or known.source is not None or known.connection_id != conn.id:
+                known = self.agents[item.agent_id] = HostAgent(item.agent_id, item.agent_id, None, conn.id)
+            # (else: learned from its status or inbox a moment ago, the same live agent)
+            known.source = source if isinstance(source, str) else None
+            known.session_id = session_id if isinstance(session_id, str) else item.agent_id
+            known.cwd = cwd if isinstance(cwd, str) and os.path.isabs(cwd) else None
+            valid = isinstance(inherited, int) and not isinstance(inherited, bool) and inherited >= 0
+            known.inherited_events = inherited if valid else None
             return
         if item.type == "agent/disposed":
             self.agents.pop(item.agent_id, None)

@@ -24,15 +24,19 @@ from ._server import DEFAULT_HOST, serve_bridge
 from ._token import TOKEN_FILE, load_or_create_token
 
 
-def goalbar_project_for(rt: Runtime, project: Path) -> Callable[[str], Path]:
-    """The LoopX project of a session, for the GoalBar: the ``cwd`` of the live agent the
-    runtime owns under that id (agent id == session id), else ``project`` (``serve
-    --project``: DSH sessions and any other session this runtime does not run)."""
+def goalbar_project_for(rt: Runtime, project: Path, host: HostHandler | None = None) -> Callable[[str], Path]:
+    """The LoopX project of a session: the ``cwd`` of the live agent the runtime owns under
+    that id (agent id == session id), else the ``cwd`` a DSH host announced for that
+    session (its header's), else ``project`` (``serve --project``)."""
 
     def project_for(session_id: str) -> Path:
         agent = rt.get_agent(session_id)
         if agent is not None and not agent.closed:
             return agent.cwd
+        if host is not None:
+            for live in list(host.agents.values()):
+                if live.session_id == session_id and live.cwd is not None:
+                    return Path(live.cwd)
         return project
 
     return project_for
@@ -67,9 +71,9 @@ async def serve_command(
     live DSH agent as a ``DshAgent`` with a LoopX continuation driver (with ``loopx``),
     and serves the GoalBar (page and ``/goalbar`` endpoint). ``loopx``: enable the LoopX integration
     (continuation drivers, /loopx-init, start-up initialisation, the GoalBar's reads).
-    ``project``: the LoopX project of sessions the runtime does not own, DSH's included
-    (default: the current directory); a session of a live runtime agent uses that agent's
-    ``cwd``."""
+    ``project``: the LoopX project of sessions the runtime does not own and no DSH host
+    announced a ``cwd`` for (default: the current directory); a session of a live runtime
+    agent uses that agent's ``cwd``, a DSH session its header's."""
     host = host or DEFAULT_HOST
     project_dir = Path(project if project is not None else Path.cwd()).absolute()
     if not project_dir.is_dir():
@@ -79,8 +83,8 @@ async def serve_command(
     async with Runtime.open(resolve_home(home), loopx=LoopxSettings() if loopx else None) as rt:
         token = await trio.to_thread.run_sync(load_or_create_token, rt.home)
         async with goalbar_service(rt) as service, trio.open_nursery() as nursery:
-            project_for = goalbar_project_for(rt, project_dir)
             hosts = HostHandler(rt)
+            project_for = goalbar_project_for(rt, project_dir, hosts)
             if rt.loopx is not None:
                 # Every live DSH agent gets a proxy with a continuation driver, like the
                 # runtime's own agents (passive until its session invokes /loopx).

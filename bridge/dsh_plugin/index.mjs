@@ -385,7 +385,13 @@ export function apply(ctx, config = {}) {
   ctx.on('session/event', (session, event) => sendEvent(session, event))
   ctx.on('agent/created', (p) => {
     backfill(p.agent?.session)
-    sendLive('agent/created', p.agent, { source: p.source, sessionId: p.agent?.session?.id })
+    // the header's cwd (the session's project) and how many events a seeded session copied
+    const s = p.agent?.session
+    sendLive('agent/created', p.agent, {
+      source: p.source, sessionId: s?.id,
+      ...(typeof s?.header?.cwd === 'string' ? { cwd: s.header.cwd } : {}),
+      ...(Number.isInteger(s?.inheritedEventCount) ? { inheritedEvents: s.inheritedEventCount } : {}),
+    })
   })
   ctx.on('agent/status', (p) => sendLive('agent/status', p.agent, { status: p.status }))
   for (const n of ['inserted', 'claimed', 'discarded']) {

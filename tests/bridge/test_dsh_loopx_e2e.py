@@ -132,7 +132,8 @@ async def test_the_loopx_driver_continues_a_real_dsh_session(tmp_path, loopx_env
     with trio.fail_after(480):
         async with Runtime.open(tmp_path / "runtime", loopx=settings) as rt:
             handler = HostHandler(rt)
-            mirror = DshAgentMirror(handler, rt.loopx.start_driver, lambda _: loopx_project, frozenset({OWNED}))
+            # DSH announces each session's cwd: the fallback is never used here
+            mirror = DshAgentMirror(handler, rt.loopx.start_driver, lambda _: tmp_path / "elsewhere", frozenset({OWNED}))
             async with trio.open_nursery() as nursery:
                 await nursery.start(mirror.run)
                 port = await nursery.start(lambda task_status: serve_bridge(handler, token=TOKEN, task_status=task_status))
@@ -168,7 +169,7 @@ async def test_the_loopx_driver_continues_a_real_dsh_session(tmp_path, loopx_env
                         loopx_command, project=loopx_project, env=loopx_env, timeout=120
                     )
                     proxy.pre_step.add(settle_then_veto)
-                    assert proxy.cwd == loopx_project and proxy.session.header.forked_events is None
+                    assert proxy.cwd == loopx_project and proxy.session.header.forked_events == 0
 
                     # 1. passive: idle checkpoints pass, nothing is asked or reserved
                     await driver.wait_checkpoint(0)

@@ -204,6 +204,25 @@ async def test_the_goalbar_project_is_a_runtime_agents_cwd_else_the_serve_projec
     assert project_for("runtime-agent-1") == tmp_path / "serve-project"
 
 
+async def test_the_goalbar_project_of_a_dsh_session_is_the_cwd_its_host_announced(rt, tmp_path):
+    from actors import LiveEvent
+    from bridge._host_handler import HostHandler
+
+    class Conn:
+        id, role, closed = "c1", "dsh-host", None
+
+    host = HostHandler(rt)
+    project_for = goalbar_project_for(rt, tmp_path / "serve-project", host)
+    await host.on_live(Conn(), [
+        LiveEvent("agent/created", "a1", {"source": "startup", "sessionId": "dsh-1", "cwd": "/srv/repo", "inheritedEvents": 3}),
+        LiveEvent("agent/created", "a2", {"source": "startup", "sessionId": "dsh-2", "cwd": "relative/path", "inheritedEvents": True}),
+    ])
+    assert (host.agents["a1"].cwd, host.agents["a1"].inherited_events) == ("/srv/repo", 3)
+    assert (host.agents["a2"].cwd, host.agents["a2"].inherited_events) == (None, None)  # not trusted
+    assert project_for("dsh-1") == Path("/srv/repo")
+    assert project_for("dsh-2") == tmp_path / "serve-project"
+
+
 async def test_serve_refuses_a_project_that_is_not_a_directory(tmp_path):
     with pytest.raises(InvalidOptionsError, match="--project is not a directory"):
         await serve_command(str(tmp_path / "home"), None, 0, None, loopx=False, project=tmp_path / "missing")
