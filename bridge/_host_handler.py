@@ -7,7 +7,9 @@ It keeps
   ``agent/disposed``);
 - a mirror of every session's events (``sessions``), checking that each session's ``seq``
   is contiguous from 0: a jump is recorded in ``gaps`` (and the mirror goes on from the
-  new seq); an event at or below the last mirrored seq is a repeat and is dropped;
+  new seq); an event at or below the last mirrored seq is a repeat and is dropped. The
+  mirror of a session whose agents were all disposed is kept for the last
+  ``RETAINED_CLOSED_SESSIONS`` such sessions only (DSH's own log is the record);
 - a registry of pre-step gates: ``gate(agent_id, callback)`` answers DSH's pre-step
   verdict requests for that agent with ``callback(PreStep)`` (a ``Verdict`` or an
   awaitable of one); an agent without a gate enters. A callback that raises, or does not
@@ -49,6 +51,9 @@ if TYPE_CHECKING:
     from ._server import BridgeConnection
 
 #: ``callback(PreStep) -> Verdict | Awaitable[Verdict]``
+#: How many closed sessions (every agent disposed) keep their mirror, newest first.
+RETAINED_CLOSED_SESSIONS = 100
+
 Gate = Callable[[PreStep], "Verdict | Awaitable[Verdict]"]
 
 
@@ -114,6 +119,7 @@ class HostHandler(DockSelectHandler):
         self.sessions: dict[str, list[Event]] = {}
         #: every seq jump seen, in arrival order
         self.gaps: list[Gap] = []
+        self._closed_sessions: dict[str, None] = {}  # oldest first: mirrors to let go of
         self._gates: dict[str, Gate] = {}
         self._changed = trio.Event()
 
@@ -177,12 +183,15 @@ class HostHandler(DockSelectHandler):
             # (else: learned from its status or inbox a moment ago, the same live agent)
             known.source = source if isinstance(source, str) else None
             known.session_id = session_id if isinstance(session_id, str) else item.agent_id
+            self._closed_sessions.pop(known.session_id, None)
             known.cwd = cwd if isinstance(cwd, str) and os.path.isabs(cwd) else None
             valid = isinstance(inherited, int) and not isinstance(inherited, bool) and inherited >= 0
             known.inherited_events = inherited if valid else None
             return
         if item.type == "agent/disposed":
-            self.agents.pop(item.agent_id, None)
+            gone = self.agents.pop(item.agent_id, None)
+            if gone is not None:
+                self._session_closed(gone.session_id)
             return
         agent = self.agents.get(item.agent_id)
         if agent is None:  # announced before this runtime listened: learn it now
@@ -202,6 +211,15 @@ class HostHandler(DockSelectHandler):
                 agent.inbox[message_id] = message
             elif item.type in ("agent/inbox/claimed", "agent/inbox/discarded"):
                 agent.inbox.pop(message_id, None)
+
+    def _session_closed(self, session_id: str) -> None:
+        if any(agent.session_id == session_id for agent in self.agents.values()):
+            return
+        self._closed_sessions[session_id] = None
+        while len(self._closed_sessions) > RETAINED_CLOSED_SESSIONS:
+            oldest = next(iter(self._closed_sessions))
+            del self._closed_sessions[oldest]
+            self.sessions.pop(oldest, None)
 
     # -- pre-step gates ---------------------------------------------------------------------
 

@@ -613,3 +613,28 @@ async def test_on_agent_raising_does_not_take_the_mirror_down(rt, tmp_path, auto
             assert await still_blocked(trio.sleep_forever)
             assert set(mirror.proxies) == {"good"} and bad.closed
             nursery.cancel_scope.cancel()
+
+
+async def test_the_mirror_of_closed_sessions_is_bounded(rt, monkeypatch):
+    from bridge import _host_handler
+    from bridge._messages import SessionEvent
+    from runtime._events import Event
+
+    monkeypatch.setattr(_host_handler, "RETAINED_CLOSED_SESSIONS", 2)
+    handler = HostHandler(rt)
+    conn = FakeHost()
+    handler.connected(conn)
+    for n in range(4):
+        await handler.on_live(conn, [LiveEvent("agent/created", f"a{n}", {"source": "startup", "sessionId": f"s{n}"})])
+        await handler.on_events(conn, [SessionEvent(f"s{n}", Event("turn/start", 0, 1, {"turn": 1}))])
+    await handler.on_live(conn, [LiveEvent("agent/disposed", f"a{n}", {}) for n in range(3)])
+    # the two most recently closed keep their mirror; the live one is never let go
+    assert sorted(handler.sessions) == ["s1", "s2", "s3"]
+    # a closed session announced again is live again: it is not let go
+    await handler.on_live(conn, [LiveEvent("agent/created", "a1b", {"source": "resume", "sessionId": "s1"}),
+                                 LiveEvent("agent/disposed", "a3", {})])
+    assert sorted(handler.sessions) == ["s1", "s2", "s3"]
+    await handler.on_live(conn, [LiveEvent("agent/created", "a4", {"source": "startup", "sessionId": "s4"})])
+    await handler.on_events(conn, [SessionEvent("s4", Event("turn/start", 0, 1, {"turn": 1}))])
+    await handler.on_live(conn, [LiveEvent("agent/disposed", "a4", {})])
+    assert sorted(handler.sessions) == ["s1", "s3", "s4"]  # s2 closed longest ago
