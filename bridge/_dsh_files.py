@@ -12,9 +12,12 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+
+import trio
 
 from runtime._errors import LoopdockError
 
@@ -104,3 +107,21 @@ def turn_end(turn: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     last = turn[-1] if turn else {}
     reason = (last.get("data") or {}).get("reason") if last.get("type") == "turn/end" else None
     return reason if isinstance(reason, Mapping) else None
+
+
+@asynccontextmanager
+async def dsh_process(
+    dsh: Path, args: Sequence[str], *, cwd: Path, env: Mapping[str, str], output: Path
+) -> AsyncIterator[trio.Process]:
+    """Run ``dsh args`` in ``cwd`` with ``env``, its stdout and stderr written to ``output``.
+    On leaving the block a process still running is killed and reaped, also when the block
+    fails or is cancelled."""
+    with open(output, "wb") as out:
+        proc = await trio.lowlevel.open_process([str(dsh), *args], cwd=cwd, env=dict(env), stdout=out, stderr=out)
+        try:
+            yield proc
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                with trio.CancelScope(shield=True):
+                    await proc.wait()

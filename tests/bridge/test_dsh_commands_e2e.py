@@ -33,7 +33,7 @@ from bridge._host_handler import HostCommandError, HostHandler
 from bridge._dsh_files import event_source as _source_of
 from bridge._dsh_files import event_text as _text
 from bridge._dsh_files import message_text as _text_of
-from bridge._dsh_files import quiet_env, session_log, turn_end
+from bridge._dsh_files import dsh_process, quiet_env, session_log, turn_end
 from bridge._dsh_files import split_turns as _turns
 from bridge._patch import write_patch
 from runtime._runtime import Runtime
@@ -103,13 +103,10 @@ async def test_runtime_commands_enter_the_exact_dsh_agent_and_pre_step_fails_clo
                 )
                 work = tmp_path / "work"
                 work.mkdir()
-                out = open(tmp_path / "dsh.out", "wb")
-                err = open(tmp_path / "dsh.err", "wb")
-                proc = await trio.lowlevel.open_process(
-                    [str(DSH), "headless", "--patch", str(patch), "HOLD until the runtime is done"],
-                    cwd=work, env=_dsh_env(tmp_path), stdout=out, stderr=err,
-                )
-                try:
+                async with dsh_process(
+                    DSH, ["headless", "--patch", str(patch), "HOLD until the runtime is done"],
+                    cwd=work, env=_dsh_env(tmp_path), output=tmp_path / "dsh.err",
+                ) as proc:
                     def dsh_alive() -> bool:
                         if proc.returncode is not None:
                             pytest.fail(f"dsh exited ({proc.returncode}): {(tmp_path / 'dsh.err').read_text()}")
@@ -178,12 +175,6 @@ async def test_runtime_commands_enter_the_exact_dsh_agent_and_pre_step_fails_clo
                     await handler.wake(headless)
                     with trio.fail_after(60):
                         code = await proc.wait()
-                finally:
-                    if proc.returncode is None:
-                        proc.kill()
-                        await proc.wait()
-                    out.close()
-                    err.close()
                 stderr = (tmp_path / "dsh.err").read_text(errors="replace")
                 assert code == 0, stderr
                 nursery.cancel_scope.cancel()

@@ -29,7 +29,7 @@ import trio
 
 from actors import LiveEvent
 from bridge import DockSelectHandler, Wake, serve_bridge
-from bridge._dsh_files import quiet_env, session_log
+from bridge._dsh_files import dsh_process, quiet_env, session_log
 from bridge._messages import Select, StoredBinding
 from bridge._patch import write_patch
 from runtime import LoopdockError
@@ -116,18 +116,10 @@ async def _run_dsh(
     """Run `dsh headless`; once ``ready()`` holds, wake its headless agent (the one not in
     ``agents``, releasing the ping hold) and return its exit status and stderr."""
     seen_before = {item.agent_id for item in handler.live if item.type == "agent/created"}
-    stdout = open(tmp / f"{out_name}.out", "wb")
-    stderr = open(tmp / f"{out_name}.err", "wb")
     work = tmp / "work"
     work.mkdir(exist_ok=True)
-    proc = await trio.lowlevel.open_process(
-        [str(DSH), "headless", "--patch", str(patch), task],
-        cwd=work,
-        env=_dsh_env(tmp),
-        stdout=stdout,
-        stderr=stderr,
-    )
-    try:
+    async with dsh_process(DSH, ["headless", "--patch", str(patch), task], cwd=work, env=_dsh_env(tmp),
+                           output=tmp / f"{out_name}.err") as proc:
         def headless_agent():
             for item in handler.live:
                 if (
@@ -143,12 +135,6 @@ async def _run_dsh(
         assert ack.ok, ack
         with trio.fail_after(60):
             code = await proc.wait()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        stdout.close()
-        stderr.close()
     return code, (tmp / f"{out_name}.err").read_text(errors="replace")
 
 

@@ -33,7 +33,7 @@ from actors import PreStep, Reject
 from bridge import DshAgentMirror, HostHandler, serve_bridge
 from bridge._dsh_files import event_source as _source_of
 from bridge._dsh_files import event_text as _text
-from bridge._dsh_files import quiet_env, session_log, turn_end
+from bridge._dsh_files import dsh_process, quiet_env, session_log, turn_end
 from bridge._dsh_files import split_turns as _turns
 from bridge._patch import write_patch
 from runtime._runtime import Runtime
@@ -141,13 +141,10 @@ async def test_the_loopx_driver_continues_a_real_dsh_session(tmp_path, loopx_env
                     tmp_path / "p", f"ws://127.0.0.1:{port}", TOKEN, ping=True,
                     extra={"createAgents": [{"sessionId": SESSION}], "verdictTimeoutMs": 240000},
                 )
-                err = open(tmp_path / "dsh.err", "wb")
-                proc = await trio.lowlevel.open_process(
-                    [str(DSH), "headless", "--patch", str(patch), "HOLD until the runtime is done"],
-                    cwd=loopx_project, env=quiet_env(dsh_home, tmp_path / "home"),
-                    stdout=err, stderr=err,
-                )
-                try:
+                async with dsh_process(
+                    DSH, ["headless", "--patch", str(patch), "HOLD until the runtime is done"],
+                    cwd=loopx_project, env=quiet_env(dsh_home, tmp_path / "home"), output=tmp_path / "dsh.err",
+                ) as proc:
                     async def until(predicate) -> None:
                         while not predicate():
                             if proc.returncode is not None:
@@ -207,11 +204,6 @@ async def test_the_loopx_driver_continues_a_real_dsh_session(tmp_path, loopx_env
                     await handler.wake(headless)
                     with trio.fail_after(60):
                         code = await proc.wait()
-                finally:
-                    if proc.returncode is None:
-                        proc.kill()
-                        await proc.wait()
-                    err.close()
                 assert code == 0, (tmp_path / "dsh.err").read_text(errors="replace")
                 nursery.cancel_scope.cancel()
 

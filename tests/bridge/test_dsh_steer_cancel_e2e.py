@@ -36,7 +36,7 @@ from bridge import serve_bridge
 from bridge._dsh_files import event_source as _source_of
 from bridge._dsh_files import event_text as _text
 from bridge._dsh_files import message_text as _text_of
-from bridge._dsh_files import quiet_env, session_log
+from bridge._dsh_files import dsh_process, quiet_env, session_log
 from bridge._dsh_files import split_turns as _turns
 from bridge._dsh_files import turn_end as _reason
 from bridge._host_handler import HostHandler
@@ -105,13 +105,10 @@ async def test_steer_inject_and_cancel_reach_the_running_dsh_turn(tmp_path):
                 )
                 work = tmp_path / "work"
                 work.mkdir()
-                out = open(tmp_path / "dsh.out", "wb")
-                err = open(tmp_path / "dsh.err", "wb")
-                proc = await trio.lowlevel.open_process(
-                    [str(DSH), "headless", "--patch", str(patch), "HOLD until the runtime is done"],
-                    cwd=work, env=quiet_env(dsh_home, tmp_path / "home"), stdout=out, stderr=err,
-                )
-                try:
+                async with dsh_process(
+                    DSH, ["headless", "--patch", str(patch), "HOLD until the runtime is done"],
+                    cwd=work, env=quiet_env(dsh_home, tmp_path / "home"), output=tmp_path / "dsh.err",
+                ) as proc:
                     async def until(predicate) -> None:
                         while not predicate():
                             if proc.returncode is not None:
@@ -201,12 +198,6 @@ async def test_steer_inject_and_cancel_reach_the_running_dsh_turn(tmp_path):
                     await handler.wake(headless)
                     with trio.fail_after(60):
                         code = await proc.wait()
-                finally:
-                    if proc.returncode is None:
-                        proc.kill()
-                        await proc.wait()
-                    out.close()
-                    err.close()
                 stderr = (tmp_path / "dsh.err").read_text(errors="replace")
                 assert code == 0, stderr
                 nursery.cancel_scope.cancel()
