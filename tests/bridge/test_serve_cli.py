@@ -227,3 +227,40 @@ async def test_serve_refuses_a_project_that_is_not_a_directory(tmp_path):
     with pytest.raises(InvalidOptionsError, match="--project is not a directory"):
         await serve_command(str(tmp_path / "home"), None, 0, None, loopx=False, project=tmp_path / "missing")
     assert not (tmp_path / "home").exists()  # refused before the runtime opened
+
+
+async def test_the_readmes_commands_run_a_real_dsh_on_the_runtimes_dock(tmp_path, loopx_env):
+    """README, "A real DeepSeek Harness host on the bridge": `loopdock serve`, `loopdock
+    dsh-patch --dock --ping`, then `dsh headless --patch ...`: DSH asks the runtime's dock
+    for the loop, runs the task on it and records the binding in its own log."""
+    from bridge._dsh_files import dsh_process, event_text, quiet_env, session_log, split_turns, turn_end
+
+    dsh = Path(sys.executable).parent / "dsh"
+    home, work, dsh_home = tmp_path / "home", tmp_path / "work", tmp_path / "dsh-home"
+    work.mkdir()
+    with trio.fail_after(3 * PHASE):
+        async with serve_process("--home", str(home), env=loopx_env, cwd=tmp_path) as (proc, port, _):
+            patch_dir = tmp_path / "dsh-patch"
+            made = await trio.run_process(
+                [sys.executable, "-m", "runtime._cli", "dsh-patch", "--url", f"ws://127.0.0.1:{port}",
+                 "--out", str(patch_dir), "--dock", "--ping", "--home", str(home)],
+                env={**loopx_env, "PYTHONPATH": str(ROOT)}, capture_stdout=True,
+            )
+            assert f"wrote {patch_dir / 'patch.yml'}" in made.stdout.decode()
+            async with dsh_process(
+                dsh, ["headless", "--patch", str(patch_dir / "patch.yml"), "hello from the README"],
+                cwd=work, env=quiet_env(dsh_home, tmp_path / "dsh-user"), output=tmp_path / "dsh.out",
+            ) as headless:
+                code = await headless.wait()
+            assert code == 0, (tmp_path / "dsh.out").read_text(errors="replace")
+            proc.send_signal(signal.SIGTERM)
+            assert await proc.wait() == 0
+
+    (log_file,) = dsh_home.glob("sessions/*/*/session.v4.jsonl.zstd")
+    events = [e for e in session_log(dsh_home, log_file.parent.name) if "seq" in e]
+    bindings = [e["data"]["agentLoopDock"] for e in events
+                if e["type"] == "agent-preset/selected" and "agentLoopDock" in e["data"]]
+    assert bindings == [{"loop": "standard", "driver": "default"}]
+    (turn,) = split_turns(events)
+    assert turn_end(turn) == {"kind": "completed"}
+    assert [event_text(e) for e in turn if e["type"] == "assistant/message"] == ["pong: hello from the README"]
