@@ -44,6 +44,7 @@ from ._messages import (
     Frame,
     Hello,
     Live,
+    Mirrored,
     Ping,
     Pong,
     PreStep,
@@ -72,7 +73,7 @@ CAPABILITIES: Mapping[str, tuple[str, ...]] = MappingProxyType(
 # What each role may send us besides hello, replies and errors.
 _ACCEPTED: Mapping[str, frozenset[type[Any]]] = MappingProxyType(
     {
-        "dsh-host": frozenset({Events, Live, PreStep, Select, Ping}),
+        "dsh-host": frozenset({Events, Live, PreStep, Select, Mirrored, Ping}),
         "goalbar": frozenset({Ping, *GOALBAR_REQUESTS}),
     }
 )

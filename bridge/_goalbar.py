@@ -91,6 +91,8 @@ from ._messages import (
     GoalbarView,
     GoalbarWatch,
     Live,
+    Mirrored,
+    MirroredSeqs,
     PreStep,
     Select,
     Selection,
@@ -575,6 +577,10 @@ class GoalBarHandler:
 
     async def on_select(self, conn, request: Select) -> Selection:
         return await self.inner.on_select(conn, request)  # type: ignore[attr-defined]
+
+    async def on_mirrored(self, conn, request: Mirrored) -> MirroredSeqs:
+        on_mirrored = getattr(self.inner, "on_mirrored", None)
+        return MirroredSeqs({}) if on_mirrored is None else await on_mirrored(conn, request)
 
     async def on_goalbar(
         self, conn, request: GoalbarRead | GoalbarWatch | GoalbarStart | GoalbarPause

@@ -15,7 +15,20 @@ import attrs
 from actors import LiveEvent
 
 from ._errors import NotServedError
-from ._messages import GoalbarPause, GoalbarRead, GoalbarResult, GoalbarStart, GoalbarWatch, PreStep, Select, Selection, SessionEvent, Verdict
+from ._messages import (
+    GoalbarPause,
+    GoalbarRead,
+    GoalbarResult,
+    GoalbarStart,
+    GoalbarWatch,
+    Mirrored,
+    MirroredSeqs,
+    PreStep,
+    Select,
+    Selection,
+    SessionEvent,
+    Verdict,
+)
 
 if TYPE_CHECKING:
     from ._server import BridgeConnection
@@ -49,8 +62,9 @@ class BridgeHandler(Protocol):
     ``BridgeClosedError`` by then.
 
     ``on_events`` and ``on_live`` are awaited in arrival order, one batch at a time: the
-    next frame of that peer is not read until they return (keep them quick). ``on_pre_step``
-    and ``on_select`` run concurrently with the reading, one task per request; raising a
+    next frame of that peer is not read until they return (keep them quick). ``on_pre_step``,
+    ``on_select`` and ``on_mirrored`` run concurrently with the reading, one task per
+    request; raising a
     ``LoopdockError`` answers the request with an ``error`` frame carrying its ``code``
     (e.g. the dock's ``LOOP_SWITCH``); any other exception is logged and answered with
     ``INTERNAL_ERROR``. All of them are cancelled when the connection ends.
@@ -68,14 +82,21 @@ class BridgeHandler(Protocol):
 
     async def on_select(self, conn: BridgeConnection, request: Select) -> Selection: ...
 
+    # The last seq mirrored of each session the host asks about (after each welcome, so
+    # that it sends only what the runtime lacks); leave out the sessions it knows nothing
+    # of. A handler without it answers ``MirroredSeqs({})`` (the host then sends every log
+    # from seq 0).
+    async def on_mirrored(self, conn: BridgeConnection, request: Mirrored) -> MirroredSeqs: ...
+
     # Optional (the server answers NOT_SERVED without it): a GoalBar page's request.
     # async def on_goalbar(self, conn, request: GoalbarRead | GoalbarWatch | GoalbarStart
     #                      | GoalbarPause) -> GoalbarResult: ...
 
 
 class NullHandler:
-    """Accepts and drops events, lets every pre-step enter, and answers ``select`` with
-    ``error NOT_SERVED``: the server's behaviour before the runtime is wired to it."""
+    """Accepts and drops events, lets every pre-step enter, answers ``select`` with
+    ``error NOT_SERVED`` and ``mirrored`` with nothing mirrored: the server's behaviour
+    before the runtime is wired to it."""
 
     def connected(self, conn: BridgeConnection) -> None:
         pass
@@ -94,6 +115,9 @@ class NullHandler:
 
     async def on_select(self, conn: BridgeConnection, request: Select) -> Selection:
         raise NotServedError("this runtime has no dock handler on the bridge")
+
+    async def on_mirrored(self, conn: BridgeConnection, request: Mirrored) -> MirroredSeqs:
+        return MirroredSeqs({})
 
     async def on_goalbar(
         self, conn: BridgeConnection, request: GoalbarRead | GoalbarWatch | GoalbarStart | GoalbarPause

@@ -21,6 +21,8 @@ wake        runtime -> host       ack
 cancel      runtime -> host       ack
 preStep     host -> runtime       verdict
 select      host -> runtime       selection, or error (e.g. LOOP_SWITCH)
+mirrored    host -> runtime       mirroredSeqs (an older runtime: error
+                                  UNKNOWN_TYPE)
 goalbarRead goalbar -> runtime    goalbarResult (also goalbarWatch,
                                   goalbarStart, goalbarPause)
 goalbar     runtime -> goalbar    (pushed after a goalbarWatch)
@@ -212,6 +214,30 @@ class Selection:
     parts: SelectionParts = SelectionParts()
 
 
+@attrs.frozen
+class Mirrored:
+    """Sent by the host after each ``welcome``: how far does the runtime's mirror of
+    each of ``session_ids`` reach? The host then sends each session's log from the seq
+    after the answer's (from 0 for a session the answer leaves out, and for every session
+    if the request fails), instead of every log from 0."""
+
+    session_ids: tuple[str, ...]
+
+
+#: session id -> the last seq mirrored (a non-negative integer)
+SeqMap = Mapping[str, int]
+
+
+@attrs.frozen
+class MirroredSeqs:
+    """The answer to ``mirrored``: ``seqs`` maps a session id to the highest seq the
+    runtime mirrors of it (every one below it is mirrored too, or was lost for good and
+    reported as a gap). A session the runtime knows nothing of is left out; a runtime
+    that mirrors nothing answers ``{}``."""
+
+    seqs: SeqMap
+
+
 # -- GoalBar (goalbar -> runtime requests, runtime -> goalbar state) -----------------------
 
 
@@ -306,7 +332,7 @@ class Pong:
 
 BridgeMessage = (
     Hello | Welcome | ErrorNotice | Events | Live | Followup | Wake | Cancel | Ack
-    | PreStep | Verdict | Select | Selection | Ping | Pong
+    | PreStep | Verdict | Select | Selection | Mirrored | MirroredSeqs | Ping | Pong
     | GoalbarRead | GoalbarWatch | GoalbarStart | GoalbarPause | GoalbarResult | Goalbar
 )
 
@@ -326,6 +352,8 @@ MESSAGE_TYPES: Mapping[str, type[Any]] = MappingProxyType(
         "verdict": Verdict,
         "select": Select,
         "selection": Selection,
+        "mirrored": Mirrored,
+        "mirroredSeqs": MirroredSeqs,
         "ping": Ping,
         "pong": Pong,
         "goalbarRead": GoalbarRead,
@@ -340,7 +368,8 @@ TYPE_NAMES: Mapping[type[Any], str] = MappingProxyType({cls: name for name, cls 
 
 #: Request class -> the class of its reply (an ``error`` frame may answer any request).
 REPLY_TYPES: Mapping[type[Any], type[Any]] = MappingProxyType(
-    {Followup: Ack, Wake: Ack, Cancel: Ack, PreStep: Verdict, Select: Selection, Ping: Pong,
+    {Followup: Ack, Wake: Ack, Cancel: Ack, PreStep: Verdict, Select: Selection, Mirrored: MirroredSeqs,
+     Ping: Pong,
      **{cls: GoalbarResult for cls in GOALBAR_REQUESTS}}
 )
 REPLIES = frozenset(REPLY_TYPES.values())

@@ -45,9 +45,12 @@ from ._messages import (
     GoalbarWatch,
     Hello,
     Live,
+    Mirrored,
+    MirroredSeqs,
     Ping,
     Pong,
     PreStep,
+    SeqMap,
     Select,
     Selection,
     SelectionParts,
@@ -113,6 +116,22 @@ def _make_converter() -> cattrs.Converter:
     conv.register_structure_hook_func(is_opaque, strict(dict, "an object"))
     conv.register_unstructure_hook_func(is_opaque, dict)
 
+    # session id -> seq: an object whose every value is a non-negative integer.
+    def is_seq_map(tp: Any) -> bool:
+        return tp == SeqMap
+
+    def seq_map(value: Any, _: Any) -> dict[str, int]:
+        if not isinstance(value, dict):
+            raise _WrongType(f"expected an object, got {_json_kind(value)}")
+        for key, seq in value.items():
+            if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+                got = _json_kind(seq) if not isinstance(seq, int) or isinstance(seq, bool) else str(seq)
+                raise _WrongType(f"expected a non-negative integer for {key[:100]!r}, got {got}")
+        return dict(value)
+
+    conv.register_structure_hook_func(is_seq_map, seq_map)
+    conv.register_unstructure_hook_func(is_seq_map, dict)
+
     def is_literal(tp: Any) -> bool:
         return get_origin(tp) is Literal
 
@@ -166,8 +185,8 @@ def _make_converter() -> cattrs.Converter:
     for cls in (Event, LiveEvent, SessionEvent, ErrorNotice, SelectionParts, StoredBinding, GoalbarView):
         register(cls)
     for cls in (Hello, Welcome, Events, Live, Followup, Wake, Cancel, Ack, PreStep, Verdict,
-                Select, Selection, Ping, Pong, GoalbarRead, GoalbarWatch, GoalbarStart,
-                GoalbarPause, GoalbarResult, Goalbar):
+                Select, Selection, Mirrored, MirroredSeqs, Ping, Pong, GoalbarRead, GoalbarWatch,
+                GoalbarStart, GoalbarPause, GoalbarResult, Goalbar):
         register(cls)
     return conv
 

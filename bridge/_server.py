@@ -63,6 +63,8 @@ from ._messages import (
     GoalbarView,
     Hello,
     Live,
+    Mirrored,
+    MirroredSeqs,
     PreStep,
     Role,
     Select,
@@ -431,6 +433,11 @@ class BridgeConnection:
                     raise NotServedError("this runtime serves no GoalBar")
                 reply = await on_goalbar(self, message)
                 expected = GoalbarResult
+            elif isinstance(message, Mirrored):
+                # A handler without it knows nothing: the host sends every log from 0.
+                on_mirrored = getattr(self._handler, "on_mirrored", None)
+                reply = MirroredSeqs({}) if on_mirrored is None else await on_mirrored(self, message)
+                expected = MirroredSeqs
             else:
                 assert isinstance(message, Select)
                 reply = await self._handler.on_select(self, message)
