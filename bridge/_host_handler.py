@@ -7,7 +7,10 @@ It keeps
   ``agent/disposed``);
 - a mirror of every session's events (``sessions``), checking that each session's ``seq``
   is contiguous from 0: a jump is recorded in ``gaps`` (and the mirror goes on from the
-  new seq); an event at or below the last mirrored seq is a repeat and is dropped. The
+  new seq); an event at or below the last mirrored seq is a repeat and is dropped (and
+  counted in ``repeats``). After each (re)connection the host asks how far the mirror
+  reaches (``mirrored``) and sends each session from the next seq on, so repeats are rare:
+  an older host, or a host whose question failed, sends every log from 0 again. The
   mirror of a session whose agents were all disposed is kept for the last
   ``RETAINED_CLOSED_SESSIONS`` such sessions only (DSH's own log is the record);
 - a registry of pre-step gates: ``gate(agent_id, callback)`` answers DSH's pre-step
@@ -42,7 +45,7 @@ from runtime._events import Event
 
 from ._dock_select import DockSelectHandler
 from ._handler import Disconnect
-from ._messages import Ack, Cancel, Followup, Placement, PreStep, SessionEvent, Verdict, Wake
+from ._messages import Ack, Cancel, Followup, Mirrored, MirroredSeqs, Placement, PreStep, SessionEvent, Verdict, Wake
 from ._server import REQUEST_TIMEOUT
 
 if TYPE_CHECKING:
@@ -119,6 +122,8 @@ class HostHandler(DockSelectHandler):
         self.sessions: dict[str, list[Event]] = {}
         #: every seq jump seen, in arrival order
         self.gaps: list[Gap] = []
+        #: events dropped as already mirrored (at or below their session's last seq)
+        self.repeats = 0
         self._closed_sessions: dict[str, None] = {}  # oldest first: mirrors to let go of
         self._gates: dict[str, Gate] = {}
         self._changed = trio.Event()
@@ -159,11 +164,18 @@ class HostHandler(DockSelectHandler):
             expected = log[-1].seq + 1 if log else 0
             seq = item.event.seq
             if seq < expected:
-                continue  # a repeat (e.g. a resumed session sent again from 0)
+                self.repeats += 1  # e.g. the whole log again, from a host that did not ask
+                continue
             if seq > expected:
                 self.gaps.append(Gap(item.session_id, expected, seq))
             log.append(item.event)
         self.poke()
+
+    async def on_mirrored(self, conn: BridgeConnection, request: Mirrored) -> MirroredSeqs:
+        """The last seq mirrored of each asked-for session this mirror holds."""
+        return MirroredSeqs(
+            {sid: log[-1].seq for sid in request.session_ids if (log := self.sessions.get(sid))}
+        )
 
     async def on_live(self, conn: BridgeConnection, items: Sequence[LiveEvent]) -> None:
         await super().on_live(conn, items)

@@ -2,8 +2,10 @@
 //
 // - connects to config.url with config.token (hello, role dsh-host) and reconnects with backoff
 //   (250 ms doubling to 5 s);
-// - streams every session event and the live agent events to the runtime, batched;
-//   every (re)connection gets each live session's log again from seq 0 (a mirror drops repeats);
+// - streams every session event and the live agent events to the runtime, batched; after every
+//   (re)connection it asks the runtime how far its mirror of each tracked session reaches
+//   (`mirrored`) and sends each session's log from the next seq on (from 0 if the runtime
+//   cannot say: an older runtime answers UNKNOWN_TYPE), holding its queue until then;
 // - executes the runtime's commands (followup, wake, cancel) on the exact live agent and answers
 //   only the requests the runtime made;
 // - at agent/pre-step asks the runtime for a verdict on messages of the kinds it owns
@@ -136,6 +138,7 @@ export function apply(ctx, config = {}) {
   const ownedKinds = new Set(config.ownedKinds ?? ['loopx-continuation'])
   const verdictTimeoutMs = config.verdictTimeoutMs ?? 2000
   const selectTimeoutMs = config.selectTimeoutMs ?? 10000
+  const mirroredTimeoutMs = config.mirroredTimeoutMs ?? 5000
   const dock = !!config.dock
   const capabilities = ['events', 'live', 'commands', 'pre-step', ...(dock ? ['dock'] : [])]
 
@@ -146,6 +149,9 @@ export function apply(ctx, config = {}) {
   let reconnectTimer = null
   let flushTimer = null
   let nextId = 1
+  let syncing = false // after a welcome, until the runtime said how far its mirror reaches
+  let welcomes = 0 // counts welcomes: a sync goes on only on its own connection
+  const deferredPongs = [] // pings that came while syncing: answered once the queue is sent
   let welcomed = null // resolves once, on the first welcome
   const firstWelcome = new Promise((resolve) => { welcomed = resolve })
   const pending = new Map() // our request id -> {resolve, reject, timer}
@@ -203,6 +209,8 @@ export function apply(ctx, config = {}) {
       const wasOpen = open
       open = false
       ws = null
+      syncing = false
+      deferredPongs.length = 0
       failPending(`connection closed (${ev.code})`)
       if (disposed) return
       if (wasOpen || ev.code !== 1006) log(`bridge closed (${ev.code}${ev.reason ? ' ' + ev.reason : ''}); reconnecting`)
@@ -223,6 +231,8 @@ export function apply(ctx, config = {}) {
     clearTimeout(flushTimer); flushTimer = null
     for (const h of holds.splice(0)) h()
     for (const agentId of [...waits.keys()]) releaseWaits(agentId)
+    // unloading mid-sync: what the runtime lacks is unknown, so every log goes from seq 0
+    if (syncing) { syncing = false; resend(new Map(tracked), {}) }
     failPending('DSH is unloading the bridge plugin')
     openWaiters.clear() // their timers reject them
     open = false
@@ -252,14 +262,15 @@ export function apply(ctx, config = {}) {
         backoff = BACKOFF_MIN_MS
         welcomed()
         for (const w of [...openWaiters]) w()
-        resendAll()
-        schedule(0)
+        sync().catch((e) => { log('resending after a reconnection failed', e?.message ?? e); syncing = false; release() })
         return
       case 'error':
         log(`runtime error ${data?.code}: ${data?.message}`)
         return
       case 'ping':
-        // a barrier: everything queued before the ping goes out before its pong
+        // a barrier: everything queued before the ping goes out before its pong (while
+        // syncing, the pong waits for the queue)
+        if (syncing) { if (id) deferredPongs.push(id); return }
         if (ws) flush(ws)
         if (id) reply(id, 'pong', {})
         return
@@ -306,7 +317,7 @@ export function apply(ctx, config = {}) {
 
   // ---- outgoing event traffic (batched) --------------------------------------------------------
   const sent = new Map() // session id -> highest seq queued
-  const tracked = new Map() // session id -> its session (for resendAll)
+  const tracked = new Map() // session id -> its session (for a resend after a reconnection)
 
   function enqueue(kind, item, sessionId) {
     let text
@@ -321,8 +332,8 @@ export function apply(ctx, config = {}) {
   }
 
   function schedule(ms) {
-    if (!open || flushTimer || disposed) return
-    flushTimer = setTimeout(() => { flushTimer = null; if (ws && open) flush(ws) }, ms)
+    if (!open || syncing || flushTimer || disposed) return
+    flushTimer = setTimeout(() => { flushTimer = null; if (ws && open && !syncing) flush(ws) }, ms)
   }
 
   function flush(sock) {
@@ -353,24 +364,60 @@ export function apply(ctx, config = {}) {
     sent.set(sessionId, event.seq)
     sendOne(sessionId, event)
   }
-  // Every (re)connection gets each live session's log from seq 0 (the runtime drops what it
-  // already has): what was in flight when a connection broke, or queued for a runtime that
-  // restarted, is not lost. A log that cannot be read back keeps what is queued instead.
-  function resendAll() {
-    const resent = new Set()
-    for (const [sessionId, session] of tracked) {
-      const events = sessionEvents(session, 0, session.seq)
-      if (events.length === session.seq) resent.add(sessionId)
+  // Every (re)connection gets each tracked session's log from the seq after the last one the
+  // runtime mirrors (`seqs`, session id -> last seq; from 0 for a session it does not name), in
+  // place of what is queued for it: what was in flight when a connection broke, or queued for a
+  // runtime that restarted, is not lost, and what the runtime has is not sent again. A log that
+  // cannot be read back keeps what is queued instead. `sessions`: id -> session, those asked about.
+  function resend(sessions, seqs) {
+    const resent = new Map() // session id -> first seq to send
+    for (const [sessionId, session] of sessions) {
+      if (tracked.get(sessionId) !== session || typeof session.seq !== 'number') continue // disposed meanwhile
+      const last = Object.hasOwn(seqs, sessionId) ? seqs[sessionId] : undefined
+      const from = Math.min(Number.isInteger(last) && last >= 0 ? last + 1 : 0, session.seq)
+      if (sessionEvents(session, from, session.seq).length === session.seq - from) resent.set(sessionId, from)
     }
     if (resent.size === 0) return
     let kept = 0
     for (const item of queue) if (!(item[0] === 'events' && resent.has(item[2]))) queue[kept++] = item
     queue.length = kept
-    for (const sessionId of resent) {
+    for (const [sessionId, from] of resent) {
       const session = tracked.get(sessionId)
-      sent.set(sessionId, -1)
-      for (const e of sessionEvents(session, 0, session.seq)) sendEvent(session, e)
+      sent.set(sessionId, from - 1)
+      for (const e of sessionEvents(session, from, session.seq)) sendEvent(session, e)
     }
+  }
+  // After a welcome: ask how far the runtime's mirror reaches, hold the queue (events and live
+  // items alike, so nothing overtakes what is resent) until the answer, resend, then flush.
+  async function sync() {
+    const welcome = ++welcomes
+    const sessions = new Map(tracked)
+    let seqs = {}
+    const sessionIds = [...sessions.keys()]
+    if (sessions.size > 0) {
+      syncing = true
+      try {
+        // (a question too large for a frame is not asked: every log goes from seq 0)
+        if (JSON.stringify(sessionIds).length > MAX_ITEM_CHARS) throw new BridgeError('TOO_LARGE', `${sessionIds.length} sessions`)
+        const r = await request('mirrored', { sessionIds }, mirroredTimeoutMs)
+        const answer = r.type === 'mirroredSeqs' ? r.data?.seqs : undefined
+        if (answer && typeof answer === 'object' && !Array.isArray(answer)) seqs = answer
+        else log(`unexpected answer to mirrored: ${r.type}; sending every session from seq 0`)
+      } catch (e) {
+        if (welcome === welcomes && open) log(`the runtime cannot say what it mirrors (${e?.message ?? e}); sending every session from seq 0`)
+      }
+      if (welcome !== welcomes || !open || !syncing) return // closed (or unloaded) meanwhile: the next welcome syncs
+      syncing = false
+      resend(sessions, seqs)
+    }
+    release()
+  }
+  // the end of a sync: send what is queued, then the pongs that waited for it
+  function release() {
+    if (!open) return
+    if (ws) flush(ws)
+    for (const id of deferredPongs.splice(0)) reply(id, 'pong', {})
+    schedule(0)
   }
   function backfill(session) {
     if (!session || typeof session.seq !== 'number' || session.seq === 0) return

@@ -11,7 +11,10 @@ creates one extra agent, ``s-cmd``, which the runtime drives through a ``HostHan
 3. the runtime dies while a pre-step verdict is pending (the gate never answers; the
    bridge server is cancelled): the plugin fails closed, DSH ends that turn ``blocked``
    and the message never reaches a model step. A new server on the same port gets the
-   plugin back (reconnect) with the events DSH logged meanwhile.
+   plugin back (reconnect) with the events DSH logged meanwhile, and only those: the plugin
+   asks how far the runtime's mirror reaches (``mirrored``) and nothing is sent twice;
+4. a runtime of the older protocol (it answers ``mirrored`` with UNKNOWN_TYPE) gets every
+   live session's log again from seq 0, and the mirror drops them all as repeats.
 
 Offline and quiet: DSH_HOME and HOME in a temporary directory, telemetry disabled, the
 plugin's `ping` model (it answers ``pong: <last user text>``), loopback only. The headless
@@ -24,12 +27,15 @@ import json
 import sys
 import time
 from pathlib import Path
+from types import MappingProxyType
 
 import pytest
 import trio
 
+import bridge._connection
 from bridge import Ping, Pong, Verdict, serve_bridge
 from bridge._host_handler import HostCommandError, HostHandler
+from bridge._messages import Mirrored, MirroredSeqs
 from bridge._dsh_files import event_source as _source_of
 from bridge._dsh_files import event_text as _text
 from bridge._dsh_files import message_text as _text_of
@@ -68,7 +74,7 @@ async def _serve(nursery: trio.Nursery, handler: HostHandler, port: int = 0) -> 
     return scope, bound
 
 
-async def test_runtime_commands_enter_the_exact_dsh_agent_and_pre_step_fails_closed(tmp_path):
+async def test_runtime_commands_enter_the_exact_dsh_agent_and_pre_step_fails_closed(tmp_path, monkeypatch):
     if not DSH.exists():
         pytest.fail(f"no dsh next to {sys.executable}: scripts/test installs deepseek-harness-runtime-bin")
     dsh_home = tmp_path / "dsh-home"
@@ -160,16 +166,44 @@ async def test_runtime_commands_enter_the_exact_dsh_agent_and_pre_step_fails_clo
                     # 3. the runtime dies mid-reservation: the plugin fails closed
                     await handler.followup(AGENT, _message("continuation three", _source("t3")))
                     await reserved.wait()
+                    assert handler.repeats == 0  # the first connection sent nothing twice
                     server.cancel()
                     killed_ms = time.time() * 1000
                     await until(lambda: handler.host is None)
+                    # what the runtime had when it stopped listening (no frame is taken after that)
+                    had = {sid: len(log) for sid, log in handler.sessions.items()}
                     server, _ = await _serve(nursery, handler, port)  # a new runtime on the same port
                     await until(lambda: handler.host is not None and ends("blocked") == 2)
+                    # the plugin answers a ping once its resend after the welcome is out
+                    assert isinstance(await handler.host.request(Ping(), 30), Pong)
                     blocked = [e for e in handler.sessions[AGENT] if e.type == "turn/end"][-1]
                     # well before the 60 s verdict deadline: the closed connection rejected it
                     assert blocked.time - killed_ms < 20000, (blocked.time, killed_ms)
                     assert pre_steps == [("t1",), ("t2",), ("t3",)]
+                    # DSH logged it after the runtime had gone; it arrived, and nothing the
+                    # runtime already had came again
+                    assert blocked.time >= int(killed_ms) and blocked.seq >= had[AGENT], (blocked, had)
+                    assert len(handler.sessions[AGENT]) > had[AGENT]
+                    assert handler.repeats == 0
                     assert handler.gaps == []
+
+                    # 4. an older runtime: `mirrored` is not a message it knows (UNKNOWN_TYPE),
+                    #    so the plugin sends every live session's log from seq 0 again
+                    live_sessions = {a.session_id for a in handler.agents.values()}
+                    assert live_sessions == {AGENT, headless}
+                    had = {sid: len(handler.sessions[sid]) for sid in live_sessions}
+                    server.cancel()
+                    await until(lambda: handler.host is None)
+                    accepted = bridge._connection._ACCEPTED
+                    monkeypatch.setattr(bridge._connection, "_ACCEPTED", MappingProxyType(
+                        {**accepted, "dsh-host": accepted["dsh-host"] - {Mirrored}}))
+                    server, _ = await _serve(nursery, handler, port)
+                    await until(lambda: handler.host is not None)
+                    assert isinstance(await handler.host.request(Ping(), 30), Pong)
+                    assert handler.repeats == sum(had.values()), (handler.repeats, had)
+                    assert {sid: len(handler.sessions[sid]) for sid in live_sessions} == had
+                    assert handler.gaps == []
+                    monkeypatch.setattr(bridge._connection, "_ACCEPTED", accepted)
 
                     # the end: wake the headless agent (its ping call holds until then)
                     await handler.wake(headless)
@@ -267,6 +301,10 @@ async def test_host_handler_mirrors_agents_and_sessions_and_reports_gaps(tmp_pat
         await handler.on_events(conn, [ev(0), ev(1), ev(1), ev(0), ev(4), ev(5)])
         assert [e.seq for e in handler.sessions["x"]] == [0, 1, 4, 5]
         assert handler.gaps == [Gap("x", 2, 4)]
+        assert handler.repeats == 2
+        # how far the mirror reaches, for the sessions asked about that it holds
+        assert await handler.on_mirrored(conn, Mirrored(("x", "unknown"))) == MirroredSeqs({"x": 5})
+        assert await handler.on_mirrored(conn, Mirrored(())) == MirroredSeqs({})
 
         # commands: a negative ack is a typed error
         with pytest.raises(HostCommandError) as failed:
@@ -299,3 +337,50 @@ async def test_host_handler_mirrors_agents_and_sessions_and_reports_gaps(tmp_pat
         assert handler.host is None and "x" in handler.agents
         with pytest.raises(NoHostError):
             await handler.followup("x", message)
+
+
+async def test_a_host_asks_how_far_the_mirror_reaches_over_the_wire(tmp_path):
+    """``mirrored`` over a real websocket: HostHandler answers from its mirror (also behind
+    the GoalBar handler ``loopdock serve`` puts in front of it); a handler that has no
+    ``on_mirrored`` (NullHandler's default, or none at all) knows nothing."""
+    from trio_websocket import open_websocket
+
+    from bridge import NullHandler
+    from bridge._goalbar import GoalBarHandler
+
+    class Bare:  # a handler of before `mirrored`
+        def connected(self, conn): pass
+        def disconnected(self, conn, reason): pass
+        async def on_events(self, conn, items): pass
+        async def on_live(self, conn, items): pass
+
+    def frame(type_, data, **ids):
+        return json.dumps({"v": 1, "type": type_, **ids, "data": data})
+
+    async def ask(handler, events=()) -> dict:
+        async with trio.open_nursery() as nursery:
+            server, port = await _serve(nursery, handler)
+            async with open_websocket("127.0.0.1", port, "/dsh", use_ssl=False) as ws:
+                await ws.send_message(frame("hello", {"token": TOKEN, "role": "dsh-host", "protocol": 1}))
+                assert json.loads(await ws.get_message())["type"] == "welcome"
+                if events:
+                    await ws.send_message(frame("events", {"items": [
+                        {"sessionId": sid, "event": {"type": "turn/start", "seq": seq, "time": 1, "data": {}}}
+                        for sid, seq in events
+                    ]}))
+                await ws.send_message(frame("mirrored", {"sessionIds": ["a", "b", "c"]}, id="h1"))
+                reply = json.loads(await ws.get_message())
+                assert (reply["type"], reply["re"]) == ("mirroredSeqs", "h1"), reply
+            server.cancel()
+        return reply["data"]["seqs"]
+
+    with trio.fail_after(30):
+        async with Runtime.open(tmp_path / "runtime") as rt:
+            sent = [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("z", 0)]
+            assert await ask(HostHandler(rt), sent) == {"a": 2, "b": 0}
+            async with trio.open_nursery() as nursery:
+                behind = GoalBarHandler(None, lambda session_id: None, nursery, inner=HostHandler(rt))
+                assert await ask(behind, sent) == {"a": 2, "b": 0}
+                assert await ask(GoalBarHandler(None, lambda session_id: None, nursery, inner=Bare())) == {}
+            assert await ask(NullHandler(), sent) == {}
+            assert await ask(Bare(), sent) == {}
