@@ -344,3 +344,182 @@ def test_property_committed_batches_load_back_in_seq_order(tmp_path_factory, dat
             assert s.last_seq(sid) == (max(evs) if evs else None)
         expected = sorted((hdr for hdr, _ in model.values()), key=lambda h: (h.created_at, h.id))
         assert s.list_headers() == expected
+
+
+# --- schema version 2 and the migration from version 1 ---
+
+# The version 1 tables exactly as loopdock created them (frozen here: the module only
+# knows how to migrate them).
+V1_DDL = (
+    "CREATE TABLE IF NOT EXISTS meta("
+    "key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS sessions(id TEXT PRIMARY KEY, header TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS events("
+    "session_id TEXT NOT NULL, seq INTEGER NOT NULL, type TEXT NOT NULL, "
+    "time INTEGER NOT NULL, data TEXT NOT NULL, "
+    "PRIMARY KEY(session_id, seq)) WITHOUT ROWID",
+)
+
+
+def make_v1_home(path, sessions: dict[str, tuple[SessionHeader, list[Event]]]) -> None:
+    """A version 1 database written the way version 1 loopdock wrote it (WAL, rows
+    inserted interleaved across sessions and out of seq order)."""
+    import json
+
+    from runtime._serde import header_to_wire
+
+    raw = sqlite3.connect(path, isolation_level=None)
+    raw.execute("BEGIN IMMEDIATE")
+    for statement in V1_DDL:
+        raw.execute(statement)
+    raw.execute("INSERT INTO meta(key, value) VALUES ('schema_version', 1)")
+    raw.execute("COMMIT")
+    assert raw.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
+    raw.execute("BEGIN IMMEDIATE")
+    for sid, (h, _) in sessions.items():
+        raw.execute(
+            "INSERT INTO sessions(id, header) VALUES (?, ?)",
+            (sid, json.dumps(header_to_wire(h), separators=(",", ":"))),
+        )
+    rows = [
+        (sid, e.seq, e.type, e.time, json.dumps(e.data, separators=(",", ":")))
+        for sid, (_, events) in sessions.items()
+        for e in events
+    ]
+    rows.sort(key=lambda r: (-r[1], r[0]))  # newest seq first, sessions interleaved
+    raw.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", rows)
+    raw.execute("COMMIT")
+    raw.close()
+
+
+def v1_sessions() -> dict[str, tuple[SessionHeader, list[Event]]]:
+    return {
+        "a": (header("a", 2, agent_preset="coder"), [event(i, {"i": i, "t": "é🌍"}) for i in range(30)]),
+        "b": (header("b", 1), [event(i, type_="tool/result") for i in range(7)]),
+        "empty": (header("empty", 3), []),
+    }
+
+
+def schema_of(path) -> tuple[int, str, list[str]]:
+    raw = sqlite3.connect(path)
+    try:
+        (version,) = raw.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        (events_sql,) = raw.execute(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'events'"
+        ).fetchone()
+        indexes = [
+            name
+            for (name,) in raw.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'events'"
+            )
+        ]
+    finally:
+        raw.close()
+    return version, events_sql, indexes
+
+
+def test_a_new_store_has_rowid_events_and_a_session_index(tmp_path):
+    path = tmp_path / "s.sqlite"
+    SessionStore.open(path).close()
+    version, events_sql, indexes = schema_of(path)
+    assert version == SCHEMA_VERSION == 2
+    assert "WITHOUT ROWID" not in events_sql and "id INTEGER PRIMARY KEY" in events_sql
+    assert indexes == ["events_by_session"]
+
+
+def test_reads_by_session_use_the_index_in_seq_order(store):
+    conn = store._conn
+    plans = {
+        query: " | ".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {query}", ("s",)))
+        for query in (
+            "SELECT seq, type, time, data FROM events WHERE session_id = ? ORDER BY seq",
+            "SELECT MAX(seq) FROM events WHERE session_id = ?",
+        )
+    }
+    for query, plan in plans.items():
+        assert "SEARCH events USING" in plan and "INDEX events_by_session (session_id=?)" in plan, (
+            query, plan,
+        )
+        assert "TEMP B-TREE" not in plan, (query, plan)  # no sort: the index is the order
+
+
+def test_a_version_1_home_is_migrated_with_every_event_in_order(tmp_path):
+    path = tmp_path / "sessions.db"
+    sessions = v1_sessions()
+    make_v1_home(path, sessions)
+    assert schema_of(path)[0] == 1
+
+    with SessionStore.open(path) as s:
+        for sid, (h, events) in sessions.items():
+            assert s.load(sid) == (h, events)
+            assert s.last_seq(sid) == (events[-1].seq if events else None)
+        assert [h.id for h in s.list_headers()] == ["b", "a", "empty"]
+        # It takes more writes, and still refuses a seq the old table held.
+        s.commit([Write("a", None, (event(30),)), Write("empty", None, (event(0),))])
+        s.commit([Write("c", header("c", 4), (event(0), event(1)))])
+        with pytest.raises(StoreError, match="'b' already has an event with seq 6"):
+            s.commit([Write("b", None, (event(7), event(6)))])
+    version, events_sql, indexes = schema_of(path)
+    assert (version, indexes) == (2, ["events_by_session"])
+    assert "WITHOUT ROWID" not in events_sql
+
+    # Opening again is a no-op (the migration ran once) and everything is still there.
+    with SessionStore.open(path) as s:
+        assert s.load("a") == (sessions["a"][0], [*sessions["a"][1], event(30)])
+        assert s.load("b") == sessions["b"]
+        assert s.load("empty") == (sessions["empty"][0], [event(0)])
+        assert s.load("c") == (header("c", 4), [event(0), event(1)])
+        assert [h.id for h in s.list_headers()] == ["b", "a", "empty", "c"]
+    raw = sqlite3.connect(path)
+    assert raw.execute("SELECT COUNT(*) FROM events").fetchone() == (30 + 1 + 7 + 1 + 2,)
+    assert raw.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    raw.close()
+
+
+def test_a_failed_migration_leaves_version_1_untouched(tmp_path, monkeypatch):
+    from runtime import _store
+
+    path = tmp_path / "sessions.db"
+    sessions = v1_sessions()
+    make_v1_home(path, sessions)
+    before = schema_of(path)
+    # The migration's last statement fails: everything before it must be rolled back.
+    broken = (*_store._MIGRATIONS[1], "INSERT INTO no_such_table VALUES (1)")
+    monkeypatch.setitem(_store._MIGRATIONS, 1, broken)
+    with pytest.raises(StoreError, match="cannot open.*no_such_table"):
+        SessionStore.open(path)
+    assert schema_of(path) == before
+    raw = sqlite3.connect(path)
+    assert raw.execute("SELECT COUNT(*) FROM events").fetchone() == (37,)
+    assert raw.execute(
+        "SELECT name FROM sqlite_master WHERE name = 'events_v2'"
+    ).fetchone() is None
+    raw.close()
+
+    monkeypatch.undo()
+    with SessionStore.open(path) as s:
+        for sid, (h, events) in sessions.items():
+            assert s.load(sid) == (h, events)
+    assert schema_of(path)[0] == 2
+
+
+async def test_two_stores_opening_a_version_1_home_at_once_migrate_it_once(tmp_path):
+    path = tmp_path / "sessions.db"
+    sessions = v1_sessions()
+    make_v1_home(path, sessions)
+    stores: list[SessionStore] = []
+
+    async def open_one() -> None:
+        stores.append(await trio.to_thread.run_sync(SessionStore.open, path))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(open_one)
+    try:
+        for s in stores:
+            for sid, (h, events) in sessions.items():
+                assert s.load(sid) == (h, events)
+    finally:
+        for s in stores:
+            s.close()
+    assert schema_of(path)[0] == 2
