@@ -17,6 +17,7 @@ import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from itertools import chain
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -120,7 +121,10 @@ else:  # no C accelerator (other interpreters): the pure-Python encoder
 
 
 def _encode(value: Any) -> str:
-    text = _dumps(value, False)
+    return _utf8_safe(_dumps(value, False), value)
+
+
+def _utf8_safe(text: str, value: Any) -> str:
     if not text.isascii():
         try:
             text.encode("utf-8")
@@ -131,31 +135,52 @@ def _encode(value: Any) -> str:
     return text
 
 
-@attrs.frozen
+_Row = tuple[str, int, str, int, str]
+
+if getattr(json.encoder, "c_make_encoder", None) is not None:
+
+    def _event_rows(session_id: str, events: Sequence[Event]) -> list[_Row]:
+        # _encode inlined: this runs for every event, holding the GIL the trio thread wants.
+        join, encode = "".join, _JSON
+        rows = []
+        for event in events:
+            data = event.data
+            text = join(encode(data, 0))
+            if not text.isascii():
+                text = _utf8_safe(text, data)
+            rows.append((session_id, event.seq, event.type, event.time, text))
+        return rows
+
+else:
+
+    def _event_rows(session_id: str, events: Sequence[Event]) -> list[_Row]:
+        return [(session_id, e.seq, e.type, e.time, _encode(e.data)) for e in events]
+
+
 class _Prepared:
-    session_id: str
-    header: str | None
-    events: tuple[tuple[str, int, str, int, str], ...]
+    __slots__ = ("session_id", "header", "events")
+
+    def __init__(self, session_id: str, header: str | None, events: list[_Row]) -> None:
+        self.session_id = session_id
+        self.header = header
+        self.events = events
 
 
 def _prepare(write: Write) -> _Prepared:
     # Validate and encode before touching the database, so a bad value never opens
     # (let alone half-fills) a transaction.
-    if write.header is not None and write.header.id != write.session_id:
+    session_id = write.session_id
+    if write.header is not None and write.header.id != session_id:
         raise StoreError(
-            f"write for session {write.session_id!r} carries the header of "
+            f"write for session {session_id!r} carries the header of "
             f"session {write.header.id!r}"
         )
     try:
         header = None if write.header is None else _encode(header_to_wire(write.header))
-        session_id = write.session_id
-        events = tuple(
-            (session_id, event.seq, event.type, event.time, _encode(event.data))
-            for event in write.events
-        )
+        events = _event_rows(session_id, write.events)
     except (TypeError, ValueError, RecursionError) as exc:
-        raise StoreError(f"session {write.session_id!r}: value is not JSON: {exc}") from exc
-    return _Prepared(write.session_id, header, events)
+        raise StoreError(f"session {session_id!r}: value is not JSON: {exc}") from exc
+    return _Prepared(session_id, header, events)
 
 
 class SessionStore:
@@ -290,11 +315,32 @@ def _transaction(conn: sqlite3.Connection, begin: str) -> Iterator[None]:
 _INSERT_EVENT = "INSERT INTO events(session_id, seq, type, time, data) VALUES (?, ?, ?, ?, ?)"
 # Well below SQLite's limit on host parameters in one statement.
 _MAX_PARAMS = 500
+# Event rows go in multi-row INSERTs of _ROWS_PER_INSERT rows (the rest in power-of-two
+# pieces, so that few distinct statements share the connection's statement cache):
+# each statement is one sqlite3_step, and pysqlite releases and re-takes the GIL around
+# every step, which costs the trio thread a GIL hand-off per step when it is busy.
+_ROWS_PER_INSERT = 64
+_INSERT_EVENTS = {
+    n: "INSERT INTO events(session_id, seq, type, time, data) VALUES "
+    + ",".join(["(?,?,?,?,?)"] * n)
+    for n in (1, 2, 4, 8, 16, 32, 64)
+}
+assert _ROWS_PER_INSERT in _INSERT_EVENTS and 5 * _ROWS_PER_INSERT <= _MAX_PARAMS
+
+
+def _insert_rows(conn: sqlite3.Connection, rows: list[tuple[str, int, str, int, str]]) -> None:
+    start, total = 0, len(rows)
+    while start < total:
+        n = _ROWS_PER_INSERT
+        while n > total - start:
+            n >>= 1
+        conn.execute(_INSERT_EVENTS[n], list(chain.from_iterable(rows[start : start + n])))
+        start += n
 
 
 def _apply(conn: sqlite3.Connection, batch: Sequence[_Prepared]) -> None:
     """A few statements per batch, whatever its size: the headers, one existence check
-    for the sessions written without one, then every event row in one ``executemany``."""
+    for the sessions written without one, then the event rows in multi-row INSERTs."""
     for write in batch:
         if write.header is not None:
             try:
@@ -310,7 +356,7 @@ def _apply(conn: sqlite3.Connection, batch: Sequence[_Prepared]) -> None:
         return
     conn.execute("SAVEPOINT event_rows")
     try:
-        conn.executemany(_INSERT_EVENT, rows)
+        _insert_rows(conn, rows)
     except sqlite3.IntegrityError:
         # Name the offending row: undo the partial insert and replay row by row (the
         # whole transaction is rolled back by the caller anyway).

@@ -523,3 +523,23 @@ async def test_two_stores_opening_a_version_1_home_at_once_migrate_it_once(tmp_p
         for s in stores:
             s.close()
     assert schema_of(path)[0] == 2
+
+
+def test_large_batches_are_written_whole_and_a_late_duplicate_is_named(store):
+    # 203 rows = 64 + 64 + 64 + 8 + 2 + 1: every size of multi-row INSERT the store uses.
+    sizes = {"a": 120, "b": 80, "c": 3}
+    batch = [
+        Write(sid, header(sid), tuple(event(i, {"sid": sid, "i": i, "t": "ü" * (i % 3)}) for i in range(n)))
+        for sid, n in sizes.items()
+    ]
+    store.commit(batch)
+    for sid, n in sizes.items():
+        assert store.load(sid) == (header(sid), [event(i, {"sid": sid, "i": i, "t": "ü" * (i % 3)}) for i in range(n)])
+
+    # A repeated seq at row 150 of 190: named, and nothing of the batch is written.
+    late = [Write("d", header("d"), tuple(event(i) for i in range(150))), Write("a", None, (event(120), event(5)))]
+    late.append(Write("e", header("e"), tuple(event(i) for i in range(38))))
+    with pytest.raises(StoreError, match=r"'a' already has an event with seq 5"):
+        store.commit(late)
+    assert store.load("d") is None and store.load("e") is None
+    assert store.last_seq("a") == 119
