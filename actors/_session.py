@@ -19,7 +19,7 @@ import structlog
 import trio
 
 from runtime._errors import LoopdockError
-from runtime._events import KNOWN_EVENT_TYPES, Event, SessionHeader, check_event_type
+from runtime._events import KNOWN_EVENT_TYPES, Event, SessionHeader, check_event_type, new_event
 from runtime._store import Write
 
 from ._fanout import SUBSCRIBER_BUFFER, Fanout, Subscription
@@ -96,10 +96,12 @@ class SessionActor:
         now = _now_ms()
         if now > self._last_time:
             self._last_time = now
-        event = Event(event_type, len(self._events), self._last_time, data)
+        event = new_event(event_type, len(self._events), self._last_time, data)
         self._events.append(event)
         self._pending.append(event)
-        self._schedule()
+        if self._published and not self._scheduled:  # _schedule(), inlined
+            self._scheduled = True
+            self._writer.schedule(self)
         return event
 
     def subscribe(self, max_buffer: int = SUBSCRIBER_BUFFER) -> Subscription[Event]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from contextlib import asynccontextmanager
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -391,3 +392,14 @@ async def test_concurrent_drains_keep_a_sessions_writes_in_order(tmp_path):
             assert wire(store.load("s1")[1]) == wire(s.events)
             assert writer.commits == 2
             assert [e.seq async for e in sub] == [0, 1]
+
+
+def test_appended_events_are_ordinary_frozen_events():
+    from runtime._events import new_event
+
+    made = new_event("step/start", 3, 17, {"turn": 1})
+    assert made == Event("step/start", 3, 17, {"turn": 1})
+    assert type(made) is Event and repr(made) == repr(Event("step/start", 3, 17, {"turn": 1}))
+    assert hash(new_event("a", 1, 2, ())) == hash(Event("a", 1, 2, ()))
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        made.seq = 4  # type: ignore[misc]
