@@ -39,8 +39,9 @@ SCHEMA_VERSION = 2
 # share a few pages at the table's end) with a unique (session_id, seq) index for reads
 # by session and for refusing a repeated seq. Version 1 clustered the rows themselves by
 # (session_id, seq), so with many live sessions every row of a batch landed on its own
-# page, and each commit wrote one WAL page per session: at 10,000 agents the store
-# thread spent ~8.9 us of CPU per event, against ~5.5 us now (benchmarks/PROFILE.md).
+# page: in a plain-sqlite reproduction (10,000 sessions, 1.4 million rows) ~5.1 us of CPU
+# per row and growing with the table, against ~3.5 us for this layout (see
+# benchmarks/PROFILE.md; in the benchmark's own runs the difference is within noise).
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta("
     "key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID",
