@@ -48,6 +48,8 @@ DSH = Path(sys.executable).parent / "dsh"
 TOKEN = "e2e-token-" + "c" * 20
 AGENT = "s-cmd"
 OWNED = "loopx-continuation"
+TEST_LIMIT_S = 120
+VERDICT_DEADLINE_MS = 10 * TEST_LIMIT_S * 1000  # never reached while the test runs
 
 
 def _source(turn_instance: str) -> dict:
@@ -97,7 +99,7 @@ async def test_runtime_commands_enter_the_exact_dsh_agent_and_pre_step_fails_clo
             await trio.sleep_forever()  # the runtime dies before it answers
         return Verdict("reject", f"unexpected {owned}")
 
-    with trio.fail_after(120):
+    with trio.fail_after(TEST_LIMIT_S):
         async with Runtime.open(tmp_path / "runtime") as rt:
             handler = HostHandler(rt)
             handler.gate(AGENT, gate)
@@ -105,7 +107,7 @@ async def test_runtime_commands_enter_the_exact_dsh_agent_and_pre_step_fails_clo
                 server, port = await _serve(nursery, handler)
                 patch = write_patch(
                     tmp_path / "p", f"ws://127.0.0.1:{port}", TOKEN, ping=True,
-                    extra={"createAgents": [{"sessionId": AGENT}], "verdictTimeoutMs": 60000},
+                    extra={"createAgents": [{"sessionId": AGENT}], "verdictTimeoutMs": VERDICT_DEADLINE_MS},
                 )
                 work = tmp_path / "work"
                 work.mkdir()
@@ -177,8 +179,8 @@ async def test_runtime_commands_enter_the_exact_dsh_agent_and_pre_step_fails_clo
                     # the plugin answers a ping once its resend after the welcome is out
                     assert isinstance(await handler.host.request(Ping(), 30), Pong)
                     blocked = [e for e in handler.sessions[AGENT] if e.type == "turn/end"][-1]
-                    # well before the 60 s verdict deadline: the closed connection rejected it
-                    assert blocked.time - killed_ms < 20000, (blocked.time, killed_ms)
+                    # the verdict deadline lies beyond the whole test's time limit: only the
+                    # closed connection can have rejected it
                     assert pre_steps == [("t1",), ("t2",), ("t3",)]
                     # DSH logged it after the runtime had gone; it arrived, and nothing the
                     # runtime already had came again
