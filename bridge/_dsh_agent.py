@@ -195,11 +195,6 @@ class DshAgent:
                 reservation._settle("cancelled", "agent gone")
             self._reservations.clear()
 
-    def stop(self) -> None:
-        """Stop the proxy (its companions are cancelled); the DSH agent is not touched."""
-        self._stopped = True
-        self._handler.poke()
-
     async def _send(self, reservation: Reservation) -> None:
         try:
             await self._handler.followup(self.id, message_to_wire(reservation.message), reservation.placement)
