@@ -326,6 +326,32 @@ async def _terminate_group(process: trio.Process) -> None:
         _signal_group(process.pid, signal.SIGKILL)
 
 
+async def run_child(
+    argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout: float
+) -> tuple[int, bytes] | Literal["timeout", "spawn"]:
+    """Run one child with fixed argv and no shell, in its own process group, inside the
+    caller's cancel scope (cancelled: the whole group is killed and waited for); its
+    output is captured and never shown. Returns (exit code, stdout)."""
+    completed = None
+    with trio.move_on_after(timeout):
+        try:
+            completed = await trio.run_process(
+                argv,
+                cwd=cwd,
+                env=env,
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+                start_new_session=True,
+                deliver_cancel=_terminate_group,
+            )
+        except OSError:
+            return "spawn"
+    if completed is None:
+        return "timeout"
+    return completed.returncode, completed.stdout
+
+
 class LoopxClient:
     """Runs the LoopX CLI for one project.
 
@@ -386,24 +412,12 @@ class LoopxClient:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _exec(self, argv: list[str]) -> tuple[int, bytes] | TransportFailure:
-        completed = None
-        with trio.move_on_after(self.timeout):
-            try:
-                completed = await trio.run_process(
-                    argv,
-                    cwd=self.project,
-                    env=self.env,
-                    capture_stdout=True,
-                    capture_stderr=True,
-                    check=False,
-                    start_new_session=True,
-                    deliver_cancel=_terminate_group,
-                )
-            except OSError:
-                return TransportFailure("could not start the loopx command", "spawn")
-        if completed is None:
+        outcome = await run_child(argv, cwd=self.project, env=self.env, timeout=self.timeout)
+        if outcome == "spawn":
+            return TransportFailure("could not start the loopx command", "spawn")
+        if outcome == "timeout":
             return TransportFailure(f"timed out after {self.timeout:g}s", "timeout")
-        return completed.returncode, completed.stdout
+        return outcome
 
     async def _run_json(self, argv: list[str]) -> LoopxResult:
         outcome = await self._exec(argv)

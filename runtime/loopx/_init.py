@@ -44,7 +44,6 @@ from typing import Any, Literal
 
 import attrs
 import structlog
-import trio
 
 from .._commands import Command, CommandContext, CommandResult
 from .._messages import Message, ProducerSource, TextBlock
@@ -55,7 +54,7 @@ from ._client import (
     MalformedOutput,
     SkillsResult,
     TransportFailure,
-    _terminate_group,
+    run_child,
 )
 
 __all__ = [
@@ -244,26 +243,7 @@ def _success_summary(version: str, installed_reason: str | None, skills_changed:
 async def _run(
     argv: list[str], settings: InitSettings, timeout: float, cwd: Path
 ) -> tuple[int, bytes] | Literal["timeout", "spawn"]:
-    """Run one child with fixed argv and no shell, in its own process group, inside the
-    caller's cancel scope; its output is captured and never shown."""
-    completed = None
-    with trio.move_on_after(timeout):
-        try:
-            completed = await trio.run_process(
-                argv,
-                cwd=cwd,
-                env=_child_env(settings),
-                capture_stdout=True,
-                capture_stderr=True,
-                check=False,
-                start_new_session=True,
-                deliver_cancel=_terminate_group,
-            )
-        except OSError:
-            return "spawn"
-    if completed is None:
-        return "timeout"
-    return completed.returncode, completed.stdout
+    return await run_child(argv, cwd=cwd, env=_child_env(settings), timeout=timeout)
 
 
 def _child_env(settings: InitSettings) -> dict[str, str]:
