@@ -7,14 +7,13 @@ actor exchange can be. Nothing here is loopdock: it is what the runtime is measu
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
 import trio
 import trio.testing
 
-from ._common import Progress, percentile, settled_rss
+from ._common import Progress, percentile, settled_rss, waves_for
 
 
 async def _serve(requests: trio.MemoryReceiveChannel[int], replies: trio.MemorySendChannel[int]) -> None:
@@ -118,7 +117,7 @@ async def run_floor(params: dict[str, Any], progress: Progress) -> dict[str, Any
     rows = []
     ns = params["ns"]
     for index, n in enumerate(ns):
-        waves = max(1, math.ceil(params["min_turns"] / (n * params["k"])))
+        waves = waves_for(n, params["k"], params["min_turns"])
 
         def sub(fraction: float, label: str, index: int = index) -> None:
             progress((index + fraction) / len(ns), label)

@@ -9,12 +9,11 @@ client awaits ``send_message`` (request -> handler -> response) ``k`` times.
 # hints at class creation, and they must be real classes, not strings.
 import asyncio
 import importlib.util
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from ._common import Progress, percentile, settled_rss
+from ._common import Progress, percentile, settled_rss, waves_for
 
 NAME = "autogen-core SingleThreadedAgentRuntime"
 
@@ -88,7 +87,7 @@ async def _run(params: dict[str, Any], progress: Progress) -> dict[str, Any]:
         rows = []
         ns, k = params["ns"], params["k"]
         for index, n in enumerate(ns):
-            waves = max(1, math.ceil(params["min_turns"] / (n * k)))
+            waves = waves_for(n, k, params["min_turns"])
             latencies: list[float] = []
             seconds = cpu = 0.0
             mem_per_agent = None
