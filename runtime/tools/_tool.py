@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -33,13 +34,7 @@ class Tool:
     parameters: Mapping[str, Any]
     run: Callable[[Mapping[str, Any], ToolContext], Awaitable[str]] = attrs.field(eq=False)
 
-    @property
+    @functools.cached_property
     def spec(self) -> ToolSpec:
         # Built once: a tool is frozen, and its spec goes into every model request.
-        spec = self._spec
-        if spec is None:
-            spec = ToolSpec(self.name, self.description, self.parameters)
-            object.__setattr__(self, "_spec", spec)
-        return spec
-
-    _spec: ToolSpec | None = attrs.field(default=None, init=False, eq=False, repr=False)
+        return ToolSpec(self.name, self.description, self.parameters)
