@@ -305,8 +305,9 @@ export function apply(ctx, config = {}) {
     } else if (type === 'wake') {
       const agent = liveAgent(data.agentId)
       // the ping test adapter: a wake is the runtime saying "go on", unless the woken agent
-      // is known not to hold (the runtime woke another agent)
-      if (asked(agent, 'HOLD') !== false) releaseHolds()
+      // is known not to hold (the runtime woke another agent); without it nothing holds, so
+      // the session log is not scanned
+      if (config.ping && asked(agent, 'HOLD') !== false) releaseHolds()
       agent.wakeDriver()
     } else {
       // DSH's cancel causes are user | parent | hook | disposed: the runtime's cancel is a
