@@ -81,9 +81,7 @@ def dsh_patch_command(
 
     from ._token import load_or_create_token
 
-    root = resolve_home(home)
-    root.mkdir(parents=True, exist_ok=True)
-    token = load_or_create_token(root)
+    token = load_or_create_token(resolve_home(home))  # creates the home if need be
     path = write_patch(out_dir, url, token, dock=dock, drivers=drivers, ping=ping)
     print(f"wrote {path}", file=out)
     print(f"run: DSH_HOME=... DSH_TELEMETRY_MODE=DISABLED dsh headless --patch {path} \"task\"", file=out)
