@@ -53,10 +53,10 @@ if TYPE_CHECKING:
 
     from ._server import BridgeConnection
 
-#: ``callback(PreStep) -> Verdict | Awaitable[Verdict]``
 #: How many closed sessions (every agent disposed) keep their mirror, newest first.
 RETAINED_CLOSED_SESSIONS = 100
 
+#: ``callback(PreStep) -> Verdict | Awaitable[Verdict]``
 Gate = Callable[[PreStep], "Verdict | Awaitable[Verdict]"]
 
 
