@@ -1,33 +1,50 @@
-"""The trio actors: sessions, agents, the store writer and the supervisor that owns them."""
+"""The trio actors: sessions, agents, the store writer and the supervisor that owns them;
+the driver seam and the publication transaction; commands; the loop dock (``actors.dock``)
+and the LoopX continuation (``actors.loopx``)."""
 
-from ._agent import ENTER as ENTER
 from ._agent import AgentActor as AgentActor
-from ._agent import Enter as Enter
-from ._agent import InvalidReservationError as InvalidReservationError
-from ._agent import PreStep as PreStep
-from ._agent import Reject as Reject
-from ._agent import Turn as Turn
-from ._agent import TurnLoop as TurnLoop
-from ._agent import Verdict as Verdict
 from ._agent_context import AgentContext as AgentContext
 from ._agent_context import UnknownHookError as UnknownHookError
+from ._commands import Command as Command
+from ._commands import CommandContext as CommandContext
+from ._commands import CommandRegistry as CommandRegistry
+from ._commands import CommandResult as CommandResult
+from ._commands import DuplicateCommandError as DuplicateCommandError
+from ._commands import InvalidCommandError as InvalidCommandError
+from ._commands import UnknownAgentError as UnknownAgentError
+from ._commands import UnknownCommandError as UnknownCommandError
+from ._commands import run_command as run_command
+from ._driver import AgentHandle as AgentHandle
+from ._driver import CreateAgentOptions as CreateAgentOptions
+from ._driver import Driver as Driver
+from ._driver import ResumeAgentOptions as ResumeAgentOptions
+from ._driver import Setup as Setup
+from ._fake import FakeDriver as FakeDriver
 from ._fanout import Fanout as Fanout
 from ._fanout import Subscription as Subscription
+from ._inbox import InvalidReservationError as InvalidReservationError
 from ._inbox import Placement as Placement
 from ._inbox import Reservation as Reservation
-from ._publication import publish_agent as publish_agent
+from ._inbox import ReservationState as ReservationState
+from ._live import LiveEvent as LiveEvent
+from ._pre_step import ENTER as ENTER
+from ._pre_step import Enter as Enter
+from ._pre_step import PreStep as PreStep
+from ._pre_step import Reject as Reject
+from ._pre_step import Verdict as Verdict
+from ._pre_step import enter as enter
 from ._publication import compose_setups as compose_setups
-from ._publication import create_with_loop as create_with_loop
-from ._publication import resume_with_loop as resume_with_loop
+from ._publication import create_with_body as create_with_body
+from ._publication import publish_agent as publish_agent
+from ._publication import resume_with_body as resume_with_body
 from ._publication import run_setups as run_setups
+from ._react import ReactBody as ReactBody
 from ._react import ReactDriver as ReactDriver
-from ._react import ReactLoop as ReactLoop
 from ._session import SessionActor as SessionActor
 from ._session import SessionClosedError as SessionClosedError
 from ._store_writer import StoreWriter as StoreWriter
-from ._supervisor import LiveEvent as LiveEvent
 from ._supervisor import RuntimeClosedError as RuntimeClosedError
 from ._supervisor import Supervisor as Supervisor
 from ._supervisor import UnknownServiceError as UnknownServiceError
-from ._fake import FakeDriver as FakeDriver
-from ._loopx_driver import LoopxContinuation as LoopxContinuation
+from ._turn import Turn as Turn
+from ._turn import TurnBody as TurnBody

@@ -2,7 +2,7 @@
 
 The agent's ``run`` task is its only evaluator: it claims one turn at a time at a turn
 boundary, so two turns of one agent can never overlap, whatever the load. The driver's
-turn loop (``TurnLoop``) runs *inside* that task and asks the agent for each step.
+turn body (``TurnBody``) runs *inside* that task and asks the agent for each step.
 
 Cancellation: ``run`` lives in the supervisor's nursery under the agent's own cancel
 scope; each turn has a nested scope that ``cancel()`` cancels. Disposing cancels the
@@ -11,88 +11,33 @@ outer scope, which ends the turn (``aborted``) and everything the turn started.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal
 
-import attrs
 import structlog
 import trio
 
 from runtime._cancellation import is_cancellation
-from runtime._errors import AgentClosedError, LoopdockError
+from runtime._changes import Changes
+from runtime._errors import AgentClosedError, safe_message
 from runtime._events import Event
-from runtime._messages import Message, ProducerSource, is_human, user_message
-from runtime._serde import message_from_wire, message_to_wire
+from runtime._messages import Message, ProducerSource, user_message
+from runtime._options import AgentOptions
+from runtime._serde import message_from_wire
 from runtime._waterfall import Waterfall
-from runtime.models import ModelRequest, RetryNotice
+from runtime.models import ModelRequest
 from runtime.tools import AgentTools
 
-from ._inbox import Entry, Inbox, Placement, Reservation
+from ._inbox import Entry, Inbox, InvalidReservationError, Placement, Reservation
+from ._owner import AgentOwner
+from ._pre_step import PreStep, Verdict
 from ._session import SessionActor
-
-if TYPE_CHECKING:
-    from runtime._options import AgentOptions
-
-    from ._supervisor import Supervisor
+from ._turn import Turn, TurnBlocked, TurnBody
 
 Status = Literal["idle", "running"]
 
 log = structlog.get_logger(__name__)
-
-
-class InvalidReservationError(LoopdockError):
-    """Raised when reserving a message whose source is missing or human (humans just send)."""
-
-    code = "INVALID_RESERVATION"
-
-
-@attrs.frozen
-class PreStep:
-    """What ``agent/pre-step`` listeners see: the messages about to enter a model step."""
-
-    agent_id: str
-    session_id: str
-    turn: int
-    step: int
-    messages: tuple[Message, ...]
-
-
-@attrs.frozen
-class Enter:
-    kind: Literal["enter"] = "enter"
-
-
-@attrs.frozen
-class Reject:
-    reason: str = "rejected"
-    kind: Literal["reject"] = "reject"
-
-
-Verdict = Enter | Reject
-ENTER = Enter()
-
-
-async def _enter(_: PreStep) -> Verdict:
-    return ENTER
-
-
-async def _as_is(request: ModelRequest) -> ModelRequest:
-    return request
-
-
-class TurnBlocked(Exception):
-    """A pre-step listener rejected the step's messages: the turn ends ``blocked``."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class TurnLoop(Protocol):
-    """A driver's turn body. Returns the turn's end reason (``completed``, ``max-tokens``...)."""
-
-    async def run_turn(self, turn: Turn) -> str: ...
 
 
 def fold_transcript(events: Sequence[Event]) -> list[Message]:
@@ -107,16 +52,16 @@ def fold_transcript(events: Sequence[Event]) -> list[Message]:
 class AgentActor:
     def __init__(
         self,
-        owner: Supervisor,
+        owner: AgentOwner,
         session: SessionActor,
         options: AgentOptions,
-        loop: TurnLoop,
+        body: TurnBody,
     ) -> None:
         self.id = session.id  # agent id == session id
         self.session = session
         self.options = options
         self.owner = owner
-        self.loop = loop
+        self.body = body
         self.tools = AgentTools(owner.tools, options.tools)
         self.pre_step: Waterfall[PreStep, Verdict] = Waterfall("agent/pre-step")
         self.request: Waterfall[ModelRequest, ModelRequest] = Waterfall("agent/request")
@@ -127,7 +72,7 @@ class AgentActor:
         self._inbox = Inbox()
         self._status: Status = "idle"
         self._wake = trio.Event()
-        self._changed = trio.Event()
+        self._changes = Changes()  # every status or inbox change
         self._scope: trio.CancelScope | None = None
         self._turn_scope: trio.CancelScope | None = None
         self._cancel_cause: str | None = None
@@ -218,12 +163,25 @@ class AgentActor:
     async def wait_idle(self) -> None:
         """Wait until the agent is idle with nothing queued that would wake it (or it is
         disposed). Always a checkpoint, as trio's conventions ask."""
-        await trio.lowlevel.checkpoint()
-        while not self._quiescent():
-            await self._changed.wait()
+        await self._changes.wait_until(self._quiescent)
 
     def has_pending_human_input(self) -> bool:
         return self._inbox.has_human()
+
+    # -- the running turn's side -------------------------------------------------------
+
+    def claim_step(self, held: Sequence[Entry] = ()) -> list[Entry]:
+        """Claim ``held`` (the message that opened the turn) and every message queued for
+        the next step (human first): log the claims and return them."""
+        entries = [*held, *self._inbox.take_step()]
+        for entry in entries:
+            self._splice("claim", entry)
+            self._live("agent/inbox/claimed", messageId=entry.message.id)
+        return entries
+
+    def has_step_input(self) -> bool:
+        """True when messages wait for the next step (steer/inject)."""
+        return self._inbox.has_step_input()
 
     # -- lifecycle (the supervisor's side) -----------------------------------------------
 
@@ -253,9 +211,7 @@ class AgentActor:
     async def wait_status_change(self, since: int) -> None:
         """Wait until the status changed after version ``since`` (see ``status_version``),
         or the agent is disposed. Always a checkpoint."""
-        await trio.lowlevel.checkpoint()
-        while self.status_version <= since and not self._closed:
-            await self._changed.wait()
+        await self._changes.wait_until(lambda: self.status_version > since or self._closed)
 
     async def stop(self, cause: str = "disposed") -> None:
         """Cancel everything the agent owns and wait for its task to end."""
@@ -310,12 +266,12 @@ class AgentActor:
         }
         if reason is not None:
             data["reason"] = reason
-        if not self.session._closed:
+        if not self.session.closed:
             self.session.append("agent/inbox/spliced", data)
 
     def _discarded(self, entry: Entry, reason: str) -> None:
         if entry.reservation is not None:
-            entry.reservation._settle("cancelled", reason)
+            entry.reservation.settle("cancelled", reason)
         self._splice("discard", entry, reason)
         self._live("agent/inbox/discarded", messageId=entry.message.id, reason=reason)
 
@@ -331,8 +287,7 @@ class AgentActor:
             self._notify()
 
     def _notify(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
+        self._changes.notify()
 
     def _quiescent(self) -> bool:
         return self._closed or (self._status == "idle" and not self._inbox.has_wakeable())
@@ -347,14 +302,14 @@ class AgentActor:
         self._cancel_cause = None
         try:
             with trio.CancelScope() as self._turn_scope:
-                reason = {"kind": await self.loop.run_turn(turn)}
+                reason = {"kind": await self.body.run_turn(turn)}
             if self._turn_scope.cancelled_caught:
                 reason = {"kind": "aborted", "cause": self._cancel_cause or "cancelled"}
         except TurnBlocked as blocked:
             reason = {"kind": "blocked", "reason": blocked.reason}
         except Exception as exc:
             self.log.warning("turn failed", turn=turn.number, error=repr(exc))
-            reason = {"kind": "error", "message": _safe_error(exc)}
+            reason = {"kind": "error", "message": safe_message(exc)}
         except BaseException as exc:
             if is_cancellation(exc):  # the agent itself is going away: the turn still ends
                 self._end_turn(turn, {"kind": "aborted", "cause": self._cancel_cause or "cancelled"})
@@ -368,105 +323,3 @@ class AgentActor:
         self.session.append("turn/end", {"turn": turn.number, "reason": reason})
 
 
-def _safe_error(exc: BaseException) -> str:
-    """A short error text for the log: the type, and the message if it is one of ours."""
-    if isinstance(exc, LoopdockError):
-        return f"{exc.code}: {exc}"[:500]
-    return type(exc).__name__
-
-
-class Turn:
-    """One turn of one agent, as its TurnLoop sees it."""
-
-    def __init__(self, agent: AgentActor, number: int, first: list[Entry]) -> None:
-        self.agent = agent
-        self.number = number
-        self.step = 0
-        self._entries = first  # claimed but not yet through pre-step
-
-    @property
-    def session(self) -> SessionActor:
-        return self.agent.session
-
-    def log(self, event_type: str, data: Mapping[str, Any]) -> Event:
-        return self.agent.session.append(event_type, data)
-
-    def has_step_input(self) -> bool:
-        """True when messages wait for the next step (steer/inject): the turn goes on."""
-        return self.agent._inbox.has_step_input()
-
-    async def begin_step(self) -> tuple[Message, ...]:
-        """Claim the step's inbox messages, run ``agent/pre-step``, then open the step.
-
-        Each admitted message is passed through the owner's expanders (``/name`` skill
-        invocations, ...) and what they return is recorded; returns the recorded messages.
-        Raises TurnBlocked when a listener rejects (the claimed messages are consumed).
-        """
-        agent = self.agent
-        entries = self._entries + agent._inbox.take_step()
-        self._entries = entries
-        for entry in entries:
-            agent._splice("claim", entry)
-            agent._live("agent/inbox/claimed", messageId=entry.message.id)
-        messages = tuple(e.message for e in entries)
-        pre = PreStep(agent.id, agent.id, self.number, self.step + 1, messages)
-        try:
-            verdict = await agent.pre_step.run(pre, _enter)
-        except Exception as exc:  # a broken gate fails closed
-            agent.log.warning("pre-step listener failed", error=repr(exc))
-            verdict = Reject("pre-step listener failed")
-        if isinstance(verdict, Reject):
-            self._settle(entries, "rejected", verdict.reason)
-            self._entries = []
-            raise TurnBlocked(verdict.reason)
-        self._settle(entries, "admitted", None)
-        self._entries = []
-        self.step += 1
-        self.log("step/start", {"turn": self.number, "step": self.step})
-        # Expanded only after admission: listeners judge what the person sent, and a
-        # vetoed message must not leave an injected skill body behind.
-        recorded = tuple(m for message in messages for m in agent.owner.expand(message))
-        for message in recorded:
-            self.record("user/message", message)
-        return recorded
-
-    def end_step(self) -> None:
-        self.log("step/end", {"turn": self.number, "step": self.step})
-
-    def record(self, event_type: str, message: Message) -> Event:
-        """Log a message event and add the message to the model-visible transcript."""
-        self.agent.transcript.append(message)
-        return self.log(event_type, message_to_wire(message))
-
-    def model_request(self) -> ModelRequest:
-        agent, options = self.agent, self.agent.options
-
-        async def on_retry(notice: RetryNotice) -> None:
-            self.log(
-                "llm/retry",
-                {"turn": self.number, "attempt": notice.attempt, "delay": notice.delay, "error": notice.error},
-            )
-
-        system = "\n\n".join(
-            part for part in [options.system_prompt, *agent.prompt_sections.values()] if part
-        )
-        return ModelRequest(
-            provider=options.provider,
-            model=options.model,
-            system=system,
-            messages=tuple(agent.transcript),
-            tools=agent.tools.specs(),
-            max_tokens=options.max_tokens,
-            reasoning_effort=options.reasoning_effort,
-            on_retry=on_retry,
-        )
-
-    def settle_unadmitted(self, reason: str) -> None:
-        self._settle(self._entries, "cancelled", reason)
-        self._entries = []
-
-    @staticmethod
-    def _settle(entries: list[Entry], state: Any, reason: str | None) -> None:
-        for entry in entries:
-            if entry.reservation is not None:
-                entry.reservation._settle(state, reason)

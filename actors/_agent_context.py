@@ -7,17 +7,15 @@ rolls back or the agent is disposed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from runtime._errors import LoopdockError
+from runtime._options import AgentOptions
 from runtime.tools import AgentTools, Tool
 
-if TYPE_CHECKING:
-    from runtime._options import AgentOptions
-
-    from ._agent import AgentActor
-    from ._session import SessionActor
-    from ._supervisor import Supervisor
+from ._agent import AgentActor
+from ._session import SessionActor
+from ._supervisor import Supervisor
 
 
 class UnknownHookError(LoopdockError):

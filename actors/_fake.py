@@ -1,20 +1,20 @@
 """A fake driver: real agents, real session logs, no model call at all.
 
 Each turn answers every message with ``"<name>: <text>"``. It stands in for a second
-agent loop in demos and in tests of the loop dock (the seed's "fake factory").
+agent loop in demos and in tests of the loop dock (the "fake factory" of the dock's design).
 """
 
 from __future__ import annotations
 
-from runtime._driver import AgentHandle, CreateAgentOptions, ResumeAgentOptions
 from runtime._messages import Message, TextBlock
 
-from ._agent import Turn
-from ._publication import create_with_loop, resume_with_loop
+from ._driver import AgentHandle, CreateAgentOptions, ResumeAgentOptions
+from ._publication import create_with_body, resume_with_body
 from ._supervisor import Supervisor
+from ._turn import Turn
 
 
-class FakeLoop:
+class FakeBody:
     def __init__(self, name: str) -> None:
         self.name = name
 
@@ -38,8 +38,8 @@ class FakeDriver:
 
     async def create_agent(self, owner: Supervisor, options: CreateAgentOptions) -> AgentHandle:
         self.created.append(options)
-        return await create_with_loop(owner, options, FakeLoop(self.name))
+        return await create_with_body(owner, options, FakeBody(self.name))
 
     async def resume(self, owner: Supervisor, options: ResumeAgentOptions) -> AgentHandle:
         self.resumed.append(options)
-        return await resume_with_loop(owner, options, FakeLoop(self.name))
+        return await resume_with_body(owner, options, FakeBody(self.name))

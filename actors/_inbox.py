@@ -19,12 +19,19 @@ from typing import Literal
 import attrs
 import trio
 
+from runtime._errors import LoopdockError
 from runtime._messages import Message, is_human
 
 Placement = Literal["followup", "steer", "inject"]
 PLACEMENTS: tuple[Placement, ...] = ("followup", "steer", "inject")
 
 ReservationState = Literal["pending", "admitted", "rejected", "cancelled"]
+
+
+class InvalidReservationError(LoopdockError):
+    """Raised when reserving a message whose source is missing or human (humans just send)."""
+
+    code = "INVALID_RESERVATION"
 
 
 @attrs.define(eq=False)
@@ -42,7 +49,9 @@ class Reservation:
     reason: str | None = None
     _settled: trio.Event = attrs.field(factory=trio.Event, repr=False)
 
-    def _settle(self, state: ReservationState, reason: str | None = None) -> bool:
+    def settle(self, state: ReservationState, reason: str | None = None) -> bool:
+        """Give the reservation its final state (the agent's side, or a proxy's that
+        carries out an agent elsewhere); False if it was settled already."""
         if self.state != "pending":
             return False
         self.state, self.reason = state, reason

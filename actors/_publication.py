@@ -12,12 +12,13 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-from runtime._driver import AgentHandle, CreateAgentOptions, ResumeAgentOptions, Setup
 from runtime._errors import LoopdockError, SetupError
 
-from ._agent import AgentActor, TurnLoop
+from ._agent import AgentActor
 from ._agent_context import AgentContext
+from ._driver import AgentHandle, CreateAgentOptions, ResumeAgentOptions, Setup
 from ._supervisor import Supervisor, agent_dispose
+from ._turn import TurnBody
 
 
 async def collect_setups(ctx: AgentContext, setups: Sequence[Setup | None]) -> list[Callable[[], Any]]:
@@ -110,8 +111,8 @@ async def publish_agent(
     return AgentHandle(agent, agent_dispose(owner, agent))
 
 
-async def create_with_loop(owner: Supervisor, options: CreateAgentOptions, loop: TurnLoop) -> AgentHandle:
-    """A driver's whole ``create_agent`` when its only difference is the turn loop."""
+async def create_with_body(owner: Supervisor, options: CreateAgentOptions, body: TurnBody) -> AgentHandle:
+    """A driver's whole ``create_agent`` when its only difference is the turn body."""
     owner.adapters.get(options.agent_options.provider)  # fail before anything is made
     session = await owner.new_session(
         options.session_id,
@@ -120,19 +121,19 @@ async def create_with_loop(owner: Supervisor, options: CreateAgentOptions, loop:
         agent_preset=options.agent_preset,
     )
     try:
-        agent = AgentActor(owner, session, options.agent_options, loop)
+        agent = AgentActor(owner, session, options.agent_options, body)
     except BaseException:
         session.discard()
         raise
     return await publish_agent(owner, agent, [options.setup], source="startup")
 
 
-async def resume_with_loop(owner: Supervisor, options: ResumeAgentOptions, loop: TurnLoop) -> AgentHandle:
-    """A driver's whole ``resume`` when its only difference is the turn loop."""
+async def resume_with_body(owner: Supervisor, options: ResumeAgentOptions, body: TurnBody) -> AgentHandle:
+    """A driver's whole ``resume`` when its only difference is the turn body."""
     owner.adapters.get(options.agent_options.provider)
     session = await owner.load_session(options.resume_session_id)
     try:
-        agent = AgentActor(owner, session, options.agent_options, loop)
+        agent = AgentActor(owner, session, options.agent_options, body)
     except BaseException:
         session.discard()
         raise

@@ -8,14 +8,14 @@ model stops without calling a tool and nothing waits for the next step. The turn
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import structlog
 import trio
 
-from runtime._driver import AgentHandle, CreateAgentOptions, ResumeAgentOptions
 from runtime._errors import ToolError
 from runtime._messages import (
+    Block,
     Message,
     ReasoningBlock,
     TextBlock,
@@ -24,6 +24,7 @@ from runtime._messages import (
     ToolSource,
 )
 from runtime.models import (
+    Chunk,
     Finish,
     ModelRequest,
     ReasoningDelta,
@@ -32,9 +33,10 @@ from runtime.models import (
 )
 from runtime.tools import ToolContext
 
-from ._agent import AgentActor, Turn
-from ._publication import create_with_loop, resume_with_loop
+from ._driver import AgentHandle, CreateAgentOptions, ResumeAgentOptions
+from ._publication import create_with_body, resume_with_body
 from ._supervisor import Supervisor
+from ._turn import Turn, TurnAgent
 
 log = structlog.get_logger(__name__)
 
@@ -43,7 +45,7 @@ async def _request_as_is(request: ModelRequest) -> ModelRequest:
     return request
 
 
-class ReactLoop:
+class ReactBody:
     async def run_turn(self, turn: Turn) -> str:
         agent = turn.agent
         while True:
@@ -72,7 +74,7 @@ class ReactLoop:
                 return "completed"
 
 
-async def _collect(stream) -> tuple[Message, str]:  # type: ignore[no-untyped-def]
+async def _collect(stream: AsyncIterator[Chunk]) -> tuple[Message, str]:
     text: list[str] = []
     reasoning: list[str] = []
     calls: list[ToolCallBlock] = []
@@ -86,7 +88,7 @@ async def _collect(stream) -> tuple[Message, str]:  # type: ignore[no-untyped-de
             calls.append(ToolCallBlock(chunk.call_id, chunk.name, chunk.arguments))
         elif isinstance(chunk, Finish):
             finish = chunk.reason
-    blocks: list = []
+    blocks: list[Block] = []
     if reasoning:
         blocks.append(ReasoningBlock("".join(reasoning)))
     if text:
@@ -137,7 +139,7 @@ async def _run_tools(turn: Turn, calls: Sequence[ToolCallBlock]) -> None:
             turn.record("tool/result", _result_message(call.call_id, content, is_error))
 
 
-async def _run_tool(agent: AgentActor, call: ToolCallBlock) -> tuple[str, bool]:
+async def _run_tool(agent: TurnAgent, call: ToolCallBlock) -> tuple[str, bool]:
     tool = agent.tools.lookup(call.name)
     if tool is None:
         visible = ", ".join(t.name for t in agent.tools.visible()) or "none"
@@ -162,7 +164,7 @@ class ReactDriver:
     """The shipped driver (registered as ``default``). ``owner`` is the Supervisor."""
 
     async def create_agent(self, owner: Supervisor, options: CreateAgentOptions) -> AgentHandle:
-        return await create_with_loop(owner, options, ReactLoop())
+        return await create_with_body(owner, options, ReactBody())
 
     async def resume(self, owner: Supervisor, options: ResumeAgentOptions) -> AgentHandle:
-        return await resume_with_loop(owner, options, ReactLoop())
+        return await resume_with_body(owner, options, ReactBody())

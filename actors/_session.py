@@ -13,19 +13,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
-import trio
 
+from runtime._changes import Changes
 from runtime._errors import LoopdockError
-from runtime._events import KNOWN_EVENT_TYPES, Event, SessionHeader, check_event_type, new_event
+from runtime._events import (
+    KNOWN_EVENT_TYPES,
+    Event,
+    SessionHeader,
+    check_event_type,
+    new_event,
+)
 from runtime._store import Write
 
 from ._fanout import SUBSCRIBER_BUFFER, Fanout, Subscription
-
-if TYPE_CHECKING:
-    from ._store_writer import StoreWriter
+from ._store_writer import StoreWriter
 
 log = structlog.get_logger(__name__)
 
@@ -62,7 +66,7 @@ class SessionActor:
         self._published = False
         self._closed = False
         self._last_time = self._events[-1].time if self._events else 0
-        self._committed_changed = trio.Event()
+        self._commits = Changes()  # every commit, done or failed
         self._store_error: BaseException | None = None
         self._fanout: Fanout[Event] = Fanout(f"session {header.id}")
 
@@ -86,6 +90,11 @@ class SessionActor:
     @property
     def published(self) -> bool:
         return self._published
+
+    @property
+    def closed(self) -> bool:
+        """True once closed or discarded: appends raise SessionClosedError."""
+        return self._closed
 
     def append(self, event_type: str, data: Mapping[str, Any]) -> Event:
         """Append one event; atomic, never a checkpoint. Raises UnknownEventTypeError."""
@@ -133,7 +142,7 @@ class SessionActor:
             if self._store_error is not None:
                 raise self._store_error
             self._writer.expedite()  # someone waits: no group-commit delay
-            await self._committed_changed.wait()
+            await self._commits.wait()
         if self._store_error is not None:
             raise self._store_error
 
@@ -152,7 +161,7 @@ class SessionActor:
             self._scheduled = True
             self._writer.schedule(self)
 
-    def _take_write(self) -> Write:
+    def take_write(self) -> Write:
         self._scheduled = False
         events = tuple(self._pending)
         self._pending.clear()
@@ -160,7 +169,7 @@ class SessionActor:
         self._header_sent = True
         return Write(self.id, header, events)
 
-    def _commit_done(self, write: Write, error: BaseException | None) -> None:
+    def commit_done(self, write: Write, error: BaseException | None) -> None:
         if error is not None:
             self._store_error = error
             log.error("session commit failed", session_id=self.id, error=repr(error))
@@ -170,5 +179,4 @@ class SessionActor:
             if self._fanout.subscriber_count:
                 for event in write.events:
                     self._fanout.publish(event)
-        self._committed_changed.set()
-        self._committed_changed = trio.Event()
+        self._commits.notify()

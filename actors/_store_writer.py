@@ -13,15 +13,12 @@ durability) cuts the wait short, and ``drain()`` never waits.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import structlog
 import trio
 
-from runtime._store import SessionStore
-
-if TYPE_CHECKING:
-    from ._session import SessionActor
+from runtime._store import SessionStore, Write
 
 log = structlog.get_logger(__name__)
 
@@ -30,11 +27,21 @@ log = structlog.get_logger(__name__)
 GROUP_COMMIT_WINDOW = 0.001
 
 
+class Durable(Protocol):
+    """What the writer needs of a session (``SessionActor`` is one)."""
+
+    def take_write(self) -> Write:
+        """Hand over everything pending; the session is no longer scheduled."""
+
+    def commit_done(self, write: Write, error: BaseException | None) -> None:
+        """``write`` is durable (``error`` None), or failed with ``error``."""
+
+
 class StoreWriter:
     def __init__(self, store: SessionStore, *, window: float = GROUP_COMMIT_WINDOW) -> None:
         self.store = store
         self.window = window
-        self._scheduled: list[SessionActor] = []
+        self._scheduled: list[Durable] = []
         self._wakeup = trio.Event()
         self._urgent = trio.Event()  # set by expedite(): someone waits for durability
         self.commits = 0  # transactions committed (for statistics and tests)
@@ -42,7 +49,7 @@ class StoreWriter:
         # batch before its earlier one.
         self._lock = trio.Lock()
 
-    def schedule(self, session: SessionActor) -> None:
+    def schedule(self, session: Durable) -> None:
         self._scheduled.append(session)
         self._wakeup.set()
 
@@ -70,7 +77,7 @@ class StoreWriter:
             sessions, self._scheduled = self._scheduled, []
             self._wakeup = trio.Event()
             self._urgent = trio.Event()
-            writes = [session._take_write() for session in sessions]
+            writes = [session.take_write() for session in sessions]
             error: BaseException | None = None
             try:
                 # Shielded: a commit that has started must finish so memory and disk agree.
@@ -81,4 +88,4 @@ class StoreWriter:
                 error = exc
                 log.error("store commit failed", sessions=len(writes), error=repr(exc))
             for session, write in zip(sessions, writes):
-                session._commit_done(write, error)
+                session.commit_done(write, error)

@@ -12,7 +12,6 @@ import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-import attrs
 import structlog
 import trio
 
@@ -31,6 +30,7 @@ from runtime.tools import ToolRegistry
 
 from ._agent import AgentActor
 from ._fanout import Fanout
+from ._live import LiveEvent
 from ._session import SessionActor, _now_ms
 from ._store_writer import StoreWriter
 
@@ -47,15 +47,6 @@ class RuntimeClosedError(LoopdockError):
     """Raised when creating or resuming an agent while the runtime shuts down."""
 
     code = "RUNTIME_CLOSED"
-
-
-@attrs.frozen
-class LiveEvent:
-    """A live, not persisted, agent event: ``agent/created``, ``agent/status``, ..."""
-
-    type: str
-    agent_id: str
-    data: Mapping[str, Any]
 
 
 class Supervisor:
@@ -187,9 +178,12 @@ class Supervisor:
         check_session_id(new_id)
         loaded = await trio.to_thread.run_sync(self.store.load, check_session_id(source_id))
         live = self.sessions.get(source_id)
-        if loaded is None and live is None:
+        if live is not None:
+            header, events = live.header, list(live.events)
+        elif loaded is not None:
+            header, events = loaded
+        else:
             raise SessionNotFoundError(f"no session {source_id!r} to fork")
-        header, events = (live.header, list(live.events)) if live else loaded  # type: ignore[misc]
         if upto_seq is not None:
             events = events[: upto_seq + 1]
         prefix = events[: _prefix_end(events)]

@@ -24,10 +24,17 @@ from typing import Any
 import trio
 
 from actors import FakeDriver, ReactDriver
-from runtime import DriverLoop, Message, ProducerSource, Runtime, TextBlock
+from loopdock import DriverLoop, Message, ProducerSource, Runtime, TextBlock
 from runtime.tools import Tool
 
-from ._common import Progress, peak_rss_bytes, percentile, rss_bytes, settled_rss, summary_ms
+from ._common import (
+    Progress,
+    peak_rss_bytes,
+    percentile,
+    rss_bytes,
+    settled_rss,
+    summary_ms,
+)
 
 TOOL_NAME = "bench_echo"
 # One tool call per turn: the ping model calls the tool named on a `call:` line, then

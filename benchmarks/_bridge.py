@@ -35,15 +35,27 @@ from typing import Any
 
 import trio
 
-from bridge import BridgeConnection, Disconnect, PreStep, SessionEvent, Verdict, serve_bridge
+from bridge import (
+    BridgeConnection,
+    Disconnect,
+    PreStep,
+    SessionEvent,
+    Verdict,
+    serve_bridge,
+)
 from bridge._goalbar import GoalBarHandler, GoalBarService
 from bridge._host_handler import HostHandler
-from runtime import Runtime
-from runtime.loopx import LifecycleResult, LoopxClient, LoopxOk, ThreadBinding, TodoProgress
+from loopdock import Runtime
+from runtime.loopx import (
+    LifecycleResult,
+    LoopxClient,
+    LoopxOk,
+    ThreadBinding,
+    TodoProgress,
+)
 
 from ._bridge_client import AGENT_PREFIX, INGEST_PREFIX, OWNED_KIND, RELAY_SESSION
-from ._common import Progress, peak_rss_bytes
-from ._worker import PROGRESS_PREFIX
+from ._common import PROGRESS_PREFIX, Progress, peak_rss_bytes
 
 GOAL_ID = "bench-goal"
 
@@ -173,7 +185,7 @@ async def run_bridge(params: dict[str, Any], progress: Progress) -> dict[str, An
         project = Path(scratch, "project")
         project.mkdir()
         async with Runtime.open(Path(scratch, "home")) as rt:
-            host = HostHandler(rt)
+            host = HostHandler(rt.dock)
             readers: dict[Path, MirrorLoopx] = {}
 
             def client_for(path: Path) -> MirrorLoopx:  # one client per project, as a runtime keeps

@@ -29,8 +29,7 @@ from bridge import Events, Frame, Hello, Ping, PreStep, SessionEvent, decode, en
 from bridge._messages import Goalbar, GoalbarWatch
 from runtime._events import Event
 
-from ._common import percentile, summary_ms
-from ._worker import PROGRESS_PREFIX
+from ._common import PROGRESS_PREFIX, percentile, summary_ms
 
 #: The plugin's batch size (BATCH_ITEMS in index.mjs) and its capabilities (without dock).
 PLUGIN_BATCH_ITEMS = 200

@@ -15,6 +15,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
 
+# A worker process reports progress on stderr as "<prefix><fraction> <label>" lines.
+PROGRESS_PREFIX = "@@progress "
+
 #: ``progress(fraction, label)``: fraction in [0, 1] of the current phase.
 Progress = Callable[[float, str], None]
 

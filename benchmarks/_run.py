@@ -15,9 +15,16 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from . import _peer_autogen
-from ._common import Progress, ProgressBar, load_average, machine, waves_for
+from ._common import (
+    PROGRESS_PREFIX,
+    Progress,
+    ProgressBar,
+    load_average,
+    machine,
+    waves_for,
+)
 from ._report import compute, plot, print_table
-from ._worker import PROGRESS_PREFIX, run_phase
+from ._worker import run_phase
 
 # The sizes. `quick` must stay well under two minutes on a 2-core machine.
 CONFIGS: dict[str, dict[str, Any]] = {

@@ -13,10 +13,9 @@ import sys
 import time
 from typing import Any
 
-from ._common import Progress
+from ._common import PROGRESS_PREFIX, Progress
 
 PHASES = ("floor", "many", "priority", "bridge", "peer")
-PROGRESS_PREFIX = "@@progress "
 
 
 def run_phase(phase: str, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
@@ -63,7 +62,7 @@ def _child_progress() -> Progress:
 def main(argv: list[str]) -> int:
     phase, params, out = argv
     if phase != "peer":
-        from runtime import configure_logging
+        from loopdock import configure_logging
 
         configure_logging(verbose=False)  # warnings only: progress lines own stderr
     result = run_phase(phase, json.loads(params), _child_progress())

@@ -28,7 +28,9 @@ from ._errors import RequestTimeoutError as RequestTimeoutError
 from ._errors import TokenFileError as TokenFileError
 from ._handler import BridgeHandler as BridgeHandler
 from ._handler import Disconnect as Disconnect
+from ._handler import HandlerLayer as HandlerLayer
 from ._handler import NullHandler as NullHandler
+from ._handler import Peer as Peer
 from ._host_handler import HostCommandError as HostCommandError
 from ._host_handler import HostHandler as HostHandler
 from ._host_handler import NoHostError as NoHostError

@@ -160,7 +160,7 @@ class Connection:
         if self.state is ConnectionState.CLOSED:
             return []
         try:
-            frame = decode(data)  # type: ignore[arg-type]  # binary is refused by decode
+            frame = decode(data)
         except ProtocolError as exc:
             if self.state is ConnectionState.AWAITING_HELLO:
                 return self._refuse(f"the first frame must be a hello with the bridge token ({exc.code}: {exc})")

@@ -17,44 +17,41 @@ not follow the dock's id grammar counts as none, as a malformed one in a log doe
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
-from runtime._options import _CAMEL, AgentOptions  # _CAMEL: AgentOptions' spelling rule
-from runtime.dock import Route
-from runtime.dock._selection import parse_binding
+from actors.dock import LoopDock, Route
+from actors.dock._selection import parse_binding
+from runtime._names import snake
+from runtime._options import AgentOptions
 
-from ._handler import NullHandler
+from ._handler import BridgeHandler, HandlerLayer, Peer
 from ._messages import Select, Selection, SelectionParts
-
-if TYPE_CHECKING:
-    from runtime._runtime import Runtime
-
-    from ._server import BridgeConnection
 
 _OPTION_NAMES = frozenset(f.name for f in attrs.fields(AgentOptions))
 
 
 def _known_options(value: Mapping[str, Any]) -> dict[str, Any]:
     """The DSH agent options the dock reads (DSH's own extra keys are not ours to judge)."""
-    return {key: item for key, item in value.items() if _CAMEL.sub("_", key).lower() in _OPTION_NAMES}
+    return {key: item for key, item in value.items() if snake(key) in _OPTION_NAMES}
 
 
-class DockSelectHandler(NullHandler):
-    """A ``BridgeHandler`` whose ``on_select`` answers from ``rt.dock``; everything else
-    is ``NullHandler``'s (events dropped, every pre-step enters; subclass to do more)."""
+class DockSelectHandler(HandlerLayer):
+    """A handler whose ``on_select`` answers from the runtime's dock; everything else goes
+    on to ``inner`` (by default a ``NullHandler``: events dropped, every pre-step enters)."""
 
-    def __init__(self, rt: Runtime) -> None:
-        self.rt = rt
+    def __init__(self, dock: LoopDock, inner: BridgeHandler | None = None) -> None:
+        super().__init__(inner)
+        self.dock = dock
         #: session id -> the binding decided for it, or the durable one the host sent on a
         #: resume (in memory: a fallback only, see the module docstring)
         self.bindings: dict[str, Route] = {}
 
-    async def on_select(self, conn: BridgeConnection, request: Select) -> Selection:
+    async def on_select(self, conn: Peer, request: Select) -> Selection:
         options = _known_options(request.agent_options)
         persisted = self.persisted(request) if request.op == "resume" else None
-        choice = self.rt.dock.decide(
+        choice = self.dock.decide(
             request.op, request.session_id, options, request.agent_preset, persisted=persisted
         )
         self.bindings[request.session_id] = Route(choice.loop, choice.driver)

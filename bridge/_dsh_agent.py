@@ -24,7 +24,7 @@ the blocked turn has ended, if anything is still queued. Nothing here is durable
 a proxy's state dies with it (a resume announces a new agent: a new proxy).
 
 ``DshAgentMirror`` starts a proxy for every agent the host announces and hands it to
-``on_agent`` (e.g. ``rt.loopx.start_driver``); a proxy stops when its agent is disposed or
+``on_agent`` (e.g. ``rt.loopx.start_continuation``); a proxy stops when its agent is disposed or
 announced again.
 """
 
@@ -38,12 +38,25 @@ import attrs
 import structlog
 import trio
 
-from actors import ENTER, Enter, PreStep, Reject, Reservation, Verdict
-from actors._agent import InvalidReservationError
-from actors._inbox import Placement
+from actors import (
+    Enter,
+    InvalidReservationError,
+    Placement,
+    PreStep,
+    Reject,
+    Reservation,
+    ReservationState,
+    Verdict,
+    enter,
+)
 from runtime._errors import LoopdockError
 from runtime._events import Event
-from runtime._messages import HUMAN_SOURCE_KINDS, InvalidMessageError, Message, ProducerSource
+from runtime._messages import (
+    HUMAN_SOURCE_KINDS,
+    InvalidMessageError,
+    Message,
+    ProducerSource,
+)
 from runtime._serde import message_from_wire, message_to_wire
 from runtime._waterfall import Waterfall
 
@@ -170,7 +183,7 @@ class DshAgent:
         if self._reservations.get(reservation.message.id) is not reservation:
             return False
         del self._reservations[reservation.message.id]
-        return reservation._settle("cancelled", reason)
+        return reservation.settle("cancelled", reason)
 
     async def start_companion(self, actor: Callable[..., Any], *args: Any) -> None:
         """Start an actor that lives exactly as long as this proxy (``nursery.start``)."""
@@ -192,7 +205,7 @@ class DshAgent:
             self._stopped = True
             ungate()
             for reservation in self._reservations.values():
-                reservation._settle("cancelled", "agent gone")
+                reservation.settle("cancelled", "agent gone")
             self._reservations.clear()
 
     async def _send(self, reservation: Reservation) -> None:
@@ -202,21 +215,21 @@ class DshAgent:
             self._settle(reservation, "cancelled", f"the host did not take it: {exc.code}")
             self.log.info("reservation not sent", code=exc.code)
 
-    def _settle(self, reservation: Reservation, state: Any, reason: str | None = None) -> None:
+    def _settle(self, reservation: Reservation, state: ReservationState, reason: str | None = None) -> None:
         if self._reservations.get(reservation.message.id) is reservation:
             del self._reservations[reservation.message.id]
-        reservation._settle(state, reason)
+        reservation.settle(state, reason)
 
     async def _verdict(self, request: wire.PreStep) -> wire.Verdict:
         owned = [m for m in request.messages if (m.get("source") or {}).get("kind") in self._owned]
-        mine = [self._reservations.get(m.get("id")) for m in owned]  # type: ignore[arg-type]
-        if not owned or None in mine:
+        found = [self._reservations.get(str(m.get("id"))) for m in owned]
+        mine = [reservation for reservation in found if reservation is not None]
+        if not owned or len(mine) < len(found):
             # Not a pending reservation of ours (withdrawn, or someone else's): never enters.
             # DSH drops every owned message of a rejected batch: ours in it are rejected too.
             reason = "not a pending reservation of this runtime"
             for reservation in mine:
-                if reservation is not None:
-                    self._settle(reservation, "rejected", reason)
+                self._settle(reservation, "rejected", reason)
             self._wake_later()
             return wire.Verdict("reject", reason)
         try:
@@ -227,18 +240,18 @@ class DshAgent:
                 request.step,
                 tuple(_message(m) for m in request.messages),
             )
-            verdict: Enter | Reject = await self.pre_step.run(pre, _enter)
+            verdict: Enter | Reject = await self.pre_step.run(pre, enter)
         except BaseException:
             for reservation in mine:
-                self._settle(reservation, "rejected", "pre-step failed")  # type: ignore[arg-type]
+                self._settle(reservation, "rejected", "pre-step failed")
             self._wake_later()  # the host fails closed: a reject like any other
             raise
         if isinstance(verdict, Enter):
             for reservation in mine:
-                self._settle(reservation, "admitted")  # type: ignore[arg-type]
+                self._settle(reservation, "admitted")
             return wire.Verdict("enter")
         for reservation in mine:
-            self._settle(reservation, "rejected", verdict.reason)  # type: ignore[arg-type]
+            self._settle(reservation, "rejected", verdict.reason)
         self._wake_later()
         return wire.Verdict("reject", verdict.reason)
 
@@ -259,8 +272,6 @@ class DshAgent:
             self.log.info("re-wake after a reject failed", code=exc.code)
 
 
-async def _enter(_: PreStep) -> Verdict:
-    return ENTER
 
 
 class DshAgentClosedError(LoopdockError):

@@ -64,15 +64,16 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import AsyncIterator, Callable
-from contextlib import aclosing, asynccontextmanager
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 from pathlib import Path
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 import attrs
 import structlog
 import trio
 
+from runtime._changes import Changes
 from runtime.loopx import (
     LifecycleResult,
     LoopxClient,
@@ -83,6 +84,7 @@ from runtime.loopx import (
     check_thread_id,
 )
 
+from ._handler import BridgeHandler, Disconnect, HandlerLayer, Peer
 from ._messages import (
     GoalbarPause,
     GoalbarRead,
@@ -90,14 +92,7 @@ from ._messages import (
     GoalbarStart,
     GoalbarView,
     GoalbarWatch,
-    Live,
-    Mirrored,
-    MirroredSeqs,
-    PreStep,
-    Select,
-    Selection,
     SessionEvent,
-    Verdict,
 )
 
 __all__ = [
@@ -176,7 +171,7 @@ class GoalBarActionResult:
     reason: str | None = None
 
 
-def state_to_json(state: GoalBarState) -> dict[str, object]:
+def state_to_json(state: GoalBarState) -> dict[str, Any]:
     """The state as a plain JSON object (for the wire and the page)."""
     return {"kind": state.kind, **attrs.asdict(state)}
 
@@ -261,7 +256,7 @@ async def project_goalbar(client: LoopxClient, session_id: str) -> GoalBarState:
     )
 
 
-class _SessionActor:
+class _GoalWatch:
     """One watched session in one project: reads, fan-out to watchers, mutations."""
 
     def __init__(self, service: GoalBarService, session_id: str, project: Path) -> None:
@@ -271,8 +266,7 @@ class _SessionActor:
         #: The last projection read from LoopX, and what is shown (with the overlay).
         self.base: GoalBarState | None = None
         self.state: GoalBarState | None = None
-        self.version = 0
-        self.changed = trio.Event()
+        self.changes = Changes()  # one per state shown (and one when it closes)
         self.closed = False
         #: Counters, for tests and diagnostics.
         self.reads = 0
@@ -303,7 +297,7 @@ class _SessionActor:
                 nursery.start_soon(self._source_poller)
         finally:
             self.closed = True
-            self.changed.set()
+            self.changes.notify()
             self._done.set()
 
     # -- Reads --------------------------------------------------------------------------
@@ -375,9 +369,7 @@ class _SessionActor:
         if shown == self.state:
             return
         self.state = shown
-        self.version += 1
-        changed, self.changed = self.changed, trio.Event()
-        changed.set()
+        self.changes.notify()
 
     # -- Mutations ----------------------------------------------------------------------
 
@@ -431,16 +423,18 @@ class GoalBarService:
         self._client_for = client_for
         self._nursery = nursery
         self.poll_interval = float(poll_interval)
-        self._actors: dict[tuple[str, Path], _SessionActor] = {}
+        self._actors: dict[tuple[str, Path], _GoalWatch] = {}
         self._locks: dict[tuple[Path, str], trio.Lock] = {}
 
     @classmethod
-    def open(cls, client_for: Callable[[Path], LoopxClient], *, poll_interval: float = 0.25):
+    def open(
+        cls, client_for: Callable[[Path], LoopxClient], *, poll_interval: float = 0.25
+    ) -> AbstractAsyncContextManager[GoalBarService]:
         """``async with GoalBarService.open(client_for) as service:``; leaving it cancels
         every actor."""
 
         @asynccontextmanager
-        async def opened():
+        async def opened() -> AsyncIterator[GoalBarService]:
             async with trio.open_nursery() as nursery:
                 service = cls(client_for, nursery, poll_interval=poll_interval)
                 try:
@@ -450,12 +444,12 @@ class GoalBarService:
 
         return opened()
 
-    def _actor(self, session_id: str, project: Path) -> _SessionActor:
+    def _actor(self, session_id: str, project: Path) -> _GoalWatch:
         check_thread_id(session_id)
         key = (session_id, Path(project).resolve())
         actor = self._actors.get(key)
         if actor is None:
-            actor = self._actors[key] = _SessionActor(self, session_id, key[1])
+            actor = self._actors[key] = _GoalWatch(self, session_id, key[1])
             self._nursery.start_soon(actor.run)
         return actor
 
@@ -466,7 +460,7 @@ class GoalBarService:
         """Counters of one actor (``reads``, ``forced_reads``, ``watchers``, ``version``)."""
         actor = self._actor(session_id, project)
         return {"reads": actor.reads, "forced_reads": actor.forced_reads,
-                "watchers": actor.watchers, "version": actor.version}
+                "watchers": actor.watchers, "version": actor.changes.version}
 
     async def read(self, session_id: str, project: Path) -> GoalBarState:
         """A fresh projection from LoopX (coalesced with other pending requests)."""
@@ -483,7 +477,7 @@ class GoalBarService:
                 woken += 1
         return woken
 
-    async def watch(self, session_id: str, project: Path) -> AsyncIterator[GoalBarState]:
+    async def watch(self, session_id: str, project: Path) -> AsyncGenerator[GoalBarState, None]:
         """The current state, then every change (latest state first: a slow watcher skips
         intermediate states). Ends when the service closes. Use with ``aclosing``."""
         actor = self._actor(session_id, project)
@@ -493,12 +487,12 @@ class GoalBarService:
                 await actor.read()
             seen = -1
             while not actor.closed:
-                if actor.version != seen:
-                    seen = actor.version
+                if actor.changes.version != seen:
+                    seen = actor.changes.version
                     assert actor.state is not None
                     yield actor.state
                 else:
-                    await actor.changed.wait()
+                    await actor.changes.wait()
         finally:
             actor.watchers -= 1
 
@@ -518,15 +512,15 @@ class GoalBarService:
 
 def state_to_view(state: GoalBarState) -> GoalbarView:
     """The state as the wire's ``GoalbarView``."""
-    return GoalbarView(**state_to_json(state))  # type: ignore[arg-type]
+    return GoalbarView(**state_to_json(state))
 
 
 #: The detail of the ``loopx-off`` state.
 LOOPX_OFF_DETAIL = "the LoopX integration is off in this runtime"
 
 
-class GoalBarHandler:
-    """A ``BridgeHandler`` that serves GoalBar pages and passes everything else on.
+class GoalBarHandler(HandlerLayer):
+    """A handler that serves GoalBar pages and passes everything else on to ``inner``.
 
     ``project_for(session_id)`` names the LoopX project of a session (``None``: the bar is
     hidden, reason ``unbound``). Session events from a DSH host wake the sessions they
@@ -543,47 +537,27 @@ class GoalBarHandler:
         service: GoalBarService | None,
         project_for: Callable[[str], Path | None],
         nursery: trio.Nursery,
-        inner: object | None = None,
+        inner: BridgeHandler | None = None,
     ) -> None:
-        from ._handler import NullHandler
-
+        super().__init__(inner)
         self.service = service
         self.project_for = project_for
         self._nursery = nursery
-        self.inner = inner if inner is not None else NullHandler()
-        self._watches: dict[object, list[trio.CancelScope]] = {}
+        self._watches: dict[Peer, list[trio.CancelScope]] = {}
 
-    def connected(self, conn) -> None:
-        self.inner.connected(conn)  # type: ignore[attr-defined]
-
-    def disconnected(self, conn, reason) -> None:
+    def disconnected(self, conn: Peer, reason: Disconnect) -> None:
         for scope in self._watches.pop(conn, []):
             scope.cancel()
-        self.inner.disconnected(conn, reason)  # type: ignore[attr-defined]
+        super().disconnected(conn, reason)
 
-    async def on_events(self, conn, items: "list[SessionEvent]") -> None:
+    async def on_events(self, conn: Peer, items: Sequence[SessionEvent]) -> None:
         if self.service is not None:
             for session_id in {item.session_id for item in items}:
                 self.service.wake(session_id)
-        await self.inner.on_events(conn, items)  # type: ignore[attr-defined]
-
-    async def on_live(self, conn, items) -> None:
-        # Agent status says nothing about a session id by itself: LoopX is re-read on the
-        # session events that accompany a status change.
-        await self.inner.on_live(conn, items)  # type: ignore[attr-defined]
-
-    async def on_pre_step(self, conn, request: PreStep) -> Verdict:
-        return await self.inner.on_pre_step(conn, request)  # type: ignore[attr-defined]
-
-    async def on_select(self, conn, request: Select) -> Selection:
-        return await self.inner.on_select(conn, request)  # type: ignore[attr-defined]
-
-    async def on_mirrored(self, conn, request: Mirrored) -> MirroredSeqs:
-        on_mirrored = getattr(self.inner, "on_mirrored", None)
-        return MirroredSeqs({}) if on_mirrored is None else await on_mirrored(conn, request)
+        await super().on_events(conn, items)
 
     async def on_goalbar(
-        self, conn, request: GoalbarRead | GoalbarWatch | GoalbarStart | GoalbarPause
+        self, conn: Peer, request: GoalbarRead | GoalbarWatch | GoalbarStart | GoalbarPause
     ) -> GoalbarResult:
         session_id = check_thread_id(request.session_id)  # LoopxRequestError -> error frame
         if self.service is None:
@@ -600,7 +574,7 @@ class GoalBarHandler:
             state = await self.service.read(session_id, project)
             scope = trio.CancelScope()
             self._watches.setdefault(conn, []).append(scope)
-            self._nursery.start_soon(self._pump, conn, scope, session_id, project)
+            self._nursery.start_soon(self._pump, self.service, conn, scope, session_id, project)
             return GoalbarResult(state_to_view(state))
         expected = None
         if request.goal_id is not None and request.agent_id is not None:
@@ -609,12 +583,14 @@ class GoalBarHandler:
         result = await action(session_id, project, expected=expected)
         return GoalbarResult(state_to_view(result.state), result.outcome, result.reason)
 
-    async def _pump(self, conn, scope: trio.CancelScope, session_id: str, project: Path) -> None:
+    async def _pump(
+        self, service: GoalBarService, conn: Peer, scope: trio.CancelScope, session_id: str, project: Path
+    ) -> None:
         try:
             with scope:
                 if conn.closed is not None:
                     return
-                async with aclosing(self.service.watch(session_id, project)) as states:
+                async with aclosing(service.watch(session_id, project)) as states:
                     async for state in states:
                         if not conn.publish_goalbar(state_to_view(state)):
                             return

@@ -2,36 +2,37 @@
 
 The server owns the sockets, the protocol and the queues; a ``BridgeHandler`` decides what
 host events and requests mean. One handler serves every connection of a server (it tells
-them apart by the ``BridgeConnection`` it is given).
+them apart by the ``Peer`` it is given: the server's ``BridgeConnection``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Literal, Protocol
 
 import attrs
 
 from actors import LiveEvent
+from runtime._events import Event
 
 from ._errors import NotServedError
 from ._messages import (
+    BridgeMessage,
     GoalbarPause,
     GoalbarRead,
     GoalbarResult,
     GoalbarStart,
+    GoalbarView,
     GoalbarWatch,
     Mirrored,
     MirroredSeqs,
     PreStep,
+    Role,
     Select,
     Selection,
     SessionEvent,
     Verdict,
 )
-
-if TYPE_CHECKING:
-    from ._server import BridgeConnection
 
 DisconnectKind = Literal[
     "peer-closed",  # the peer closed the websocket, or the TCP connection broke
@@ -52,6 +53,28 @@ class Disconnect:
     detail: str
 
 
+class Peer(Protocol):
+    """One connection as a handler sees it (the server's ``BridgeConnection``)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def role(self) -> Role: ...
+
+    @property
+    def closed(self) -> Disconnect | None:
+        """Why the connection ended; None while it lives."""
+
+    def publish_event(self, session_id: str, event: Event) -> bool: ...
+
+    def publish_live(self, item: LiveEvent) -> bool: ...
+
+    def publish_goalbar(self, state: GoalbarView) -> bool: ...
+
+    async def request(self, message: BridgeMessage, timeout: float = ...) -> BridgeMessage: ...
+
+
 class BridgeHandler(Protocol):
     """The runtime's side of the bridge.
 
@@ -70,27 +93,27 @@ class BridgeHandler(Protocol):
     ``INTERNAL_ERROR``. All of them are cancelled when the connection ends.
     """
 
-    def connected(self, conn: BridgeConnection) -> None: ...
+    def connected(self, conn: Peer) -> None: ...
 
-    def disconnected(self, conn: BridgeConnection, reason: Disconnect) -> None: ...
+    def disconnected(self, conn: Peer, reason: Disconnect) -> None: ...
 
-    async def on_events(self, conn: BridgeConnection, items: Sequence[SessionEvent]) -> None: ...
+    async def on_events(self, conn: Peer, items: Sequence[SessionEvent]) -> None: ...
 
-    async def on_live(self, conn: BridgeConnection, items: Sequence[LiveEvent]) -> None: ...
+    async def on_live(self, conn: Peer, items: Sequence[LiveEvent]) -> None: ...
 
-    async def on_pre_step(self, conn: BridgeConnection, request: PreStep) -> Verdict: ...
+    async def on_pre_step(self, conn: Peer, request: PreStep) -> Verdict: ...
 
-    async def on_select(self, conn: BridgeConnection, request: Select) -> Selection: ...
+    async def on_select(self, conn: Peer, request: Select) -> Selection: ...
 
-    # The last seq mirrored of each session the host asks about (after each welcome, so
-    # that it sends only what the runtime lacks); leave out the sessions it knows nothing
-    # of. A handler without it answers ``MirroredSeqs({})`` (the host then sends every log
-    # from seq 0).
-    async def on_mirrored(self, conn: BridgeConnection, request: Mirrored) -> MirroredSeqs: ...
+    async def on_mirrored(self, conn: Peer, request: Mirrored) -> MirroredSeqs:
+        """The last seq mirrored of each session the host asks about (after each welcome,
+        so that it sends only what the runtime lacks); sessions it knows nothing of are
+        left out (the host then sends their logs from seq 0)."""
 
-    # Optional (the server answers NOT_SERVED without it): a GoalBar page's request.
-    # async def on_goalbar(self, conn, request: GoalbarRead | GoalbarWatch | GoalbarStart
-    #                      | GoalbarPause) -> GoalbarResult: ...
+    async def on_goalbar(
+        self, conn: Peer, request: GoalbarRead | GoalbarWatch | GoalbarStart | GoalbarPause
+    ) -> GoalbarResult:
+        """A GoalBar page's request (``NotServedError``: this runtime serves no GoalBar)."""
 
 
 class NullHandler:
@@ -98,28 +121,63 @@ class NullHandler:
     ``error NOT_SERVED`` and ``mirrored`` with nothing mirrored: the server's behaviour
     before the runtime is wired to it."""
 
-    def connected(self, conn: BridgeConnection) -> None:
+    def connected(self, conn: Peer) -> None:
         pass
 
-    def disconnected(self, conn: BridgeConnection, reason: Disconnect) -> None:
+    def disconnected(self, conn: Peer, reason: Disconnect) -> None:
         pass
 
-    async def on_events(self, conn: BridgeConnection, items: Sequence[SessionEvent]) -> None:
+    async def on_events(self, conn: Peer, items: Sequence[SessionEvent]) -> None:
         pass
 
-    async def on_live(self, conn: BridgeConnection, items: Sequence[LiveEvent]) -> None:
+    async def on_live(self, conn: Peer, items: Sequence[LiveEvent]) -> None:
         pass
 
-    async def on_pre_step(self, conn: BridgeConnection, request: PreStep) -> Verdict:
+    async def on_pre_step(self, conn: Peer, request: PreStep) -> Verdict:
         return Verdict("enter")
 
-    async def on_select(self, conn: BridgeConnection, request: Select) -> Selection:
+    async def on_select(self, conn: Peer, request: Select) -> Selection:
         raise NotServedError("this runtime has no dock handler on the bridge")
 
-    async def on_mirrored(self, conn: BridgeConnection, request: Mirrored) -> MirroredSeqs:
+    async def on_mirrored(self, conn: Peer, request: Mirrored) -> MirroredSeqs:
         return MirroredSeqs({})
 
     async def on_goalbar(
-        self, conn: BridgeConnection, request: GoalbarRead | GoalbarWatch | GoalbarStart | GoalbarPause
+        self, conn: Peer, request: GoalbarRead | GoalbarWatch | GoalbarStart | GoalbarPause
     ) -> GoalbarResult:
         raise NotServedError("this runtime serves no GoalBar")
+
+
+class HandlerLayer:
+    """A handler that answers some messages itself and passes every other one on to
+    ``inner`` (a ``NullHandler`` by default): handlers combine by wrapping one another.
+    Subclasses override what they answer and call ``super()`` to pass a message on."""
+
+    def __init__(self, inner: BridgeHandler | None = None) -> None:
+        self.inner: BridgeHandler = inner if inner is not None else NullHandler()
+
+    def connected(self, conn: Peer) -> None:
+        self.inner.connected(conn)
+
+    def disconnected(self, conn: Peer, reason: Disconnect) -> None:
+        self.inner.disconnected(conn, reason)
+
+    async def on_events(self, conn: Peer, items: Sequence[SessionEvent]) -> None:
+        await self.inner.on_events(conn, items)
+
+    async def on_live(self, conn: Peer, items: Sequence[LiveEvent]) -> None:
+        await self.inner.on_live(conn, items)
+
+    async def on_pre_step(self, conn: Peer, request: PreStep) -> Verdict:
+        return await self.inner.on_pre_step(conn, request)
+
+    async def on_select(self, conn: Peer, request: Select) -> Selection:
+        return await self.inner.on_select(conn, request)
+
+    async def on_mirrored(self, conn: Peer, request: Mirrored) -> MirroredSeqs:
+        return await self.inner.on_mirrored(conn, request)
+
+    async def on_goalbar(
+        self, conn: Peer, request: GoalbarRead | GoalbarWatch | GoalbarStart | GoalbarPause
+    ) -> GoalbarResult:
+        return await self.inner.on_goalbar(conn, request)

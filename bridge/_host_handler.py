@@ -34,24 +34,30 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
-import trio
 
-from actors import LiveEvent
+from actors import LiveEvent, Placement
+from actors.dock import LoopDock
+from runtime._changes import Changes
 from runtime._errors import LoopdockError
 from runtime._events import Event
 
 from ._dock_select import DockSelectHandler
-from ._handler import Disconnect
-from ._messages import Ack, Cancel, Followup, Mirrored, MirroredSeqs, Placement, PreStep, SessionEvent, Verdict, Wake
+from ._handler import Disconnect, HandlerLayer, Peer
+from ._messages import (
+    Ack,
+    Cancel,
+    Followup,
+    Mirrored,
+    MirroredSeqs,
+    PreStep,
+    SessionEvent,
+    Verdict,
+    Wake,
+)
 from ._server import REQUEST_TIMEOUT
-
-if TYPE_CHECKING:
-    from runtime._runtime import Runtime
-
-    from ._server import BridgeConnection
 
 #: How many closed sessions (every agent disposed) keep their mirror, newest first.
 RETAINED_CLOSED_SESSIONS = 100
@@ -108,14 +114,15 @@ class Gap:
     got: int
 
 
-class HostHandler(DockSelectHandler):
-    """A ``DockSelectHandler`` that also mirrors the host's agents and sessions, gates
-    pre-steps per agent and sends commands (see the module docstring)."""
+class HostHandler(HandlerLayer):
+    """Mirrors the host's agents and sessions, gates pre-steps per agent and sends
+    commands (see the module docstring); ``select`` goes on to a ``DockSelectHandler``
+    on ``dock``."""
 
-    def __init__(self, rt: Runtime) -> None:
-        super().__init__(rt)
+    def __init__(self, dock: LoopDock) -> None:
+        super().__init__(DockSelectHandler(dock))
         #: the latest live DSH-host connection, None while there is none
-        self.host: BridgeConnection | None = None
+        self.host: Peer | None = None
         #: agent id -> what the host announced (see the module docstring)
         self.agents: dict[str, HostAgent] = {}
         #: session id -> its events, in seq order
@@ -126,30 +133,28 @@ class HostHandler(DockSelectHandler):
         self.repeats = 0
         self._closed_sessions: dict[str, None] = {}  # oldest first: mirrors to let go of
         self._gates: dict[str, Gate] = {}
-        self._changed = trio.Event()
+        self._changes = Changes()
 
     # -- waiting for the host ------------------------------------------------------------
 
     def poke(self) -> None:
         """Wake every ``wait_until`` to check its predicate again."""
-        self._changed.set()
-        self._changed = trio.Event()
+        self._changes.notify()
 
     async def wait_until(self, predicate: Callable[[], bool]) -> None:
         """Return once ``predicate()`` holds; it is checked again after each change the
         host makes (a connection, events, live items). Bound it with a trio timeout."""
-        while not predicate():
-            await self._changed.wait()
+        await self._changes.wait_until(predicate)
 
     # -- connections ----------------------------------------------------------------------
 
-    def connected(self, conn: BridgeConnection) -> None:
+    def connected(self, conn: Peer) -> None:
         super().connected(conn)
         if conn.role == "dsh-host":
             self.host = conn
             self.poke()
 
-    def disconnected(self, conn: BridgeConnection, reason: Disconnect) -> None:
+    def disconnected(self, conn: Peer, reason: Disconnect) -> None:
         super().disconnected(conn, reason)
         if self.host is conn:
             self.host = None
@@ -157,7 +162,7 @@ class HostHandler(DockSelectHandler):
 
     # -- the mirror -------------------------------------------------------------------------
 
-    async def on_events(self, conn: BridgeConnection, items: Sequence[SessionEvent]) -> None:
+    async def on_events(self, conn: Peer, items: Sequence[SessionEvent]) -> None:
         await super().on_events(conn, items)
         for item in items:
             log = self.sessions.setdefault(item.session_id, [])
@@ -171,19 +176,19 @@ class HostHandler(DockSelectHandler):
             log.append(item.event)
         self.poke()
 
-    async def on_mirrored(self, conn: BridgeConnection, request: Mirrored) -> MirroredSeqs:
+    async def on_mirrored(self, conn: Peer, request: Mirrored) -> MirroredSeqs:
         """The last seq mirrored of each asked-for session this mirror holds."""
         return MirroredSeqs(
             {sid: log[-1].seq for sid in request.session_ids if (log := self.sessions.get(sid))}
         )
 
-    async def on_live(self, conn: BridgeConnection, items: Sequence[LiveEvent]) -> None:
+    async def on_live(self, conn: Peer, items: Sequence[LiveEvent]) -> None:
         await super().on_live(conn, items)
         for item in items:
             self._apply_live(conn, item)
         self.poke()
 
-    def _apply_live(self, conn: BridgeConnection, item: LiveEvent) -> None:
+    def _apply_live(self, conn: Peer, item: LiveEvent) -> None:
         data = item.data
         if item.type == "agent/created":
             source = data.get("source")
@@ -219,7 +224,7 @@ class HostHandler(DockSelectHandler):
             message_id = message.get("id") if isinstance(message, Mapping) else None
             if not isinstance(message_id, str):
                 return
-            if item.type == "agent/inbox/inserted":
+            if item.type == "agent/inbox/inserted" and isinstance(message, Mapping):
                 agent.inbox[message_id] = message
             elif item.type in ("agent/inbox/claimed", "agent/inbox/discarded"):
                 agent.inbox.pop(message_id, None)
@@ -250,7 +255,7 @@ class HostHandler(DockSelectHandler):
 
         return dispose
 
-    async def on_pre_step(self, conn: BridgeConnection, request: PreStep) -> Verdict:
+    async def on_pre_step(self, conn: Peer, request: PreStep) -> Verdict:
         callback = self._gates.get(request.agent_id)
         if callback is None:
             return await super().on_pre_step(conn, request)

@@ -38,13 +38,12 @@ from typing import Any, Literal
 
 import attrs
 
-from actors import LiveEvent
+from actors import LiveEvent, Placement
 from runtime._events import Event
 
 from ._errors import ErrorCode, ProtocolError
 
 Role = Literal["dsh-host", "goalbar"]
-Placement = Literal["followup", "steer", "inject"]  # DSH's three inbox methods
 
 #: Longest ``id``/``re`` accepted: ids are correlation handles, not payload.
 MAX_ID_LENGTH = 128

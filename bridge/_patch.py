@@ -17,6 +17,10 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from runtime._home import resolve_home
+
+from ._token import load_or_create_token
+
 PLUGIN_PATH = Path(__file__).resolve().parent / "dsh_plugin" / "index.mjs"
 PLUGIN_ID = "loopdock-bridge"
 PATCH_FILE = "patch.yml"
@@ -77,10 +81,6 @@ def dsh_patch_command(
 ) -> Path:
     """``loopdock dsh-patch``: write the patch (token from ``<home>/bridge.token``, made on
     first use like ``loopdock serve`` does) and print how to run DSH with it."""
-    from runtime._runtime import resolve_home
-
-    from ._token import load_or_create_token
-
     token = load_or_create_token(resolve_home(home))  # creates the home if need be
     path = write_patch(out_dir, url, token, dock=dock, drivers=drivers, ping=ping)
     print(f"wrote {path}", file=out)

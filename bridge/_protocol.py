@@ -26,6 +26,7 @@ from cattrs.v import format_exception, transform_error
 
 from actors import LiveEvent
 from runtime._events import Event
+from runtime._names import camel
 
 from ._errors import ErrorCode, ProtocolError
 from ._messages import (
@@ -50,10 +51,10 @@ from ._messages import (
     Ping,
     Pong,
     PreStep,
-    SeqMap,
     Select,
     Selection,
     SelectionParts,
+    SeqMap,
     SessionEvent,
     StoredBinding,
     Verdict,
@@ -88,11 +89,6 @@ def _json_kind(value: Any) -> str:
     return "an object"
 
 
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part.title() for part in rest)
-
-
 def _make_converter() -> cattrs.Converter:
     """The only converter: strict JSON types (no ``str(5)``, no ``int(True)``, no string
     iterated into a tuple), camelCase on the wire, ``None`` fields left out."""
@@ -111,14 +107,14 @@ def _make_converter() -> cattrs.Converter:
     conv.register_structure_hook(bool, strict(bool, "a boolean"))
     # Opaque JSON objects (DSH's data, messages, agent options): checked to be objects only.
     def is_opaque(tp: Any) -> bool:
-        return tp == Mapping[str, Any]
+        return bool(tp == Mapping[str, Any])
 
     conv.register_structure_hook_func(is_opaque, strict(dict, "an object"))
     conv.register_unstructure_hook_func(is_opaque, dict)
 
     # session id -> seq: an object whose every value is a non-negative integer.
     def is_seq_map(tp: Any) -> bool:
-        return tp == SeqMap
+        return bool(tp == SeqMap)
 
     def seq_map(value: Any, _: Any) -> dict[str, int]:
         if not isinstance(value, dict):
@@ -164,11 +160,13 @@ def _make_converter() -> cattrs.Converter:
     conv.register_structure_hook_factory(is_homogeneous_tuple, tuple_hook)
 
     def register(cls: type) -> None:
-        renames = {f.name: override(rename=_camel(f.name)) for f in attrs.fields(cls) if "_" in f.name}
-        structure = make_dict_structure_fn(
+        renames: dict[str, Any] = {
+            f.name: override(rename=camel(f.name)) for f in attrs.fields(cls) if "_" in f.name
+        }
+        structure: Callable[[Any, Any], Any] = make_dict_structure_fn(
             cls, conv, _cattrs_forbid_extra_keys=cls not in _TOLERANT, **renames
         )
-        unstructure = make_dict_unstructure_fn(cls, conv, **renames)
+        unstructure: Callable[[Any], dict[str, Any]] = make_dict_unstructure_fn(cls, conv, **renames)
 
         def structure_object(value: Any, tp: Any) -> Any:
             if not isinstance(value, dict):
@@ -182,11 +180,13 @@ def _make_converter() -> cattrs.Converter:
         conv.register_unstructure_hook(cls, unstructure_object)
 
     # Nested classes first, so that the outer ones are generated with their hooks.
-    for cls in (Event, LiveEvent, SessionEvent, ErrorNotice, SelectionParts, StoredBinding, GoalbarView):
+    nested: tuple[type, ...] = (Event, LiveEvent, SessionEvent, ErrorNotice, SelectionParts, StoredBinding, GoalbarView)
+    for cls in nested:
         register(cls)
-    for cls in (Hello, Welcome, Events, Live, Followup, Wake, Cancel, Ack, PreStep, Verdict,
+    outer: tuple[type, ...] = (Hello, Welcome, Events, Live, Followup, Wake, Cancel, Ack, PreStep, Verdict,
                 Select, Selection, Mirrored, MirroredSeqs, Ping, Pong, GoalbarRead, GoalbarWatch,
-                GoalbarStart, GoalbarPause, GoalbarResult, Goalbar):
+                GoalbarStart, GoalbarPause, GoalbarResult, Goalbar)
+    for cls in outer:
         register(cls)
     return conv
 
@@ -203,9 +203,9 @@ def _format(exc: BaseException, tp: Any) -> str:
 def _describe(exc: BaseException) -> str:
     """cattrs' error tree as ``problem @ data.field`` lines, with wire (camelCase) names."""
     lines = []
-    for line in transform_error(exc, path="data", format_exception=_format):  # type: ignore[arg-type]
+    for line in transform_error(exc, path="data", format_exception=_format):
         problem, _, path = line.rpartition(" @ ")
-        lines.append(f"{problem} @ {re.sub(r'[A-Za-z_]+', lambda m: _camel(m.group()), path)}")
+        lines.append(f"{problem} @ {re.sub(r'[A-Za-z_]+', lambda m: camel(m.group()), path)}")
     return "; ".join(lines)
 
 
@@ -231,8 +231,9 @@ def _check_unicode(text: str, parsed: Any = None) -> None:
         raise ProtocolError(ErrorCode.MALFORMED_JSON, "the text holds a lone UTF-16 surrogate") from None
 
 
-def decode(text: str) -> Frame:
-    """Read one frame; raises ProtocolError (and nothing else) if ``text`` is not one."""
+def decode(text: str | bytes) -> Frame:
+    """Read one frame; raises ProtocolError (and nothing else) if ``text`` is not one
+    (binary data never is)."""
     if not isinstance(text, str):
         raise ProtocolError(ErrorCode.BAD_ENVELOPE, "a frame is JSON text, not binary")
     _check_unicode(text)

@@ -18,8 +18,8 @@ from __future__ import annotations
 import functools
 import secrets
 import socket
-from pathlib import Path
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, final
 from urllib.parse import urlsplit
@@ -50,12 +50,18 @@ from ._connection import (
     Received,
     SendFrame,
 )
-from ._errors import BridgeClosedError, ErrorCode, NotServedError, ProtocolError, RemoteError, RequestTimeoutError
-from ._handler import BridgeHandler, Disconnect, NullHandler
+from ._errors import (
+    BridgeClosedError,
+    ErrorCode,
+    ProtocolError,
+    RemoteError,
+    RequestTimeoutError,
+)
+from ._handler import BridgeHandler, Disconnect, DisconnectKind, NullHandler
 from ._messages import (
+    GOALBAR_REQUESTS,
     BridgeMessage,
     ErrorNotice,
-    GOALBAR_REQUESTS,
     Events,
     Frame,
     Goalbar,
@@ -381,7 +387,7 @@ class BridgeConnection:
                     why = out.frame.message.message
                 self._send(out.frame)
             elif isinstance(out, Close):
-                kind = "unauthorized" if out.code == CLOSE_POLICY_VIOLATION else "bad-version"
+                kind: DisconnectKind = "unauthorized" if out.code == CLOSE_POLICY_VIOLATION else "bad-version"
                 return Disconnect(kind, why), out
             elif isinstance(out, Opened):
                 self._opened = True
@@ -427,16 +433,10 @@ class BridgeConnection:
                 reply = await self._handler.on_pre_step(self, message)
                 expected: type = Verdict
             elif isinstance(message, GOALBAR_REQUESTS):
-                # Optional in a handler: one without it does not serve GoalBar pages.
-                on_goalbar = getattr(self._handler, "on_goalbar", None)
-                if on_goalbar is None:
-                    raise NotServedError("this runtime serves no GoalBar")
-                reply = await on_goalbar(self, message)
+                reply = await self._handler.on_goalbar(self, message)
                 expected = GoalbarResult
             elif isinstance(message, Mirrored):
-                # A handler without it knows nothing: the host sends every log from 0.
-                on_mirrored = getattr(self._handler, "on_mirrored", None)
-                reply = MirroredSeqs({}) if on_mirrored is None else await on_mirrored(self, message)
+                reply = await self._handler.on_mirrored(self, message)
                 expected = MirroredSeqs
             else:
                 assert isinstance(message, Select)

@@ -7,9 +7,7 @@ import tempfile
 
 import trio
 
-from actors import FakeDriver
-from runtime import DriverLoop, Runtime, configure_logging
-from runtime.dock import read_binding
+from loopdock import DriverLoop, FakeDriver, Runtime, configure_logging, read_binding
 
 
 async def main():

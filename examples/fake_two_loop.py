@@ -7,9 +7,7 @@ import tempfile
 
 import trio
 
-from actors import FakeDriver
-from runtime import Runtime, StrategyLoop, configure_logging
-from runtime.dock import read_binding
+from loopdock import FakeDriver, Runtime, StrategyLoop, configure_logging, read_binding
 
 
 def role(text):

@@ -109,3 +109,11 @@ class ToolError(LoopdockError):
     """Raised by a tool for a failure the model should see as the tool's result."""
 
     code = "TOOL_ERROR"
+
+
+def safe_message(exc: BaseException) -> str:
+    """A short error text fit for a log or a peer: ``CODE: message`` for our own errors,
+    only the type name for anything else (its text may carry paths or secrets)."""
+    if isinstance(exc, LoopdockError):
+        return f"{exc.code}: {exc}"[:500]
+    return type(exc).__name__

@@ -35,7 +35,6 @@ def gc_threshold(threshold: tuple[int, int, int] | None) -> Iterator[bool]:
     if threshold is None or gc.get_threshold() != CPYTHON_DEFAULT_THRESHOLD:
         yield False
         return
-    threshold = tuple(threshold)  # type: ignore[assignment]
     gc.set_threshold(*threshold)
     try:
         yield True

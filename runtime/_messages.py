@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Literal, Union
 
@@ -147,10 +147,14 @@ def _new_id() -> str:
     return MESSAGE_IDS.new()
 
 
+def _blocks(value: Iterable[Block]) -> tuple[Block, ...]:
+    return tuple(value)
+
+
 @attrs.frozen
 class Message:
     role: Role
-    content: tuple[Block, ...] = attrs.field(converter=tuple)
+    content: tuple[Block, ...] = attrs.field(converter=_blocks)
     source: Source | None = None
     id: str = attrs.field(factory=_new_id)
 

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
 from ._errors import InvalidOptionsError
-
-_CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
+from ._names import snake
 
 
 @attrs.frozen
@@ -62,7 +60,7 @@ class AgentOptions:
         known = {f.name for f in attrs.fields(cls)}
         kwargs: dict[str, Any] = {}
         for key, item in value.items():
-            name = _CAMEL.sub("_", key).lower() if isinstance(key, str) else key
+            name = snake(key) if isinstance(key, str) else key
             if name not in known:
                 raise InvalidOptionsError(
                     f"unknown agent option {key!r}; known options: {', '.join(sorted(known))}"

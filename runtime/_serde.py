@@ -7,7 +7,7 @@ The wire follows DSH: camelCase keys, blocks tagged by ``type``, sources tagged 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import cattrs
@@ -29,6 +29,7 @@ from ._messages import (
     ToolSource,
     UserSource,
 )
+from ._names import camel
 
 _BLOCK_TAGS: dict[type, str] = {
     TextBlock: "text",
@@ -45,20 +46,15 @@ _BUILTIN_SOURCES: dict[str, type] = {
 }
 
 
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part.title() for part in rest)
-
-
 def _make_converter() -> cattrs.Converter:
     conv = cattrs.Converter(omit_if_default=False)
 
     def register_camel(cls: type, *, omit_none: bool = True) -> None:
-        overrides = {
-            f.name: override(rename=_camel(f.name)) for f in attrs.fields(cls) if "_" in f.name
+        overrides: dict[str, Any] = {
+            f.name: override(rename=camel(f.name)) for f in attrs.fields(cls) if "_" in f.name
         }
-        unstructure = make_dict_unstructure_fn(cls, conv, **overrides)
-        structure = make_dict_structure_fn(cls, conv, **overrides)
+        unstructure: Callable[[Any], dict[str, Any]] = make_dict_unstructure_fn(cls, conv, **overrides)
+        structure: Callable[[Any, Any], Any] = make_dict_structure_fn(cls, conv, **overrides)
 
         def unstructure_hook(value: Any) -> dict[str, Any]:
             raw = unstructure(value)
@@ -82,7 +78,7 @@ def _make_converter() -> cattrs.Converter:
     def unstructure_source(source: Source) -> dict[str, Any]:
         if isinstance(source, ProducerSource):
             return {"kind": source.kind, **source.fields}
-        return conv.unstructure(source, type(source))
+        return cast(dict[str, Any], conv.unstructure(source, type(source)))
 
     def structure_source(raw: Any, _: Any) -> Source:
         if not isinstance(raw, dict) or not isinstance(raw.get("kind"), str):
@@ -162,7 +158,7 @@ converter = _make_converter()
 
 
 def message_to_wire(message: Message) -> dict[str, Any]:
-    return converter.unstructure(message, Message)
+    return cast(dict[str, Any], converter.unstructure(message, Message))
 
 
 def message_from_wire(raw: Any) -> Message:
@@ -170,15 +166,16 @@ def message_from_wire(raw: Any) -> Message:
 
 
 def source_to_wire(source: Source) -> dict[str, Any]:
-    return converter.unstructure(source, Source)
+    return cast(dict[str, Any], converter.unstructure(source, Source))
 
 
 def source_from_wire(raw: Any) -> Source:
-    return converter.structure(raw, Source)
+    # A Union is a valid cattrs target (its hook is registered above); the stubs take classes only.
+    return converter.structure(raw, Source)  # type: ignore[arg-type]
 
 
 def header_to_wire(header: SessionHeader) -> dict[str, Any]:
-    return converter.unstructure(header, SessionHeader)
+    return cast(dict[str, Any], converter.unstructure(header, SessionHeader))
 
 
 def header_from_wire(raw: Any) -> SessionHeader:

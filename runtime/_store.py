@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from itertools import chain
 from pathlib import Path
@@ -83,13 +83,17 @@ class StoreError(LoopdockError):
     code = "STORE_ERROR"
 
 
+def _events(value: Iterable[Event]) -> tuple[Event, ...]:
+    return tuple(value)
+
+
 @attrs.frozen
 class Write:
     """One session's part of a commit batch; ``header`` only when the session is new."""
 
     session_id: str
     header: SessionHeader | None
-    events: tuple[Event, ...] = attrs.field(converter=tuple)
+    events: tuple[Event, ...] = attrs.field(converter=_events)
 
 
 def _not_json(value: Any) -> Any:
@@ -101,6 +105,7 @@ def _json_encoder(ensure_ascii: bool) -> Any:
     # separators, and allow_nan=False (NaN/Infinity are not JSON and other readers, DSH
     # among them, reject them). No circular-reference bookkeeping: a cycle is a
     # RecursionError, refused like any other value that is not JSON.
+    # c_make_encoder is CPython's C accelerator, absent from the stubs.
     return json.encoder.c_make_encoder(  # type: ignore[attr-defined]
         None,
         _not_json,
@@ -284,10 +289,10 @@ class SessionStore:
     def last_seq(self, session_id: str) -> int | None:
         """The highest committed seq of the session; None if it has no events (or is unknown)."""
         with self._use("read the last seq") as conn:
-            (seq,) = conn.execute(
+            row: tuple[int | None] = conn.execute(
                 "SELECT MAX(seq) FROM events WHERE session_id = ?", (session_id,)
             ).fetchone()
-        return seq
+        return row[0]
 
     @contextmanager
     def _use(self, what: str) -> Iterator[sqlite3.Connection]:

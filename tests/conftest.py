@@ -26,7 +26,7 @@ def _isolated_env(tmp_path_factory, monkeypatch):
 @pytest.fixture
 async def rt(tmp_path):
     """A runtime on a temporary home; closed (and checked for leftovers) after the test."""
-    from runtime import Runtime
+    from loopdock import Runtime
 
     async with Runtime.open(tmp_path / "home") as runtime:
         yield runtime

@@ -1,6 +1,7 @@
 """The LoopX CLI client: typed calls to the only authority for goals, bindings, quota,
 receipts, lifecycle and progress (see ``_client`` for the contract and the CLI facts)."""
 
+from ._activation import Activation as Activation
 from ._client import ATTEMPT_BACKOFF as ATTEMPT_BACKOFF
 from ._client import HOST_SURFACE as HOST_SURFACE
 from ._client import LOOPX_TURN_PATTERN as LOOPX_TURN_PATTERN
@@ -23,12 +24,3 @@ from ._client import TodoProgress as TodoProgress
 from ._client import TransportFailure as TransportFailure
 from ._client import check_thread_id as check_thread_id
 from ._client import check_turn_id as check_turn_id
-from ._activation import Activation as Activation
-from ._integration import LoopxIntegration as LoopxIntegration
-from ._integration import LoopxSettings as LoopxSettings
-from ._init import INIT_SOURCE_KIND as INIT_SOURCE_KIND
-from ._init import InitOutcome as InitOutcome
-from ._init import InitSettings as InitSettings
-from ._init import initialize as initialize
-from ._init import loopx_init_command as loopx_init_command
-from ._init import startup_initialize as startup_initialize

@@ -71,7 +71,9 @@ class Activation:
         if event.type == "user/message" and _is_loopx_invocation(event.data):
             self.active = True
         elif event.type == "tool/call" and _is_loopx_skill_call(event.data):
-            self._pending_calls.add(event.data.get("callId"))
+            call_id = event.data.get("callId")
+            if isinstance(call_id, str):
+                self._pending_calls.add(call_id)
         elif event.type == "tool/result":
             call_id, succeeded = _tool_result(event.data)
             if succeeded and call_id in self._pending_calls:

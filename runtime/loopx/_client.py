@@ -1,9 +1,9 @@
 """The LoopX CLI client: fixed argv, no shell, JSON on stdout, typed results.
 
 LoopX is the only authority for goals, agent lanes, todos, thread bindings, quota,
-heartbeat receipts, lifecycle and progress; this module only calls its CLI
-(``../shared/contracts/loopx.md``) and turns each answer into a typed value. It never reads
-or writes ``.loopx/`` itself.
+heartbeat receipts, lifecycle and progress; this module only calls its CLI (the commands
+and answers listed below, checked against the real CLI by the tests) and turns each answer
+into a typed value. It never reads or writes ``.loopx/`` itself.
 
 Every call is ``[*command, --registry .loopx/registry.json, [--runtime-root R,]
 --format json, SUB, ...]`` run with ``cwd=project`` through :func:`trio.run_process` inside
@@ -48,14 +48,14 @@ import json
 import math
 import os
 import re
-import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar, Union
+from typing import Any, Literal, TypeVar, Union, cast
 
 import attrs
 import trio
 
+from .. import _process as process
 from .._errors import LoopdockError
 
 __all__ = [
@@ -85,7 +85,7 @@ __all__ = [
 
 #: The host surface of a visible, same-session DSH integration.
 HOST_SURFACE = "deepseek-harness-native"
-#: The retry policy (the contract's, kept from the reference plugin): at most three
+#: The retry policy (the one LoopX's reference DSH plugin uses): at most three
 #: attempts in all, waiting ~0.2 s and then ~0.75 s, for transport failures only.
 MAX_ATTEMPTS = 3
 ATTEMPT_BACKOFF = (0.2, 0.75)
@@ -308,48 +308,19 @@ def _token_or_none(value: object) -> str | None:
 # -- The client -----------------------------------------------------------------------------
 
 
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-async def _terminate_group(process: trio.Process) -> None:
-    # The child leads its own process group (start_new_session), so its Node children
-    # go with it. trio cancels this as soon as the child exits; the SIGKILL in `finally`
-    # then still reaches any grandchild that outlived it.
-    try:
-        _signal_group(process.pid, signal.SIGTERM)
-        await trio.sleep(_KILL_GRACE)
-    finally:
-        _signal_group(process.pid, signal.SIGKILL)
-
-
 async def run_child(
     argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout: float
 ) -> tuple[int, bytes] | Literal["timeout", "spawn"]:
     """Run one child with fixed argv and no shell, in its own process group, inside the
     caller's cancel scope (cancelled: the whole group is killed and waited for); its
     output is captured and never shown. Returns (exit code, stdout)."""
-    completed = None
-    with trio.move_on_after(timeout):
-        try:
-            completed = await trio.run_process(
-                argv,
-                cwd=cwd,
-                env=env,
-                capture_stdout=True,
-                capture_stderr=True,
-                check=False,
-                start_new_session=True,
-                deliver_cancel=_terminate_group,
-            )
-        except OSError:
-            return "spawn"
-    if completed is None:
+    try:
+        outcome = await process.run_child(argv, cwd=cwd, env=env, timeout=timeout, grace=_KILL_GRACE)
+    except OSError:
+        return "spawn"
+    if outcome == "timeout":
         return "timeout"
-    return completed.returncode, completed.stdout
+    return outcome.returncode, outcome.stdout
 
 
 class LoopxClient:
@@ -447,7 +418,7 @@ class LoopxClient:
         """``[*command, "--version"]`` (no global options) -> first line ``loopx X.Y.Z``."""
         argv = [*self.command, "--version"]
 
-        async def attempt():
+        async def attempt() -> LoopxVersion | TransportFailure | MalformedOutput:
             outcome = await self._exec(argv)
             if isinstance(outcome, TransportFailure):
                 return outcome
@@ -688,7 +659,8 @@ class LoopxClient:
         values = [counts.get(k) for k in ("done_count", "open_count", "total_count")]
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
             return MalformedOutput("todo counts are not non-negative integers")
-        return TodoProgress(*values)
+        done, open_, total = cast(list[int], values)
+        return TodoProgress(done, open_, total)
 
     async def workflow_skills(
         self, skills_dir: Path, *, install: bool, dry_run: bool = False, cli_bin: str | None = None

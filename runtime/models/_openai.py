@@ -13,9 +13,9 @@ is a ``ModelError``.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import httpx
@@ -379,7 +379,9 @@ class OpenAICompatibleAdapter:
                                 raise _RetryableStatus(summary)
                             raise ModelError(f"model call to {self.base_url} failed: {summary}")
                         parser = _StreamParser(redact=self._redact)
-                        async with aclosing(response.aiter_lines()) as lines:
+                        # aiter_lines is an async generator: closed at once when we stop early.
+                        lines_gen = cast(AsyncGenerator[str, None], response.aiter_lines())
+                        async with aclosing(lines_gen) as lines:
                             async for line in lines:
                                 for chunk in parser.feed(line):
                                     yielded = True

@@ -16,12 +16,12 @@ from __future__ import annotations
 import json
 import operator
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import trio
 
-from .._messages import Message, ToolResultBlock
-from ._adapter import Chunk, Finish, ModelRequest, TextDelta, ToolCallChunk, Usage
+from .._messages import Message, ToolCallBlock, ToolResultBlock
+from ._adapter import Chunk, Finish, FinishReason, ModelRequest, TextDelta, ToolCallChunk, Usage
 
 PING_MODEL = "ping-1"
 
@@ -53,8 +53,8 @@ def _parse_calls(text: str) -> list[tuple[str, str]]:
     return calls
 
 
-_WORD_COUNT = operator.attrgetter("word_count")
-_TOOL_CALLS = operator.attrgetter("tool_calls")
+_WORD_COUNT: Callable[[Message], int] = operator.attrgetter("word_count")
+_TOOL_CALLS: Callable[[Message], tuple[ToolCallBlock, ...]] = operator.attrgetter("tool_calls")
 
 
 def _input_tokens(request: ModelRequest) -> int:
@@ -105,7 +105,7 @@ class PingAdapter:
             return
 
         pieces = _WORD_PIECE.findall("pong: " + _pong_subject(request.messages))
-        reason = "stop"
+        reason: FinishReason = "stop"
         if len(pieces) > request.max_tokens:
             pieces = pieces[: max(request.max_tokens, 0)]
             if pieces:

@@ -46,6 +46,10 @@ class ToolCall:
     call_id: str | None = None
 
 
+def _calls(value: Iterable[ToolCall]) -> tuple[ToolCall, ...]:
+    return tuple(value)
+
+
 @attrs.frozen
 class Reply:
     """One scripted model reply.
@@ -56,7 +60,7 @@ class Reply:
     """
 
     text: str = ""
-    tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=tuple)
+    tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_calls)
     reasoning: str = ""
     finish: FinishReason | None = None
     usage: Usage | None = None

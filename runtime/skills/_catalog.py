@@ -20,6 +20,7 @@ Nothing the model can see carries an absolute path: a ``Skill`` names its root b
 
 from __future__ import annotations
 
+import builtins
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -197,7 +198,7 @@ class SkillCatalog:
         self._refresh()
         return [self._skills[n] for n in sorted(self._skills)]
 
-    def names(self) -> list[str]:
+    def names(self) -> builtins.list[str]:
         self._refresh()
         return sorted(self._skills)
 
@@ -246,7 +247,7 @@ class SkillCatalog:
                 trio.lowlevel.notify_closing(fd)
                 os.close(fd)
 
-    def _watch_paths(self) -> list[str]:
+    def _watch_paths(self) -> builtins.list[str]:
         paths: list[str] = []
         for _, root in self._root_paths:
             if os.path.isdir(root):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import attrs
 
@@ -70,7 +70,7 @@ class SkillTool(Tool):
         if cached[0] != generation:
             spec = ToolSpec(self.name, f"{self.description}\n\n{_listing(self.catalog)}", self.parameters)
             cached[0], cached[1] = generation, spec
-        return cached[1]
+        return cast(ToolSpec, cached[1])
 
 
 def skill_tool(catalog: SkillCatalog) -> Tool:

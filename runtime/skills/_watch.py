@@ -56,7 +56,7 @@ def open_watches(paths: Iterable[str]) -> int | None:
     """An inotify fd watching every directory in ``paths`` (None if that fails)."""
     if _LIBC is None:
         return None
-    fd = _LIBC.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    fd: int = _LIBC.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
     if fd < 0:
         log.debug("skills.watch_unavailable", errno=ctypes.get_errno())
         return None

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import signal
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -24,6 +23,7 @@ import structlog
 import trio
 
 from .._errors import ToolError
+from .._process import run_child
 from ._tool import Tool, ToolContext
 
 _log = structlog.get_logger(__name__)
@@ -301,12 +301,12 @@ def builtin_tools() -> tuple[Tool, ...]:
 # -- shell ----------------------------------------------------------------------------
 
 
-def _positive(_instance: object, attribute: attrs.Attribute, value: float) -> None:
+def _positive(_instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
     if isinstance(value, bool) or not value > 0:
         raise ValueError(f"ShellPolicy.{attribute.name} must be > 0, got {value!r}")
 
 
-def _basenames(_instance: object, _attribute: attrs.Attribute, value: frozenset[str]) -> None:
+def _basenames(_instance: object, _attribute: attrs.Attribute[Any], value: frozenset[str]) -> None:
     for name in value:
         if not isinstance(name, str) or not name or "/" in name:
             raise ValueError(f"ShellPolicy.allow takes executable names, not paths: {name!r}")
@@ -369,15 +369,6 @@ def _parse_command(command: str) -> list[str]:
     return argv
 
 
-async def _kill_group(process: trio.Process) -> None:
-    # The child was started in its own session, so this also ends anything it spawned
-    # (a grandchild holding the output pipe would otherwise keep us waiting).
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
 def _fit(stdout: str, stderr: str, budget: int) -> tuple[str, str]:
     """Share ``budget`` characters between the streams; neither starves the other."""
     if len(stdout) + len(stderr) <= budget:
@@ -436,25 +427,12 @@ def shell_tool(policy: ShellPolicy) -> Tool:
 
         log = _log.bind(session_id=ctx.session_id, call_id=ctx.call_id, program=name)
         log.info("tools.shell.start")
-        result = None
-        with trio.move_on_after(timeout):
-            try:
-                result = await trio.run_process(
-                    argv,
-                    cwd=ctx.cwd,
-                    env=env,
-                    stdin=b"",
-                    capture_stdout=True,
-                    capture_stderr=True,
-                    check=False,
-                    start_new_session=True,
-                    deliver_cancel=_kill_group,
-                )
-            except OSError as exc:
-                raise ToolError(
-                    f"shell: cannot run {name!r}: {exc.strerror or type(exc).__name__}"
-                ) from None
-        if result is None:
+        try:
+            # SIGKILL at once: a grandchild holding the output pipe would keep us waiting.
+            result = await run_child(argv, cwd=ctx.cwd, env=env, timeout=timeout)
+        except OSError as exc:
+            raise ToolError(f"shell: cannot run {name!r}: {exc.strerror or type(exc).__name__}") from None
+        if result == "timeout":
             log.info("tools.shell.timeout", timeout=timeout)
             raise ToolError(f"shell: {name!r} timed out after {timeout:g}s and was killed")
 

@@ -8,16 +8,13 @@ import trio
 import trio.testing
 
 from actors import Reject
+from loopdock import Message, ProducerSource, TextBlock, user_message
 from runtime import (
-    ModelError,
     AgentClosedError,
     InvalidOptionsError,
-    Message,
-    ProducerSource,
-    TextBlock,
+    ModelError,
     UnknownAdapterError,
     UnknownToolError,
-    user_message,
 )
 from runtime.models import Reply, RetryNotice, ScriptedAdapter, ToolCall
 from runtime.tools import Tool
@@ -315,7 +312,7 @@ async def test_dispose_cancels_in_flight_work_and_leaks_nothing(rt, autojump_clo
 
 
 async def test_runtime_shutdown_aborts_running_turns_and_persists_them(tmp_path, autojump_clock):
-    from runtime import Runtime
+    from loopdock import Runtime
     from runtime._store import SessionStore
 
     never = trio.Event()  # every model call hangs until the runtime shuts down

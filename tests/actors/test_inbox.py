@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors._inbox import Entry, Inbox, Reservation
-from runtime import Message, ProducerSource, TextBlock, user_message
+from loopdock import Message, ProducerSource, TextBlock, user_message
 
 ops = st.lists(
     st.one_of(

@@ -14,8 +14,8 @@ import shlex
 
 import trio
 
-from runtime import Runtime
-from runtime.loopx import LOOPX_TURN_PATTERN, LoopxClient, LoopxOk, LoopxSettings, ShouldRun
+from loopdock import LoopxSettings, Runtime
+from runtime.loopx import LOOPX_TURN_PATTERN, LoopxClient, LoopxOk, ShouldRun
 from runtime.models import Reply, ScriptedAdapter, ToolCall
 from runtime.skills import SkillCatalog
 from runtime.tools import ShellPolicy
@@ -134,7 +134,7 @@ async def test_a_bound_session_is_continued_and_settled_under_one_turn_identity(
             session_id=SESSION, agent_options={"provider": "scripted", "model": "m", "cwd": str(loopx_project)}
         )
         agent = handle.agent
-        driver = rt.loopx.drivers[SESSION]
+        driver = rt.loopx.continuations[SESSION]
         assert driver.activation.active is False
         agent.followup("Write the artifact, please.")
         with trio.fail_after(240):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import trio
 
+from loopdock import Runtime
 from runtime import (
     AgentBusyError,
     InvalidSessionIdError,
-    Runtime,
     SessionExistsError,
     SessionNotFoundError,
 )

@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from actors import Reject
-from runtime import Message, ProducerSource, Runtime, TextBlock
+from loopdock import Message, ProducerSource, Runtime, TextBlock
 from runtime.models import Reply, ScriptedAdapter, ToolCall
 from runtime.skills import SkillCatalog
 from runtime.skills._watch import watch_supported

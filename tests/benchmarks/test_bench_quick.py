@@ -179,7 +179,7 @@ def test_quick_bench_in_process_without_the_peer(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("argv", [["bench", "--help"]])
 def test_bench_is_a_loopdock_command(argv, capsys):
-    from runtime._cli import main
+    from loopdock._cli import main
 
     with pytest.raises(SystemExit) as exit_:
         main(argv)

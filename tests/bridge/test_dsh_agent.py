@@ -16,11 +16,26 @@ import trio
 
 from actors import LiveEvent, PreStep, Reject
 from actors._agent import InvalidReservationError
-from bridge import Ack, DshAgent, DshAgentMirror, ErrorNotice, Followup, HostHandler, Verdict, Wake
+from bridge import (
+    Ack,
+    DshAgent,
+    DshAgentMirror,
+    ErrorNotice,
+    Followup,
+    HostHandler,
+    Verdict,
+    Wake,
+)
 from bridge import PreStep as WirePreStep
 from bridge._dsh_agent import DshAgentClosedError
 from bridge._handler import Disconnect
-from runtime._messages import Message, ProducerSource, SkillInvocationSource, TextBlock, UserSource
+from runtime._messages import (
+    Message,
+    ProducerSource,
+    SkillInvocationSource,
+    TextBlock,
+    UserSource,
+)
 from runtime._serde import message_to_wire
 
 OWNED = "loopx-continuation"
@@ -96,7 +111,7 @@ async def still_blocked(async_fn, *args, seconds: float = 1) -> bool:
 
 
 async def open_host(rt, *agents: str) -> tuple[HostHandler, FakeHost]:
-    handler = HostHandler(rt)
+    handler = HostHandler(rt.dock)
     conn = FakeHost()
     handler.connected(conn)
     await live(handler, conn, *[created(a) for a in agents])
@@ -502,7 +517,7 @@ async def test_a_disposed_agent_closes_its_proxy(rt, tmp_path, autojump_clock):
 
 
 async def test_status_before_created_on_the_same_connection_is_one_agent_one_proxy(rt, tmp_path, autojump_clock):
-    handler = HostHandler(rt)
+    handler = HostHandler(rt.dock)
     conn = FakeHost()
     handler.connected(conn)
     started: list[DshAgent] = []
@@ -525,7 +540,7 @@ async def test_status_before_created_on_the_same_connection_is_one_agent_one_pro
 
 
 async def test_an_agent_announced_again_gets_a_fresh_proxy(rt, tmp_path, autojump_clock):
-    handler = HostHandler(rt)
+    handler = HostHandler(rt.dock)
     old_conn, new_conn = FakeHost("c1"), FakeHost("c2")
     handler.connected(old_conn)
     started: list[DshAgent] = []
@@ -621,7 +636,7 @@ async def test_the_mirror_of_closed_sessions_is_bounded(rt, monkeypatch):
     from runtime._events import Event
 
     monkeypatch.setattr(_host_handler, "RETAINED_CLOSED_SESSIONS", 2)
-    handler = HostHandler(rt)
+    handler = HostHandler(rt.dock)
     conn = FakeHost()
     handler.connected(conn)
     for n in range(4):

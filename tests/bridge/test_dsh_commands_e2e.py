@@ -34,15 +34,15 @@ import trio
 
 import bridge._connection
 from bridge import Ping, Pong, Verdict, serve_bridge
-from bridge._host_handler import HostCommandError, HostHandler
-from bridge._messages import Mirrored, MirroredSeqs
+from bridge._dsh_files import dsh_process, quiet_env, session_log, turn_end
 from bridge._dsh_files import event_source as _source_of
 from bridge._dsh_files import event_text as _text
 from bridge._dsh_files import message_text as _text_of
-from bridge._dsh_files import dsh_process, quiet_env, session_log, turn_end
 from bridge._dsh_files import split_turns as _turns
+from bridge._host_handler import HostCommandError, HostHandler
+from bridge._messages import Mirrored, MirroredSeqs
 from bridge._patch import write_patch
-from runtime._runtime import Runtime
+from loopdock._runtime import Runtime
 
 DSH = Path(sys.executable).parent / "dsh"
 TOKEN = "e2e-token-" + "c" * 20
@@ -101,7 +101,7 @@ async def test_runtime_commands_enter_the_exact_dsh_agent_and_pre_step_fails_clo
 
     with trio.fail_after(TEST_LIMIT_S):
         async with Runtime.open(tmp_path / "runtime") as rt:
-            handler = HostHandler(rt)
+            handler = HostHandler(rt.dock)
             handler.gate(AGENT, gate)
             async with trio.open_nursery() as nursery:
                 server, port = await _serve(nursery, handler)
@@ -277,7 +277,7 @@ async def test_host_handler_mirrors_agents_and_sessions_and_reports_gaps(tmp_pat
     from runtime._events import Event
 
     async with Runtime.open(tmp_path / "runtime") as rt:
-        handler = HostHandler(rt)
+        handler = HostHandler(rt.dock)
         with pytest.raises(NoHostError):
             await handler.wake("x")
         conn = _FakeConn(Ack(False, ErrorNotice("NOT_LIVE", "no live agent x")))
@@ -343,18 +343,12 @@ async def test_host_handler_mirrors_agents_and_sessions_and_reports_gaps(tmp_pat
 
 async def test_a_host_asks_how_far_the_mirror_reaches_over_the_wire(tmp_path):
     """``mirrored`` over a real websocket: HostHandler answers from its mirror (also behind
-    the GoalBar handler ``loopdock serve`` puts in front of it); a handler that has no
-    ``on_mirrored`` (NullHandler's default, or none at all) knows nothing."""
+    the GoalBar handler ``loopdock serve`` puts in front of it); NullHandler, and a GoalBar
+    handler in front of one, know nothing."""
     from trio_websocket import open_websocket
 
     from bridge import NullHandler
     from bridge._goalbar import GoalBarHandler
-
-    class Bare:  # a handler of before `mirrored`
-        def connected(self, conn): pass
-        def disconnected(self, conn, reason): pass
-        async def on_events(self, conn, items): pass
-        async def on_live(self, conn, items): pass
 
     def frame(type_, data, **ids):
         return json.dumps({"v": 1, "type": type_, **ids, "data": data})
@@ -379,10 +373,9 @@ async def test_a_host_asks_how_far_the_mirror_reaches_over_the_wire(tmp_path):
     with trio.fail_after(30):
         async with Runtime.open(tmp_path / "runtime") as rt:
             sent = [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("z", 0)]
-            assert await ask(HostHandler(rt), sent) == {"a": 2, "b": 0}
+            assert await ask(HostHandler(rt.dock), sent) == {"a": 2, "b": 0}
             async with trio.open_nursery() as nursery:
-                behind = GoalBarHandler(None, lambda session_id: None, nursery, inner=HostHandler(rt))
+                behind = GoalBarHandler(None, lambda session_id: None, nursery, inner=HostHandler(rt.dock))
                 assert await ask(behind, sent) == {"a": 2, "b": 0}
-                assert await ask(GoalBarHandler(None, lambda session_id: None, nursery, inner=Bare())) == {}
+                assert await ask(GoalBarHandler(None, lambda session_id: None, nursery)) == {}
             assert await ask(NullHandler(), sent) == {}
-            assert await ask(Bare(), sent) == {}

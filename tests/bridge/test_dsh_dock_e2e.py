@@ -28,14 +28,13 @@ import pytest
 import trio
 
 from actors import LiveEvent
+from actors.dock import DockError, Route, StrategyLoop
 from bridge import DockSelectHandler, Wake, serve_bridge
 from bridge._dsh_files import dsh_process, quiet_env, session_log
 from bridge._messages import Select, StoredBinding
 from bridge._patch import write_patch
-from runtime import LoopdockError
-from runtime.dock import DockError
-from runtime._runtime import Runtime
-from runtime.dock import Route, StrategyLoop
+from loopdock import LoopdockError
+from loopdock._runtime import Runtime
 
 DSH = Path(sys.executable).parent / "dsh"
 TOKEN = "e2e-token-" + "x" * 20
@@ -45,7 +44,7 @@ class RecordingHandler(DockSelectHandler):
     """The dock's answers, plus a record of what the host sent."""
 
     def __init__(self, rt: Runtime) -> None:
-        super().__init__(rt)
+        super().__init__(rt.dock)
         self.conns: list = []
         self.live: list[LiveEvent] = []
         self.events: list = []
@@ -301,7 +300,7 @@ async def test_a_binding_in_dshs_log_outlives_the_runtime_that_chose_it(tmp_path
 async def test_the_select_handler_judges_a_resume_by_the_hosts_binding_first(tmp_path):
     async with Runtime.open(tmp_path / "rt") as rt:
         _alt(rt)
-        handler = DockSelectHandler(rt)
+        handler = DockSelectHandler(rt.dock)
         # nothing anywhere: a session without a binding resumes on the default loop
         assert (await handler.on_select(None, Select("resume", "s1"))).loop == "standard"
         # the host's binding, with nothing in memory

@@ -31,13 +31,14 @@ import trio
 
 from actors import PreStep, Reject
 from bridge import DshAgentMirror, HostHandler, serve_bridge
+from bridge._dsh_files import dsh_process, quiet_env, session_log, turn_end
 from bridge._dsh_files import event_source as _source_of
 from bridge._dsh_files import event_text as _text
-from bridge._dsh_files import dsh_process, quiet_env, session_log, turn_end
 from bridge._dsh_files import split_turns as _turns
 from bridge._patch import write_patch
-from runtime._runtime import Runtime
-from runtime.loopx import HOST_SURFACE, LifecycleResult, LoopxClient, LoopxOk, LoopxSettings, ShouldRun
+from loopdock import LoopxSettings
+from loopdock._runtime import Runtime
+from runtime.loopx import HOST_SURFACE, LifecycleResult, LoopxClient, LoopxOk, ShouldRun
 
 DSH = Path(sys.executable).parent / "dsh"
 TOKEN = "e2e-token-" + "x" * 20
@@ -131,9 +132,9 @@ async def test_the_loopx_driver_continues_a_real_dsh_session(tmp_path, loopx_env
     settings = LoopxSettings(env=loopx_env, command=tuple(loopx_command), timeout=120, initialize=False)
     with trio.fail_after(480):
         async with Runtime.open(tmp_path / "runtime", loopx=settings) as rt:
-            handler = HostHandler(rt)
+            handler = HostHandler(rt.dock)
             # DSH announces each session's cwd: the fallback is never used here
-            mirror = DshAgentMirror(handler, rt.loopx.start_driver, lambda _: tmp_path / "elsewhere", frozenset({OWNED}))
+            mirror = DshAgentMirror(handler, rt.loopx.start_continuation, lambda _: tmp_path / "elsewhere", frozenset({OWNED}))
             async with trio.open_nursery() as nursery:
                 await nursery.start(mirror.run)
                 port = await nursery.start(lambda task_status: serve_bridge(handler, token=TOKEN, task_status=task_status))
@@ -156,11 +157,11 @@ async def test_the_loopx_driver_continues_a_real_dsh_session(tmp_path, loopx_env
                         live = handler.agents.get(SESSION)
                         proxy = mirror.proxies.get(SESSION)
                         return live is not None and live.source == "startup" and proxy is not None \
-                            and proxy.live is live and SESSION in rt.loopx.drivers
+                            and proxy.live is live and SESSION in rt.loopx.continuations
 
                     await until(mirrored)
                     proxy = mirror.proxies[SESSION]
-                    driver = rt.loopx.drivers[SESSION]
+                    driver = rt.loopx.continuations[SESSION]
                     assert driver.agent is proxy
                     client = driver.client = RecordingClient(
                         loopx_command, project=loopx_project, env=loopx_env, timeout=120

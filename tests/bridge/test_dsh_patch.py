@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from actors.dock import DockError, Route, StrategyLoop
 from bridge import DockSelectHandler, Select
 from bridge._patch import PLUGIN_PATH, patch_rows, write_patch
-from runtime._runtime import Runtime
-from runtime.dock import DockError, Route, StrategyLoop
+from loopdock._runtime import Runtime
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,7 +52,7 @@ def test_dsh_patch_command_writes_a_private_patch_with_the_home_token(tmp_path):
     home = tmp_path / "home"
     out = tmp_path / "out"
     # a subprocess, as a user runs it (main() in-process would reconfigure this process's logging)
-    argv = [sys.executable, "-m", "runtime._cli", "dsh-patch", "--url", "ws://127.0.0.1:9999", "--out", str(out),
+    argv = [sys.executable, "-m", "loopdock._cli", "dsh-patch", "--url", "ws://127.0.0.1:9999", "--out", str(out),
             "--dock", "--drivers", "default,alt", "--ping", "--home", str(home)]  # fmt: skip
     done = subprocess.run(
         argv, cwd=tmp_path, capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)}
@@ -94,7 +94,7 @@ async def test_decide_and_the_select_handler_follow_the_dock_rules(tmp_path):
             rt.dock.decide("resume", "s-b", {"loop": "standard"}, persisted=Route("alt-loop", "alt"))
         assert err.value.code == "LOOP_SWITCH"
 
-        handler = DockSelectHandler(rt)
+        handler = DockSelectHandler(rt.dock)
         # DSH's own option keys are not the dock's business
         selection = await handler.on_select(None, Select("create", "s-b", {"provider": "ping", "dshOnly": 1}))
         assert (selection.loop, selection.driver, selection.parts.model) == ("alt-loop", "alt", "pinned")

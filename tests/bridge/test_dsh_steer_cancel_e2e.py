@@ -33,15 +33,15 @@ import pytest
 import trio
 
 from bridge import serve_bridge
+from bridge._dsh_files import dsh_process, quiet_env, session_log
 from bridge._dsh_files import event_source as _source_of
 from bridge._dsh_files import event_text as _text
 from bridge._dsh_files import message_text as _text_of
-from bridge._dsh_files import dsh_process, quiet_env, session_log
 from bridge._dsh_files import split_turns as _turns
 from bridge._dsh_files import turn_end as _reason
 from bridge._host_handler import HostHandler
 from bridge._patch import write_patch
-from runtime._runtime import Runtime
+from loopdock._runtime import Runtime
 
 DSH = Path(sys.executable).parent / "dsh"
 TOKEN = "e2e-token-" + "s" * 20
@@ -82,7 +82,7 @@ class LiveRecordingHandler(HostHandler):
     """A ``HostHandler`` that also keeps every live item the host sent, in order."""
 
     def __init__(self, rt: Runtime) -> None:
-        super().__init__(rt)
+        super().__init__(rt.dock)
         self.live: list = []
 
     async def on_live(self, conn, items) -> None:

@@ -9,14 +9,13 @@ import shutil
 
 import pytest
 import trio
+from selenium import webdriver  # the test extra installs it
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
 
 from bridge._goalbar import GoalBarHandler, GoalBarService
 from bridge._server import serve_bridge
 from runtime.loopx import HOST_SURFACE, LifecycleResult, LoopxClient, LoopxOk
-
-from selenium import webdriver  # the test extra installs it
-from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
 
 TOKEN = "goalbar-browser-token"
 SESSION = "dsh-session-browser-1"

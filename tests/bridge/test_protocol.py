@@ -39,9 +39,6 @@ from bridge import (
 from bridge._messages import (
     MAX_ID_LENGTH,
     REPLIES,
-    Mirrored,
-    MirroredSeqs,
-    StoredBinding,
     REPLY_TYPES,
     Goalbar,
     GoalbarPause,
@@ -50,9 +47,12 @@ from bridge._messages import (
     GoalbarStart,
     GoalbarView,
     GoalbarWatch,
+    Mirrored,
+    MirroredSeqs,
+    StoredBinding,
 )
 from bridge._protocol import encode_batch, encode_item
-from runtime import Event
+from loopdock import Event
 
 FUZZ = settings(max_examples=300, deadline=None)
 

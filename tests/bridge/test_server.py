@@ -16,6 +16,7 @@ from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket
 
 import bridge._server
 from actors import LiveEvent
+from actors.dock import DockError
 from bridge import (
     BATCH_ITEMS,
     Ack,
@@ -33,8 +34,7 @@ from bridge import (
     Wake,
     serve_bridge,
 )
-from runtime import Event
-from runtime.dock import DockError
+from loopdock import Event
 
 TOKEN = "test-token-for-the-bridge"
 TIMEOUT = 10

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from runtime import Message, TextBlock, user_message
+from loopdock import Message, TextBlock, user_message
 from runtime._ids import MESSAGE_IDS, MessageIds
 
 

@@ -7,15 +7,8 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from runtime import (
-    Message,
-    ProducerSource,
-    SkillInvocationSource,
-    TextBlock,
-    ToolError,
-    UserSource,
-    user_message,
-)
+from loopdock import Message, ProducerSource, TextBlock, UserSource, user_message
+from runtime import SkillInvocationSource, ToolError
 from runtime.skills import (
     MAX_SKILL_BYTES,
     InvalidSkillError,

@@ -5,10 +5,9 @@ exactly what the loop composes, whatever else the dock adds.
 """
 
 import trio
-
 from loopdock_loop_template import LOOPS, PROMPT_SECTION, PROMPT_TEXT, TEMPLATE_LOOP
-from runtime import Runtime
-from runtime.models import ScriptedAdapter
+
+from loopdock import Runtime, ScriptedAdapter
 
 
 async def test_template_loop_composes_a_concise_read_only_agent(tmp_path):

@@ -19,7 +19,7 @@ Rules for a loop author:
 
 from __future__ import annotations
 
-from runtime.dock._loops import StrategyLoop
+from loopdock import StrategyLoop
 
 PROMPT_SECTION = "template-concise"
 PROMPT_TEXT = (

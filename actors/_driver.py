@@ -1,0 +1,75 @@
+"""The driver seam (DSH's agent factory): what a loop implementation provides.
+
+A driver owns the whole publication transaction of an agent: prepare the session,
+construct the agent, run the setup, commit, enter the registries, announce, start.
+``create_agent`` and ``resume`` return an ``AgentHandle``; any failure rolls back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol, Union
+
+import attrs
+
+from runtime._ids import check_session_id
+from runtime._options import AgentOptions
+
+from ._agent import AgentActor
+from ._agent_context import AgentContext
+from ._supervisor import Supervisor
+
+
+class Commit(Protocol):
+    def commit(self) -> None: ...
+
+
+#: What a setup may return: nothing, an object with ``commit()``, or a plain callable.
+SetupResult = Union[Commit, Callable[[], None], None]
+Setup = Callable[[AgentContext], Union[Awaitable[SetupResult], SetupResult]]
+
+
+def _agent_options(value: AgentOptions | Mapping[str, Any] | None) -> AgentOptions:
+    return AgentOptions.from_value(value)
+
+
+@attrs.frozen
+class CreateAgentOptions:
+    session_id: str = attrs.field(validator=lambda _, __, v: check_session_id(v))
+    agent_options: AgentOptions = attrs.field(factory=AgentOptions, converter=_agent_options)
+    setup: Setup | None = None
+    meta: Mapping[str, Any] | None = None
+    cwd: str | None = None
+    parent_session: str | None = None
+    agent_preset: str | None = None
+    # The loop dock's selection: set by the dock before a driver sees the options.
+    loop: str | None = None
+    driver: str | None = None
+
+
+@attrs.frozen
+class ResumeAgentOptions:
+    resume_session_id: str = attrs.field(
+        validator=lambda _, __, v: check_session_id(v, what="resume session id")
+    )
+    agent_options: AgentOptions = attrs.field(factory=AgentOptions, converter=_agent_options)
+    setup: Setup | None = None
+    loop: str | None = None
+    driver: str | None = None
+
+
+@attrs.frozen
+class AgentHandle:
+    """What a driver returns: the live agent and the one way to dispose of it."""
+
+    agent: AgentActor
+    dispose: Callable[[], Awaitable[None]] = attrs.field(eq=False)
+
+
+class Driver(Protocol):
+    """Anything with these two (usually ``async def``) methods; the dock's one agent factory
+    delegates every create and resume to a driver."""
+
+    def create_agent(self, owner: Supervisor, options: CreateAgentOptions) -> Awaitable[AgentHandle]: ...
+
+    def resume(self, owner: Supervisor, options: ResumeAgentOptions) -> Awaitable[AgentHandle]: ...

@@ -1,0 +1,34 @@
+"""What an agent needs from the actor tree that owns it.
+
+The supervisor provides it; declaring it here lets an agent (and the turns it runs) name
+its owner without importing the supervisor, which imports the agent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from runtime._messages import Message
+from runtime.models import AdapterRegistry
+from runtime.tools import ToolRegistry
+
+from ._fanout import Fanout
+from ._live import LiveEvent
+
+
+class AgentOwner(Protocol):
+    @property
+    def tools(self) -> ToolRegistry: ...
+
+    @property
+    def adapters(self) -> AdapterRegistry: ...
+
+    @property
+    def live(self) -> Fanout[LiveEvent]: ...
+
+    def announce(self, event_type: str, agent_id: str, data: Mapping[str, Any]) -> None:
+        """Publish a live event about ``agent_id``."""
+
+    def expand(self, message: Message) -> list[Message]:
+        """The messages to record in place of an admitted ``message``."""

@@ -1,0 +1,157 @@
+"""Turn: one turn of one agent, as a driver's turn body sees it.
+
+A driver brings a ``TurnBody``; the agent's evaluator calls ``run_turn(turn)`` once per
+turn, and the body asks the turn for each step (``begin_step`` / ``end_step``), records
+what the model said (``record``) and logs the rest (``log``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+
+from runtime._events import Event
+from runtime._messages import Message
+from runtime._options import AgentOptions
+from runtime._serde import message_to_wire
+from runtime._waterfall import Waterfall
+from runtime.models import ModelRequest, RetryNotice
+from runtime.tools import AgentTools
+
+from ._inbox import Entry, ReservationState
+from ._owner import AgentOwner
+from ._pre_step import PreStep, Reject, Verdict, enter
+from ._session import SessionActor
+
+
+class TurnBlocked(Exception):
+    """A pre-step listener rejected the step's messages: the turn ends ``blocked``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class TurnAgent(Protocol):
+    """The part of an agent that its turns (and the drivers' turn bodies) use."""
+
+    id: str
+    session: SessionActor
+    options: AgentOptions
+    owner: AgentOwner
+    tools: AgentTools
+    transcript: list[Message]
+    prompt_sections: dict[str, str]
+    pre_step: Waterfall[PreStep, Verdict]
+    request: Waterfall[ModelRequest, ModelRequest]
+    log: structlog.stdlib.BoundLogger
+
+    @property
+    def cwd(self) -> Path: ...
+
+    def claim_step(self, held: Sequence[Entry] = ()) -> list[Entry]:
+        """Claim ``held`` and every message queued for the next step; log the claims."""
+
+    def has_step_input(self) -> bool:
+        """True when messages wait for the next step (steer/inject)."""
+
+
+class TurnBody(Protocol):
+    """A driver's turn body. Returns the turn's end reason (``completed``, ``max-tokens``...)."""
+
+    async def run_turn(self, turn: Turn) -> str: ...
+
+
+class Turn:
+    def __init__(self, agent: TurnAgent, number: int, first: list[Entry]) -> None:
+        self.agent = agent
+        self.number = number
+        self.step = 0
+        self._entries = first  # claimed but not yet through pre-step
+
+    @property
+    def session(self) -> SessionActor:
+        return self.agent.session
+
+    def log(self, event_type: str, data: Mapping[str, Any]) -> Event:
+        return self.agent.session.append(event_type, data)
+
+    def has_step_input(self) -> bool:
+        """True when messages wait for the next step (steer/inject): the turn goes on."""
+        return self.agent.has_step_input()
+
+    async def begin_step(self) -> tuple[Message, ...]:
+        """Claim the step's inbox messages, run ``agent/pre-step``, then open the step.
+
+        Each admitted message is passed through the owner's expanders (``/name`` skill
+        invocations, ...) and what they return is recorded; returns the recorded messages.
+        Raises TurnBlocked when a listener rejects (the claimed messages are consumed).
+        """
+        agent = self.agent
+        entries = agent.claim_step(self._entries)
+        self._entries = entries
+        messages = tuple(e.message for e in entries)
+        pre = PreStep(agent.id, agent.id, self.number, self.step + 1, messages)
+        try:
+            verdict = await agent.pre_step.run(pre, enter)
+        except Exception as exc:  # a broken gate fails closed
+            agent.log.warning("pre-step listener failed", error=repr(exc))
+            verdict = Reject("pre-step listener failed")
+        if isinstance(verdict, Reject):
+            _settle(entries, "rejected", verdict.reason)
+            self._entries = []
+            raise TurnBlocked(verdict.reason)
+        _settle(entries, "admitted", None)
+        self._entries = []
+        self.step += 1
+        self.log("step/start", {"turn": self.number, "step": self.step})
+        # Expanded only after admission: listeners judge what the person sent, and a
+        # vetoed message must not leave an injected skill body behind.
+        recorded = tuple(m for message in messages for m in agent.owner.expand(message))
+        for message in recorded:
+            self.record("user/message", message)
+        return recorded
+
+    def end_step(self) -> None:
+        self.log("step/end", {"turn": self.number, "step": self.step})
+
+    def record(self, event_type: str, message: Message) -> Event:
+        """Log a message event and add the message to the model-visible transcript."""
+        self.agent.transcript.append(message)
+        return self.log(event_type, message_to_wire(message))
+
+    def model_request(self) -> ModelRequest:
+        agent, options = self.agent, self.agent.options
+
+        async def on_retry(notice: RetryNotice) -> None:
+            self.log(
+                "llm/retry",
+                {"turn": self.number, "attempt": notice.attempt, "delay": notice.delay, "error": notice.error},
+            )
+
+        system = "\n\n".join(
+            part for part in [options.system_prompt, *agent.prompt_sections.values()] if part
+        )
+        return ModelRequest(
+            provider=options.provider,
+            model=options.model,
+            system=system,
+            messages=tuple(agent.transcript),
+            tools=agent.tools.specs(),
+            max_tokens=options.max_tokens,
+            reasoning_effort=options.reasoning_effort,
+            on_retry=on_retry,
+        )
+
+    def settle_unadmitted(self, reason: str) -> None:
+        _settle(self._entries, "cancelled", reason)
+        self._entries = []
+
+
+def _settle(entries: list[Entry], state: ReservationState, reason: str | None) -> None:
+    for entry in entries:
+        if entry.reservation is not None:
+            entry.reservation.settle(state, reason)

@@ -1,0 +1,336 @@
+"""The dock's config: which loop each new agent runs on, and which agents start with it.
+
+The YAML shape is the one DSH's JavaScript loop dock reads (camelCase keys); the
+snake_case spelling of every key is accepted too, but not both spellings at once::
+
+    defaultLoop: standard            # loop for an agent nothing else routes
+    defaultDriver: default           # driver for a strategy loop that names none
+    presetLoops: {reviewer: minimal-first}               # agent preset -> route
+    sessionLoops: {s-42: {loop: standard, driver: loop2}} # session id -> route
+    loopPackages: ["my_loops:LOOPS"]                   # imported; its loops are registered
+    agents:
+      - {id: flash, sessionId: flash-session, model: deepseek-v4-flash}
+
+Unlike that dock, unknown keys and duplicate agent ids are errors, not silently
+dropped. Every error is ``DockError("INVALID_CONFIG", ...)`` and names the field path,
+e.g. ``agents[2].maxTokens must be a positive integer``.
+
+``None`` (and so an empty or ``null`` YAML file) means the defaults; an empty section
+(``agents:`` with nothing under it) means none, since commenting out every entry of a
+section is a common way to switch it off.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import types
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+import yaml
+
+from runtime._errors import InvalidSessionIdError
+from runtime._ids import check_session_id
+
+from ._errors import DockError
+from ._loops import ID_PATTERN, check_driver_name, check_loop_id
+
+# "package.module" or "package.module:attribute.path"; checked here so a typo fails at
+# load time rather than when the dock imports it.
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+_PACKAGE_REF = re.compile(rf"{_NAME}(\.{_NAME})*(:{_NAME}(\.{_NAME})*)?")
+
+
+def _frozen_map(value: Mapping[str, Route]) -> Mapping[str, Route]:
+    return types.MappingProxyType(dict(value))
+
+
+@attrs.frozen
+class Route:
+    """Where a route sends an agent: a loop, and optionally the driver it runs on."""
+
+    loop: str
+    driver: str | None = None
+
+
+@attrs.frozen
+class AgentEntry:
+    """A configured agent, started by the dock once its loop and driver are registered."""
+
+    id: str
+    session_id: str | None = None
+    resume_session_id: str | None = None
+    loop: str | None = None
+    driver: str | None = None
+    provider: str | None = None
+    model: str | None = None
+    max_tokens: int | None = None
+    reasoning_effort: str | None = None
+    cwd: str | None = None
+
+    def agent_options(self) -> dict[str, Any]:
+        """The model options this entry sets (unset ones are left to the defaults)."""
+        names = ("provider", "model", "max_tokens", "reasoning_effort")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+
+def _entries(value: Iterable[AgentEntry]) -> tuple[AgentEntry, ...]:
+    return tuple(value)
+
+
+def _names(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+@attrs.frozen
+class DockConfig:
+    default_loop: str = "standard"
+    default_driver: str = "default"
+    preset_loops: Mapping[str, Route] = attrs.field(factory=dict, converter=_frozen_map)
+    session_loops: Mapping[str, Route] = attrs.field(factory=dict, converter=_frozen_map)
+    agents: tuple[AgentEntry, ...] = attrs.field(default=(), converter=_entries)
+    loop_packages: tuple[str, ...] = attrs.field(default=(), converter=_names)
+
+
+def _error(message: str) -> DockError:
+    return DockError("INVALID_CONFIG", message)
+
+
+def _snake(camel: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", camel).lower()
+
+
+def _fields(value: object, path: str, known: tuple[str, ...]) -> dict[str, tuple[Any, str]]:
+    """Read a mapping whose keys are ``known`` (camelCase) or their snake_case spellings.
+
+    Returns ``{camel key: (value, path of the key as written)}`` so errors quote what the
+    user actually wrote.
+    """
+    if not isinstance(value, Mapping):
+        raise _error(f"{path or 'config'} must be a mapping, got {value!r}")
+    spellings = {spelling: camel for camel in known for spelling in (camel, _snake(camel))}
+    found: dict[str, tuple[Any, str]] = {}
+    for key, item in value.items():
+        camel = spellings.get(key) if isinstance(key, str) else None
+        where = f"{path}.{key}" if path else str(key)
+        if camel is None:
+            raise _error(f"unknown key {where}; known keys: {', '.join(known)}")
+        if camel in found:
+            raise _error(f"{where} given twice (as {camel} and {_snake(camel)}); use one spelling")
+        found[camel] = (item, where)
+    return found
+
+
+def _text(value: object, path: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _error(f"{path} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _loop(value: object, path: str) -> str:
+    try:
+        return check_loop_id(value)
+    except DockError:
+        raise _error(f"{path} must be a valid loop id (matching {ID_PATTERN.pattern}), got {value!r}") from None
+
+
+def _driver(value: object, path: str) -> str:
+    try:
+        return check_driver_name(value)
+    except DockError:
+        raise _error(f"{path} must be a valid driver name (matching {ID_PATTERN.pattern}), got {value!r}") from None
+
+
+def _session(value: object, path: str) -> str:
+    try:
+        return check_session_id(value, what=path)
+    except InvalidSessionIdError as exc:
+        raise _error(str(exc)) from None
+
+
+def _route(value: object, path: str) -> Route:
+    if isinstance(value, str):
+        return Route(_loop(value, path))
+    if not isinstance(value, Mapping):
+        raise _error(f"{path} must be a loop id or a mapping {{loop, driver?}}, got {value!r}")
+    fields = _fields(value, path, ("loop", "driver"))
+    if "loop" not in fields:
+        raise _error(f"{path}.loop is required")
+    driver = _driver(*fields["driver"]) if "driver" in fields else None
+    return Route(_loop(*fields["loop"]), driver)
+
+
+def _routes(value: object, path: str, *, session_keys: bool) -> dict[str, Route]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise _error(f"{path} must be a mapping of routes, got {value!r}")
+    routes = {}
+    for key, item in value.items():
+        # Session routes are looked up by session id, so a key that cannot be one is dead.
+        name = _session(key, f"{path} key") if session_keys else _text(key, f"{path} key")
+        routes[name] = _route(item, f"{path}.{name}")
+    return routes
+
+
+def _positive_int(value: object, path: str) -> int:
+    # bool is an int subclass; `maxTokens: true` is a mistake, not 1.
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise _error(f"{path} must be a positive integer, got {value!r}")
+    return value
+
+
+_AGENT_KEYS = (
+    "id", "sessionId", "resumeSessionId", "loop", "driver",
+    "provider", "model", "maxTokens", "reasoningEffort", "cwd",
+)  # fmt: skip
+_AGENT_CHECKS = {
+    "sessionId": _session,
+    "resumeSessionId": _session,
+    "loop": _loop,
+    "driver": _driver,
+    "provider": _text,
+    "model": _text,
+    "maxTokens": _positive_int,
+    "reasoningEffort": _text,
+    "cwd": _text,
+}
+
+
+def _agent(value: object, path: str) -> AgentEntry:
+    fields = _fields(value, path, _AGENT_KEYS)
+    if "id" not in fields:
+        raise _error(f"{path}.id is required")
+    if "sessionId" in fields and "resumeSessionId" in fields:
+        raise _error(f"{path}: sessionId and resumeSessionId are mutually exclusive; give one")
+    kwargs: dict[str, Any] = {
+        _snake(camel): _AGENT_CHECKS[camel](*fields[camel]) for camel in _AGENT_CHECKS if camel in fields
+    }
+    return AgentEntry(id=_text(*fields["id"]), **kwargs)
+
+
+def _agents(value: object, path: str) -> tuple[AgentEntry, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise _error(f"{path} must be a list of agent entries, got {value!r}")
+    agents = tuple(_agent(item, f"{path}[{index}]") for index, item in enumerate(value))
+    ids: dict[str, int] = {}
+    sessions: dict[str, int] = {}
+    for index, agent in enumerate(agents):
+        if agent.id in ids:
+            raise _error(
+                f"{path}[{index}].id {agent.id!r} repeats {path}[{ids[agent.id]}].id; agent ids must be unique"
+            )
+        ids[agent.id] = index
+        # Two agents on one session would fight over one log: same identity, same session.
+        identity = agent.resume_session_id or agent.session_id
+        if identity is not None:
+            if identity in sessions:
+                first = agents[sessions[identity]]
+                raise _error(
+                    f"agents {first.id!r} ({path}[{sessions[identity]}]) and {agent.id!r} ({path}[{index}]) "
+                    f"use the same session {identity!r}"
+                )
+            sessions[identity] = index
+    return agents
+
+
+def _packages(value: object, path: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise _error(f"{path} must be a list of import references, got {value!r}")
+    seen: dict[str, int] = {}
+    for index, ref in enumerate(value):
+        if not isinstance(ref, str) or not _PACKAGE_REF.fullmatch(ref):
+            raise _error(
+                f"{path}[{index}] must be an import reference 'module.path' or "
+                f"'module.path:attribute', got {ref!r}"
+            )
+        if ref in seen:
+            raise _error(f"{path}[{index}] repeats {path}[{seen[ref]}] ({ref!r})")
+        seen[ref] = index
+    return tuple(value)
+
+
+def parse_config(value: object) -> DockConfig:
+    """Validate a config value (as loaded from YAML or JSON) into a DockConfig."""
+    if value is None:
+        return DockConfig()
+    checks = {
+        "defaultLoop": ("default_loop", _loop),
+        "defaultDriver": ("default_driver", _driver),
+        "presetLoops": ("preset_loops", lambda v, p: _routes(v, p, session_keys=False)),
+        "sessionLoops": ("session_loops", lambda v, p: _routes(v, p, session_keys=True)),
+        "agents": ("agents", _agents),
+        "loopPackages": ("loop_packages", _packages),
+    }
+    fields = _fields(value, "", tuple(checks))
+    kwargs: dict[str, Any] = {name: check(*fields[key]) for key, (name, check) in checks.items() if key in fields}
+    return DockConfig(**kwargs)
+
+
+def _route_to_value(route: Route) -> str | dict[str, str]:
+    return route.loop if route.driver is None else {"loop": route.loop, "driver": route.driver}
+
+
+def config_to_dict(config: DockConfig) -> dict[str, Any]:
+    """The camelCase shape ``parse_config`` reads back to an equal config."""
+    agents = []
+    for agent in config.agents:
+        entry = {camel: getattr(agent, _snake(camel)) for camel in _AGENT_KEYS}
+        agents.append({key: item for key, item in entry.items() if item is not None})
+    return {
+        "defaultLoop": config.default_loop,
+        "defaultDriver": config.default_driver,
+        "presetLoops": {name: _route_to_value(r) for name, r in config.preset_loops.items()},
+        "sessionLoops": {name: _route_to_value(r) for name, r in config.session_loops.items()},
+        "agents": agents,
+        "loopPackages": list(config.loop_packages),
+    }
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key repeated in one mapping (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[object, int] = {}
+        for key_node, _ in node.value:
+            # Merge keys (`<<`) may legitimately be overridden; only literal keys count.
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node)
+            if key in first_line:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    f"found duplicate key {key!r} (first given on line {first_line[key] + 1})",
+                    key_node.start_mark,
+                )
+            first_line[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_config(path: str | os.PathLike[str]) -> DockConfig:
+    """Read a YAML config file. An empty file, or one holding only ``null``, means defaults."""
+    name = os.fspath(path)
+    try:
+        with open(name, "rb") as file:
+            value = yaml.load(file, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except FileNotFoundError:
+        raise _error(f"config file {name} not found") from None
+    except OSError as exc:
+        raise _error(f"cannot read config file {name}: {exc.strerror or exc}") from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise _error(f"{name}: {where}{exc.problem or exc.context}") from None
+    except yaml.YAMLError as exc:  # e.g. a reader error on bytes that are not UTF-8
+        raise _error(f"{name}: {exc}") from None
+    try:
+        return parse_config(value)
+    except DockError as exc:
+        raise _error(f"{name}: {exc}") from None

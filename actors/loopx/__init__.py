@@ -1,0 +1,14 @@
+"""The LoopX integration's actors: the per-agent continuation, ``/loopx-init`` and the
+start-up initialisation, and the switch that attaches them to a runtime."""
+
+from ._continuation import CONTINUATION_KIND as CONTINUATION_KIND
+from ._continuation import ContinuedAgent as ContinuedAgent
+from ._continuation import LoopxContinuation as LoopxContinuation
+from ._init import INIT_SOURCE_KIND as INIT_SOURCE_KIND
+from ._init import InitOutcome as InitOutcome
+from ._init import InitSettings as InitSettings
+from ._init import initialize as initialize
+from ._init import loopx_init_command as loopx_init_command
+from ._init import startup_initialize as startup_initialize
+from ._integration import LoopxIntegration as LoopxIntegration
+from ._integration import LoopxSettings as LoopxSettings

@@ -1,0 +1,623 @@
+"""LoopX initialisation: the ``/loopx-init`` repair command and the start-up check.
+
+One bounded sequence, shared by both entry points:
+
+1. ``probe_cli``: find a usable CLI. ``loopx`` on the children's ``PATH`` first, then an
+   earlier managed install (``<agents-home>/runtime/dsh-loopx-plugin/bin/loopx``). Usable
+   means ``--version`` prints ``loopx X.Y.Z`` with X.Y.Z >= 0.5.4 *and* the read-only
+   ``workflow-skills --skills-dir D --host-surface deepseek-harness-native`` inspection
+   answers the install schema. A usable CLI is kept as it is, never upgraded. A probe
+   that times out fails here: a slow CLI is no evidence of a broken one, so it does not
+   trigger an install.
+2. ``install_cli`` (only when the CLI is missing or incompatible): one fixed-argv private
+   install ``<python> -m pip install --upgrade --target <site-packages> loopx>=0.5.4``
+   and a managed launcher beside it. The interpreter is ``PYTHON_BIN`` when set, else the
+   first of ``python3``, ``python3.11`` ... ``python3.14`` on ``PATH`` that reports
+   Python >= 3.11. Never ``--break-system-packages``; never retried.
+3. ``resolve_cli``: probe the managed launcher again; fail if it is still unusable.
+4. ``install_skills``: ``workflow-skills --install --skills-dir <agents-home>/skills
+   --host-surface deepseek-harness-native`` (with ``--cli-bin <launcher>`` for a managed
+   install, so generated skill commands run the same CLI). Every packaged-skill status must
+   be ``created|updated|unchanged`` and the entry's ``created|updated|unchanged|
+   upgraded_legacy_managed``; anything missing or unknown fails closed. Never retried.
+5. ``readback``: the read-only inspection must report the managed install ready with
+   nothing left to install.
+
+At most one package install and one skill install run per execution. Cancellation is
+never swallowed: every child runs in the caller's cancel scope and is killed (its whole
+process group) and waited for.
+
+Everything an :class:`InitOutcome` says is built from fixed phrases, stage and kind tokens
+and a parsed version number: no subprocess output and no local paths reach a summary, a
+followup or a log line.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+import structlog
+
+from runtime._messages import Message, ProducerSource, TextBlock
+from runtime.loopx._client import (
+    LoopxClient,
+    LoopxFailure,
+    LoopxVersion,
+    MalformedOutput,
+    SkillsResult,
+    TransportFailure,
+    run_child,
+)
+
+from .._commands import Command, CommandContext, CommandResult
+
+__all__ = [
+    "INIT_COMMAND_NAME",
+    "INIT_SOURCE_KIND",
+    "INIT_USAGE",
+    "MIN_LOOPX_VERSION",
+    "LOOPX_REQUIREMENT",
+    "InitOutcome",
+    "InitSettings",
+    "initialize",
+    "loopx_init_command",
+    "startup_initialize",
+]
+
+log = structlog.get_logger(__name__)
+
+#: The producer-owned source of both init followups (never the driver's
+#: ``loopx-continuation``, never a human kind): ordinary competing input, no reservation.
+INIT_SOURCE_KIND = "dsh-loopx-plugin/init-command"
+INIT_COMMAND_NAME = "loopx-init"
+INIT_USAGE = "usage: /loopx-init (takes no arguments)"
+#: The first release whose workflow skills survive a ``pip --target`` install.
+MIN_LOOPX_VERSION = (0, 5, 4)
+LOOPX_REQUIREMENT = "loopx>=0.5.4"
+PYTHON_CANDIDATES = ("python3", "python3.11", "python3.12", "python3.13", "python3.14")
+MIN_PYTHON = (3, 11)
+
+PACKAGED_STATUSES = frozenset({"created", "updated", "unchanged"})
+ENTRY_STATUSES = frozenset({"created", "updated", "unchanged", "upgraded_legacy_managed"})
+_CHANGED_PACKAGED = frozenset({"created", "updated"})
+_CHANGED_ENTRY = frozenset({"created", "updated", "upgraded_legacy_managed"})
+
+Stage = Literal["probe_cli", "install_cli", "resolve_cli", "install_skills", "readback"]
+
+# How many interpreters the automatic Python selection may start, in all.
+_MAX_PYTHON_PROBES = 8
+_PYTHON_VERSION = re.compile(r"^(\d+)\.(\d+)$")
+_PLUGIN_DIR = ("runtime", "dsh-loopx-plugin")
+
+
+# -- Settings and outcome ---------------------------------------------------------------------
+
+
+def _positive(_: Any, attribute: attrs.Attribute[Any], value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{attribute.name} must be a positive number of seconds")
+
+
+def _frozen_env(value: Mapping[str, str]) -> Mapping[str, str]:
+    return dict(value)
+
+
+@attrs.frozen
+class InitSettings:
+    """Where and how to initialise LoopX.
+
+    ``agents_home``: skills go to ``<agents_home>/skills``, the managed install to
+    ``<agents_home>/runtime/dsh-loopx-plugin/site-packages`` with its launcher at
+    ``.../dsh-loopx-plugin/bin/loopx``. ``env`` is every child's whole environment
+    (``PATH`` decides which ``loopx`` and which Python are found). ``python_bin`` is
+    ``PYTHON_BIN``. ``project`` is the cwd of every call. ``timeout`` bounds each CLI call,
+    ``pip_timeout`` the package install.
+    """
+
+    agents_home: Path = attrs.field(converter=Path)
+    env: Mapping[str, str] = attrs.field(converter=_frozen_env, hash=False)
+    project: Path = attrs.field(converter=Path)
+    python_bin: str | None = None
+    timeout: float = attrs.field(default=60.0, validator=_positive)
+    pip_timeout: float = attrs.field(default=600.0, validator=_positive)
+
+    @classmethod
+    def from_env(
+        cls, env: Mapping[str, str], project: Path, *, timeout: float = 60.0, pip_timeout: float = 600.0
+    ) -> InitSettings:
+        """``agents_home`` from ``$DSH_AGENTS_HOME``, else ``$HOME/.agents`` (``HOME`` read
+        from ``env``); ``python_bin`` from ``$PYTHON_BIN``."""
+        raw = env.get("DSH_AGENTS_HOME") or ""
+        if raw:
+            agents_home = Path(raw).expanduser()
+        else:
+            home = env.get("HOME") or str(Path.home())
+            agents_home = Path(home) / ".agents"
+        return cls(
+            agents_home=agents_home,
+            env=env,
+            project=project,
+            python_bin=env.get("PYTHON_BIN") or None,
+            timeout=timeout,
+            pip_timeout=pip_timeout,
+        )
+
+    @property
+    def skills_dir(self) -> Path:
+        return self.agents_home / "skills"
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.agents_home.joinpath(*_PLUGIN_DIR)
+
+    @property
+    def site_packages(self) -> Path:
+        return self.plugin_dir / "site-packages"
+
+    @property
+    def launcher(self) -> Path:
+        return self.plugin_dir / "bin" / "loopx"
+
+
+@attrs.frozen
+class InitOutcome:
+    """The typed facts of one initialisation.
+
+    ``stage`` and ``kind`` say where and why it failed (both ``None`` on success).
+    ``command`` is the argv prefix to run LoopX with from now on (the healthy ``loopx``
+    that was found, or ``(python, launcher)`` of the managed install), ``None`` when no
+    usable CLI was established. ``summary`` is short and safe to show anywhere.
+    """
+
+    ok: bool
+    stage: str | None
+    kind: str | None
+    skills_changed: bool
+    installed_cli: bool
+    command: tuple[str, ...] | None
+    summary: str
+    version: str | None = None
+
+    def data(self) -> dict[str, Any]:
+        """The command result's ``data``."""
+        return {
+            "stage": self.stage,
+            "kind": self.kind,
+            "skillsChanged": self.skills_changed,
+            "installedCli": self.installed_cli,
+        }
+
+
+# -- Safe phrases -------------------------------------------------------------------------------
+
+_STAGE_PHRASES = {
+    "probe_cli": "checking the LoopX CLI",
+    "install_cli": "installing a private LoopX CLI",
+    "resolve_cli": "starting the newly installed LoopX CLI",
+    "install_skills": "installing the DSH workflow skills",
+    "readback": "reading back the installed workflow skills",
+}
+_KIND_HINTS = {
+    "missing": "no LoopX CLI could be found",
+    "incompatible": "the LoopX CLI is older than 0.5.4 or cannot install DSH-native workflow skills",
+    "timeout": "a LoopX step did not finish in time",
+    "transport": "the LoopX command ended without an answer",
+    "malformed": "LoopX gave an answer that cannot be trusted",
+    "refused": "LoopX refused the request",
+    "user_skill_file": "a user-owned loopx skill file is in the way and was left untouched",
+    "missing_status": "LoopX did not report a status for every skill",
+    "unknown_status": "LoopX reported a skill status that is not recognised",
+    "not_ready": "the workflow skills did not read back as ready",
+    "no_python": "no Python 3.11 or newer was found; set PYTHON_BIN",
+    "python_unavailable": "the selected Python could not be started",
+    "pip_failed": "pip could not install loopx>=0.5.4; check Python, pip and network access",
+    "launcher_failed": "the managed LoopX launcher could not be written",
+    "no_project": "the project directory does not exist",
+    "unexpected": "an unexpected error occurred",
+}
+
+
+def _failure_summary(stage: str, kind: str) -> str:
+    phrase = _STAGE_PHRASES.get(stage, "initialising LoopX")
+    hint = _KIND_HINTS.get(kind, "the step failed")
+    return f"LoopX initialization failed while {phrase} ({kind}): {hint}. Run /loopx-init to try again."
+
+
+def _success_summary(version: str, installed_reason: str | None, skills_changed: bool) -> str:
+    cli = f"LoopX CLI {version} is ready"
+    if installed_reason is not None:
+        cli += f" (a private copy was installed because the CLI was {installed_reason})"
+    skills = "were installed or updated" if skills_changed else "are up to date"
+    return f"{cli}; the DSH workflow skills {skills}."
+
+
+# -- Processes ----------------------------------------------------------------------------------
+
+
+async def _run(
+    argv: list[str], settings: InitSettings, timeout: float, cwd: Path
+) -> tuple[int, bytes] | Literal["timeout", "spawn"]:
+    return await run_child(argv, cwd=cwd, env=_child_env(settings), timeout=timeout)
+
+
+def _child_env(settings: InitSettings) -> dict[str, str]:
+    return {**settings.env, "LOOPX_USAGE_PING": "0", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+
+
+def _which(name: str, settings: InitSettings) -> str | None:
+    return shutil.which(name, path=settings.env.get("PATH", os.defpath))
+
+
+def _candidates_on_path(name: str, settings: InitSettings) -> list[str]:
+    """Every executable called ``name`` on the children's PATH, in PATH order."""
+    found = []
+    for folder in settings.env.get("PATH", os.defpath).split(os.pathsep):
+        if not folder:
+            continue
+        candidate = os.path.join(folder, name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            found.append(candidate)
+    return found
+
+
+async def _python_is_compatible(python: str, settings: InitSettings) -> bool:
+    outcome = await _run(
+        [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+        settings,
+        settings.timeout,
+        settings.project,
+    )
+    if isinstance(outcome, str) or outcome[0] != 0:
+        return False
+    lines = outcome[1].decode("utf-8", "replace").strip().splitlines()
+    match = _PYTHON_VERSION.fullmatch(lines[-1].strip()) if lines else None
+    return match is not None and (int(match[1]), int(match[2])) >= MIN_PYTHON
+
+
+async def _select_python(settings: InitSettings) -> str | None:
+    """``PYTHON_BIN`` when set (it wins, unprobed), else the first python3 / python3.11-3.14
+    on PATH that reports Python >= 3.11."""
+    if settings.python_bin:
+        if os.sep in settings.python_bin:
+            return settings.python_bin
+        return _which(settings.python_bin, settings)
+    probes = 0
+    seen: set[str] = set()
+    for name in PYTHON_CANDIDATES:
+        for candidate in _candidates_on_path(name, settings):
+            key = os.path.realpath(candidate)
+            if key in seen:
+                continue
+            seen.add(key)
+            if probes >= _MAX_PYTHON_PROBES:
+                return None
+            probes += 1
+            if await _python_is_compatible(candidate, settings):
+                return candidate
+    return None
+
+
+# -- The CLI probe ------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class _Cli:
+    command: tuple[str, ...]
+    version: LoopxVersion
+    cli_bin: str | None  # passed as --cli-bin to workflow-skills (None: LoopX's "loopx")
+
+
+@attrs.frozen
+class _Unusable:
+    kind: str  # missing | incompatible | timeout
+
+
+def _client(command: tuple[str, ...], settings: InitSettings) -> LoopxClient:
+    return LoopxClient(command, project=settings.project, env=_child_env(settings), timeout=settings.timeout)
+
+
+def _transport_kind(result: TransportFailure) -> str:
+    return "timeout" if result.kind == "timeout" else "transport"
+
+
+async def _probe(command: tuple[str, ...], cli_bin: str | None, settings: InitSettings) -> _Cli | _Unusable:
+    client = _client(command, settings)
+    version = await client.version(retry=False)
+    if isinstance(version, TransportFailure):
+        if version.kind == "timeout":
+            return _Unusable("timeout")
+        return _Unusable("missing" if version.kind == "spawn" else "incompatible")
+    if isinstance(version, MalformedOutput) or version.parts < MIN_LOOPX_VERSION:
+        return _Unusable("incompatible")
+    inspection = await client.workflow_skills(settings.skills_dir, install=False, cli_bin=cli_bin)
+    if isinstance(inspection, TransportFailure) and inspection.kind == "timeout":
+        return _Unusable("timeout")
+    if not isinstance(inspection, SkillsResult):
+        return _Unusable("incompatible")
+    host = inspection.payload.get("host_surface")
+    if inspection.operation != "inspect" or inspection.install_required is None or host not in (None, "deepseek-harness-native"):
+        return _Unusable("incompatible")
+    return _Cli(command, version, cli_bin)
+
+
+def _launcher_cli_bin(settings: InitSettings) -> str | None:
+    # Generated skill commands run the launcher through the shell; LoopX takes one word.
+    text = str(settings.launcher)
+    if any(ch.isspace() or ord(ch) < 32 for ch in text):
+        return None
+    return text
+
+
+def _launcher_text(python: str, site_packages: Path) -> str:
+    shebang = f"#!{python}\n" if not any(ch.isspace() for ch in python) else "#!/usr/bin/env python3\n"
+    return (
+        shebang
+        + "# Managed by loopdock's /loopx-init: runs the private LoopX install beside this directory.\n"
+        + "import runpy\n"
+        + "import sys\n\n"
+        + f"sys.path.insert(0, {str(site_packages)!r})\n"
+        + 'runpy.run_module("loopx.cli", run_name="__main__")\n'
+    )
+
+
+def _write_launcher(python: str, settings: InitSettings) -> None:
+    launcher = settings.launcher
+    launcher.parent.mkdir(parents=True, exist_ok=True)
+    partial = launcher.with_name(f".{launcher.name}.{os.getpid()}.tmp")
+    partial.write_text(_launcher_text(python, settings.site_packages), encoding="utf-8")
+    os.chmod(partial, 0o755)
+    os.replace(partial, launcher)
+
+
+# -- The sequence -------------------------------------------------------------------------------
+
+
+@attrs.define
+class _Progress:
+    stage: Stage = "probe_cli"
+    installed_cli: bool = False
+    command: tuple[str, ...] | None = None
+
+
+def _fail(progress: _Progress, kind: str, stage: Stage | None = None) -> InitOutcome:
+    stage = stage or progress.stage
+    return InitOutcome(
+        ok=False,
+        stage=stage,
+        kind=kind,
+        skills_changed=False,
+        installed_cli=progress.installed_cli,
+        command=progress.command,
+        summary=_failure_summary(stage, kind),
+    )
+
+
+def _skills_failure_kind(result: TransportFailure | MalformedOutput | LoopxFailure) -> str:
+    if isinstance(result, TransportFailure):
+        return _transport_kind(result)
+    if isinstance(result, MalformedOutput):
+        return "malformed"
+    entry = result.payload.get("entry")
+    if isinstance(entry, Mapping) and entry.get("status") == "skipped_user_file":
+        return "user_skill_file"
+    return "refused"
+
+
+def _install_statuses(result: SkillsResult) -> str | bool:
+    """skillsChanged when every status is known; else the failure kind."""
+    if result.operation != "install" or not result.installed or result.entry_status is None:
+        return "missing_status"
+    if not set(result.installed.values()) <= PACKAGED_STATUSES or result.entry_status not in ENTRY_STATUSES:
+        return "unknown_status"
+    return bool(set(result.installed.values()) & _CHANGED_PACKAGED) or result.entry_status in _CHANGED_ENTRY
+
+
+async def _initialize(settings: InitSettings, progress: _Progress) -> InitOutcome:
+    progress.stage = "probe_cli"
+    if not settings.project.is_dir():
+        return _fail(progress, "no_project")
+
+    cli: _Cli | None = None
+    reason = "missing"
+    found = _which("loopx", settings)
+    if found is not None:
+        probe = await _probe((found,), None, settings)
+        if isinstance(probe, _Unusable) and probe.kind == "timeout":
+            return _fail(progress, "timeout")
+        if isinstance(probe, _Cli):
+            cli = probe
+        else:
+            reason = probe.kind
+
+    python: str | None = None
+    if cli is None and settings.launcher.is_file():
+        # An earlier managed install is kept when it still works: no second install.
+        python = await _select_python(settings)
+        if python is not None:
+            probe = await _probe((python, str(settings.launcher)), _launcher_cli_bin(settings), settings)
+            if isinstance(probe, _Unusable) and probe.kind == "timeout":
+                return _fail(progress, "timeout")
+            if isinstance(probe, _Cli):
+                cli = probe
+
+    installed_reason: str | None = None
+    if cli is None:
+        progress.stage = "install_cli"
+        installed_reason = reason
+        if python is None:
+            python = await _select_python(settings)
+        if python is None:
+            return _fail(progress, "no_python")
+        try:
+            settings.site_packages.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return _fail(progress, "launcher_failed")
+        argv = [python, "-m", "pip", "install", "--upgrade", "--target", str(settings.site_packages), LOOPX_REQUIREMENT]
+        log.info("loopx init installing the cli", reason=reason)
+        outcome = await _run(argv, settings, settings.pip_timeout, settings.plugin_dir)
+        if outcome == "spawn":
+            return _fail(progress, "python_unavailable")
+        if outcome == "timeout":
+            return _fail(progress, "timeout")
+        if outcome[0] != 0:
+            log.warning("loopx init pip install failed", returncode=outcome[0])
+            return _fail(progress, "pip_failed")
+        try:
+            _write_launcher(python, settings)
+        except OSError:
+            return _fail(progress, "launcher_failed")
+        progress.installed_cli = True
+
+        progress.stage = "resolve_cli"
+        probe = await _probe((python, str(settings.launcher)), _launcher_cli_bin(settings), settings)
+        if isinstance(probe, _Unusable):
+            return _fail(progress, probe.kind)
+        cli = probe
+
+    progress.command = cli.command
+    client = _client(cli.command, settings)
+
+    progress.stage = "install_skills"
+    installed = await client.workflow_skills(settings.skills_dir, install=True, cli_bin=cli.cli_bin)
+    if not isinstance(installed, SkillsResult):
+        return _fail(progress, _skills_failure_kind(installed))
+    changed = _install_statuses(installed)
+    if isinstance(changed, str):
+        return _fail(progress, changed)
+
+    progress.stage = "readback"
+    readback = await client.workflow_skills(settings.skills_dir, install=False, cli_bin=cli.cli_bin)
+    if not isinstance(readback, SkillsResult):
+        return _fail(progress, _skills_failure_kind(readback))
+    if readback.operation != "inspect" or readback.ready is not True or readback.install_required is not False:
+        return _fail(progress, "not_ready")
+
+    return InitOutcome(
+        ok=True,
+        stage=None,
+        kind=None,
+        skills_changed=changed,
+        installed_cli=progress.installed_cli,
+        command=cli.command,
+        summary=_success_summary(cli.version.version, installed_reason, changed),
+        version=cli.version.version,
+    )
+
+
+async def initialize(settings: InitSettings) -> InitOutcome:
+    """Run the bounded sequence once and return its typed outcome. Raises only on
+    cancellation (or on a bug: see :func:`startup_initialize` for the guarded form)."""
+    outcome = await _initialize(settings, _Progress())
+    _log_outcome("loopx init finished", outcome)
+    return outcome
+
+
+async def _guarded(settings: InitSettings) -> InitOutcome:
+    progress = _Progress()
+    try:
+        outcome = await _initialize(settings, progress)
+    except Exception as exc:  # trio.Cancelled is a BaseException: it goes through
+        log.warning("loopx init failed unexpectedly", stage=progress.stage, error=type(exc).__name__)
+        outcome = _fail(progress, "unexpected")
+    return outcome
+
+
+async def startup_initialize(settings: InitSettings) -> InitOutcome:
+    """The same sequence at start-up: no followups, no model calls, never raises except
+    on cancellation; any failure becomes a safe outcome with a stage and a kind."""
+    outcome = await _guarded(settings)
+    _log_outcome("loopx startup init finished", outcome)
+    return outcome
+
+
+def _log_outcome(event: str, outcome: InitOutcome) -> None:
+    method = log.info if outcome.ok else log.warning
+    method(
+        event,
+        ok=outcome.ok,
+        stage=outcome.stage,
+        kind=outcome.kind,
+        skills_changed=outcome.skills_changed,
+        installed_cli=outcome.installed_cli,
+    )
+
+
+# -- The /loopx-init command --------------------------------------------------------------------
+
+_NO_TOOLS = (
+    "Do not call tools, run commands, reinstall anything or expand on diagnostics; "
+    "reply to the user in one or two short sentences."
+)
+START_TEXT = (
+    "Welcome to LoopX. The LoopX CLI and the DSH workflow skills are being checked now, "
+    "and installed if they are missing or out of date; a second message will report the result. "
+    + _NO_TOOLS
+)
+
+
+def _result_text(outcome: InitOutcome) -> str:
+    if outcome.ok:
+        return (
+            f"LoopX initialization finished: {outcome.summary} "
+            "The user can now start work with /loopx followed by a task. " + _NO_TOOLS
+        )
+    return (
+        f"LoopX initialization did not finish: {outcome.summary} "
+        "The user can run /loopx-init again after fixing the cause. " + _NO_TOOLS
+    )
+
+
+def _init_message(text: str, fields: Mapping[str, object]) -> Message:
+    return Message("user", (TextBlock(text),), ProducerSource(INIT_SOURCE_KIND, fields))
+
+
+def _queue_followup(ctx: CommandContext, message: Message, phase: str) -> None:
+    # Queued once: a failure is logged and never retried, and never changes the result.
+    try:
+        ctx.agent.followup(message)
+    except Exception as exc:
+        log.warning("loopx init followup not queued", phase=phase, agent_id=ctx.agent.id, error=type(exc).__name__)
+
+
+def loopx_init_command(
+    settings_for: Callable[[CommandContext], InitSettings],
+    *,
+    on_success: Callable[[InitOutcome], None] | None = None,
+) -> Command:
+    """``/loopx-init``: usage error for any argument (before any followup or probe); else a
+    start followup, the sequence, and -- unless cancelled -- one result followup built from
+    the typed outcome. The returned :class:`CommandResult` is authoritative. ``on_success``
+    receives a successful outcome (to adopt ``outcome.command``) before the result
+    followup is queued."""
+
+    async def run(ctx: CommandContext, args: str) -> CommandResult:
+        if not isinstance(args, str) or args.strip():
+            return CommandResult(
+                False,
+                INIT_USAGE,
+                {"stage": None, "kind": "usage", "skillsChanged": False, "installedCli": False},
+            )
+        settings = settings_for(ctx)
+        _queue_followup(ctx, _init_message(START_TEXT, {"phase": "start"}), "start")
+        outcome = await _guarded(settings)
+        _log_outcome("loopx init command finished", outcome)
+        if outcome.ok and on_success is not None:
+            try:
+                on_success(outcome)
+            except Exception as exc:
+                log.warning("loopx init on_success failed", error=type(exc).__name__)
+        _queue_followup(ctx, _init_message(_result_text(outcome), {"phase": "result", "ok": outcome.ok}), "result")
+        return CommandResult(outcome.ok, outcome.summary, outcome.data())
+
+    return Command(
+        INIT_COMMAND_NAME,
+        "Check or install the LoopX CLI and the DSH workflow skills (takes no arguments)",
+        run,
+    )

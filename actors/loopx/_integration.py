@@ -1,0 +1,92 @@
+"""The LoopX integration switch: ``Runtime.open(loopx=LoopxSettings(...))``.
+
+When enabled, every agent gets a LoopX continuation as a companion actor (passive
+until its own session invokes the ``loopx`` skill), ``/loopx-init`` is registered as a
+repair command, and the runtime initialises the CLI and the workflow skills once at
+start-up, before it reports ready, without any model call.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import attrs
+import structlog
+import trio
+
+from runtime.loopx import LoopxClient
+
+from .._commands import CommandContext, CommandRegistry
+from .._supervisor import Supervisor
+from ._continuation import ContinuedAgent, LoopxContinuation
+from ._init import InitOutcome, InitSettings, loopx_init_command, startup_initialize
+
+log = structlog.get_logger(__name__)
+
+
+@attrs.frozen
+class LoopxSettings:
+    """``env``: the environment of every loopx call (PATH must reach Node >= 22.22.3);
+    ``None`` means this process's. ``command``: the argv prefix that starts the CLI
+    (default ``loopx`` on that PATH, or the managed launcher that start-up installed).
+    ``timeout``: seconds per CLI attempt. ``initialize``: run the start-up initialisation."""
+
+    env: Mapping[str, str] | None = None
+    command: tuple[str, ...] = ("loopx",)
+    timeout: float = 60.0
+    initialize: bool = True
+
+
+class LoopxIntegration:
+    """Owns the continuations of one runtime (``rt.loopx``)."""
+
+    def __init__(self, settings: LoopxSettings) -> None:
+        self.settings = settings
+        self.env: Mapping[str, str] = dict(os.environ if settings.env is None else settings.env)
+        self.command: tuple[str, ...] = settings.command
+        self.startup: InitOutcome | None = None
+        self.continuations: dict[str, LoopxContinuation] = {}  # agent id -> its live one
+
+    def client_for(self, project: Path) -> LoopxClient:
+        return LoopxClient(self.command, project=project, env=self.env, timeout=self.settings.timeout)
+
+    def init_settings(self, project: Path) -> InitSettings:
+        return InitSettings.from_env(self.env, project, timeout=self.settings.timeout)
+
+    def adopt(self, outcome: InitOutcome) -> None:
+        """Use the CLI an initialisation found or installed for every later call."""
+        if outcome.ok and outcome.command:
+            self.command = tuple(outcome.command)
+
+    async def start(self, supervisor: Supervisor, commands: CommandRegistry, project: Path) -> None:
+        """Attach the continuations, register ``/loopx-init``, and (if asked) initialise once,
+        before the runtime reports ready. A failure is kept as a safe stage/kind in
+        ``startup``; the runtime stays up and ``/loopx-init`` stays available to repair."""
+
+        def settings_for(ctx: CommandContext) -> InitSettings:
+            return self.init_settings(ctx.agent.cwd)
+
+        commands.register(loopx_init_command(settings_for, on_success=self.adopt))
+        supervisor.agent_started.append(self.start_continuation)
+        if self.settings.initialize:
+            self.startup = await startup_initialize(self.init_settings(project))
+            self.adopt(self.startup)
+            log.info("loopx start-up initialisation", ok=self.startup.ok, stage=self.startup.stage, kind=self.startup.kind)
+
+    async def start_continuation(self, agent: ContinuedAgent) -> None:
+        """Attach a continuation to ``agent`` as its companion: every runtime agent gets
+        one at start; a bridge proxy of a DSH agent (``bridge.DshAgent``, the same
+        interface) gets one the same way."""
+        continuation = LoopxContinuation(agent, self.client_for(agent.cwd))
+        self.continuations[agent.id] = continuation
+
+        async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            try:
+                await continuation.run(task_status=task_status)
+            finally:
+                if self.continuations.get(agent.id) is continuation:
+                    del self.continuations[agent.id]
+
+        await agent.start_companion(run)

@@ -1,0 +1,292 @@
+"""Runtime: the embedded entry point.
+
+    async with Runtime.open(home="./.loopdock") as rt:
+        handle = await rt.create_agent(session_id="a1")
+        handle.agent.followup("hello")
+        await handle.agent.wait_idle()
+        await handle.dispose()
+
+Closing the ``async with`` disposes every agent (their turns end ``aborted``), makes
+every session durable and closes the database.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import structlog
+import trio
+
+from actors import (
+    AgentActor,
+    AgentHandle,
+    CommandRegistry,
+    CommandResult,
+    CreateAgentOptions,
+    Driver,
+    LiveEvent,
+    ReactDriver,
+    ResumeAgentOptions,
+    Setup,
+    StoreWriter,
+    Subscription,
+    Supervisor,
+    UnknownAgentError,
+    run_command,
+)
+from actors.dock import (
+    BUILTIN_LOOPS,
+    AgentPresets,
+    DockConfig,
+    LoopDock,
+    load_config,
+    load_loop_packages,
+    parse_config,
+)
+from actors.loopx import LoopxIntegration, LoopxSettings
+from runtime._events import SessionHeader
+from runtime._gc import GC_THRESHOLD
+from runtime._gc import gc_threshold as _gc_threshold
+from runtime._home import resolve_home
+from runtime._options import AgentOptions
+from runtime._store import SessionStore
+from runtime.models import AdapterRegistry, ModelAdapter, default_adapters
+from runtime.skills import SkillCatalog, expand_skill_invocations, skill_tool
+from runtime.tools import ShellPolicy, Tool, ToolRegistry, builtin_tools, shell_tool
+
+log = structlog.get_logger(__name__)
+
+
+def _dock_config(value: DockConfig | Mapping[str, Any] | str | os.PathLike[str] | None) -> DockConfig:
+    if isinstance(value, DockConfig):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        return load_config(value)
+    return parse_config(value)
+
+
+class Runtime:
+    def __init__(
+        self,
+        home: Path,
+        supervisor: Supervisor,
+        dock: LoopDock,
+        *,
+        skills: SkillCatalog | None = None,
+        commands: CommandRegistry | None = None,
+    ) -> None:
+        self.home = home
+        self._supervisor = supervisor
+        self.dock = dock
+        self.skills = skills if skills is not None else SkillCatalog(None)
+        self.commands = commands if commands is not None else CommandRegistry()
+        self.loopx: LoopxIntegration | None = None  # set when opened with ``loopx=``
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls,
+        home: str | os.PathLike[str] | None = None,
+        *,
+        config: DockConfig | Mapping[str, Any] | str | os.PathLike[str] | None = None,
+        shell: ShellPolicy | None = None,
+        env: Mapping[str, str] | None = None,
+        skills: SkillCatalog | None = None,
+        loopx: LoopxSettings | None = None,
+        gc_threshold: tuple[int, int, int] | None = GC_THRESHOLD,
+    ) -> AsyncIterator[Runtime]:
+        """Open the runtime on ``home`` (``$LOOPDOCK_HOME``, default ``./.loopdock``).
+
+        ``config`` is the loop dock's config: a DockConfig, a mapping, or a YAML file path.
+        ``shell`` enables the shell tool under that policy (it is off by default).
+        Model adapters: ``ping`` always, ``deepseek`` when ``DEEPSEEK_API_KEY`` is set.
+        The ``default`` driver is the ``react`` driver; the loops ``standard`` and
+        ``minimal-first`` are built in; loop packages are loaded, then configured agents start.
+        ``skills`` is the skill catalog (``rt.skills``); by default the DSH roots seen from
+        the process's cwd and ``env`` (``DSH_HOME``, ``DSH_AGENTS_HOME``, ``HOME``). Its
+        ``skill`` tool is registered and ``/name`` in a person's message injects the skill.
+        Slash commands go in ``rt.commands`` and run with ``rt.execute_command``.
+        ``loopx`` enables the LoopX integration (off by default in embedded use): every
+        agent gets a continuation driver (``rt.loopx``), passive until its session invokes
+        the ``loopx`` skill.
+        ``gc_threshold``: while the runtime is open, CPython's cyclic collector runs with
+        this threshold (default ``(10_000, 10, 10)``: a many-agent runtime's growing
+        history otherwise sets off a full collection every ~70,000 allocations) if the
+        process still has CPython's default; ``None`` leaves the collector alone.
+        """
+        dock_config = _dock_config(config)
+        environ = env if env is not None else os.environ
+        catalog = skills if skills is not None else SkillCatalog.from_env(Path.cwd(), environ)
+        path = resolve_home(home)
+        with _gc_threshold(gc_threshold):
+            async with cls._open(path, dock_config, environ, catalog, shell, loopx) as rt:
+                yield rt
+
+    @classmethod
+    @asynccontextmanager
+    async def _open(
+        cls,
+        path: Path,
+        dock_config: DockConfig,
+        environ: Mapping[str, str],
+        catalog: SkillCatalog,
+        shell: ShellPolicy | None,
+        loopx: LoopxSettings | None,
+    ) -> AsyncIterator[Runtime]:
+        store = await trio.to_thread.run_sync(SessionStore.open, path / "sessions.db")
+        try:
+            tools = ToolRegistry()
+            for tool in builtin_tools():
+                tools.register(tool)
+            if shell is not None:
+                tools.register(shell_tool(shell))
+            tools.register(skill_tool(catalog))
+            body_error: BaseException | None = None
+            async with trio.open_nursery() as nursery:
+                writer = StoreWriter(store)
+                await nursery.start(writer.run)
+                # The skill tool's listing then re-reads the disk only after a change.
+                nursery.start_soon(catalog.watch, name="skill catalog watcher")
+                supervisor = Supervisor(
+                    nursery, store, writer, default_adapters(environ), tools
+                )
+                supervisor.expanders.append(functools.partial(expand_skill_invocations, catalog=catalog))
+                supervisor.provide("agentPresets", AgentPresets())
+                dock = LoopDock(supervisor, dock_config)
+                rt = cls(path, supervisor, dock, skills=catalog)
+                dock.register_driver(ReactDriver())
+                for loop in BUILTIN_LOOPS:
+                    dock.register(loop)
+                dock.warnings.extend(load_loop_packages(dock.register, dock_config.loop_packages).warnings)
+                if loopx is not None:
+                    rt.loopx = LoopxIntegration(loopx)
+                    await rt.loopx.start(supervisor, rt.commands, Path.cwd())
+                dock.start_configured_agents()
+                try:
+                    yield rt
+                except BaseException as exc:
+                    # Re-raised below, outside the nursery, so that the caller sees its
+                    # own exception rather than an ExceptionGroup around it.
+                    body_error = exc
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await supervisor.aclose()
+                    nursery.cancel_scope.cancel()
+            if body_error is not None:
+                raise body_error
+        finally:
+            await trio.to_thread.run_sync(store.close)
+
+    # -- registries ----------------------------------------------------------------------
+
+    @property
+    def adapters(self) -> AdapterRegistry:
+        return self._supervisor.adapters
+
+    @property
+    def tools(self) -> ToolRegistry:
+        return self._supervisor.tools
+
+    @property
+    def supervisor(self) -> Supervisor:
+        """The actor tree's owner (what drivers receive as ``owner``)."""
+        return self._supervisor
+
+    def register_adapter(self, name: str, adapter: ModelAdapter) -> Callable[[], None]:
+        return self.adapters.register(name, adapter)
+
+    def register_tool(self, tool: Tool) -> Callable[[], None]:
+        return self.tools.register(tool)
+
+    def provide(self, name: str, service: Any) -> Callable[[], None]:
+        """Offer a service to setups (``agent_ctx.get(name)``)."""
+        return self._supervisor.provide(name, service)
+
+    def register_driver(self, name_or_driver: str | Driver, driver: Driver | None = None) -> Callable[[], None]:
+        """``register_driver(driver)`` registers ``default``; ``register_driver(name, driver)``
+        a named one (see ``rt.dock``)."""
+        return self.dock.register_driver(name_or_driver, driver)
+
+    # -- agents ----------------------------------------------------------------------------
+
+    async def create_agent(
+        self,
+        *,
+        session_id: str,
+        agent_options: AgentOptions | Mapping[str, Any] | None = None,
+        setup: Setup | None = None,
+        loop: str | None = None,
+        driver: str | None = None,
+        agent_preset: str | None = None,
+        cwd: str | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> AgentHandle:
+        """Create and start a new agent (its id is ``session_id``) on the loop and driver
+        the dock selects (``loop``/``driver`` here or in ``agent_options`` win over routes).
+        Nothing is left behind if it fails: no session, no agent, no binding."""
+        options = CreateAgentOptions(
+            session_id=session_id,
+            agent_options=agent_options,
+            setup=setup,
+            cwd=cwd,
+            meta=meta,
+            agent_preset=agent_preset,
+            loop=loop,
+            driver=driver,
+        )
+        return await self.dock.create_agent(self._supervisor, options)
+
+    async def resume_agent(
+        self,
+        *,
+        resume_session_id: str,
+        agent_options: AgentOptions | Mapping[str, Any] | None = None,
+        setup: Setup | None = None,
+        loop: str | None = None,
+        driver: str | None = None,
+    ) -> AgentHandle:
+        """Bring a persisted session back as a live agent on its bound loop and driver
+        (asking for another one raises LOOP_SWITCH); an interrupted turn is closed as
+        ``turn/end {reason: interrupted}`` first."""
+        options = ResumeAgentOptions(
+            resume_session_id=resume_session_id, agent_options=agent_options, setup=setup, loop=loop, driver=driver
+        )
+        return await self.dock.resume(self._supervisor, options)
+
+    async def fork_session(self, source_id: str, new_id: str, *, upto_seq: int | None = None) -> str:
+        """Copy the longest prefix of a session that ends at a turn boundary into a new one."""
+        return await self._supervisor.fork_session(source_id, new_id, upto_seq=upto_seq)
+
+    async def execute_command(self, agent_id: str, line: str) -> CommandResult:
+        """Run the slash command ``line`` (``"/name args"``) against a live agent.
+
+        Withdraws the agent's unadmitted reservations first (reason ``command``), logs
+        ``command/run`` and ``command/done`` on its session, and returns the command's
+        result; a command that raises gives ``ok=False`` and never stops the agent.
+        Raises UnknownCommandError (UNKNOWN_COMMAND) or UnknownAgentError (UNKNOWN_AGENT).
+        """
+        command, args = self.commands.parse(line)
+        agent = self._supervisor.agents.get(agent_id) if isinstance(agent_id, str) else None
+        if agent is None or agent.closed:
+            # Other agents' ids are not listed: a command line may come from a remote client.
+            raise UnknownAgentError(f"no live agent {str(agent_id)[:128]!r} in this runtime")
+        return await run_command(self._supervisor, agent, command, args)
+
+    def get_agent(self, agent_id: str) -> AgentActor | None:
+        return self._supervisor.agents.get(agent_id)
+
+    def list_agents(self) -> list[str]:
+        return sorted(self._supervisor.agents)
+
+    async def list_sessions(self) -> list[SessionHeader]:
+        """Every persisted session's header."""
+        return await trio.to_thread.run_sync(self._supervisor.store.list_headers)
+
+    def subscribe_live(self, max_buffer: int = 1024) -> Subscription[LiveEvent]:
+        """Live agent events (``agent/created``, ``agent/status``, ``agent/inbox/*``, ...)."""
+        return self._supervisor.live.subscribe(max_buffer)

@@ -1,0 +1,290 @@
+"""The LoopX continuation driver on the real CLI: passive until this exact session
+invokes the loopx skill, fail-closed activation, human priority at pre-step, forks.
+
+The driver's loopx command is a logging shim in front of the real CLI, so a test can
+count every call the driver made (zero before activation)."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from loopdock import LoopxSettings, Runtime
+from runtime.loopx import LoopxClient
+from runtime.models import Reply, ScriptedAdapter
+from runtime.skills import SkillCatalog
+
+LOOPX = ("--registry", ".loopx/registry.json", "--format", "json")
+
+
+@pytest.fixture
+def shim(tmp_path, loopx_command):
+    """An argv prefix that logs each call, then runs the real loopx."""
+    log = tmp_path / "loopx-calls.jsonl"
+    script = tmp_path / "loopx-logged"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import json, os, sys\n"
+        f"with open({str(log)!r}, 'a') as f:\n"
+        "    f.write(json.dumps(sys.argv[1:]) + '\\n')\n"
+        f"os.execv({loopx_command[0]!r}, [{loopx_command[0]!r}, *sys.argv[1:]])\n"
+    )
+    script.chmod(0o755)
+
+    def calls():
+        if not log.exists():
+            return []
+        return [json.loads(line) for line in log.read_text().splitlines()]
+
+    return (str(script),), calls
+
+
+def write_skill(project: Path, name: str) -> None:
+    folder = project / ".agents" / "skills" / name
+    folder.mkdir(parents=True)
+    (folder / "SKILL.md").write_text(f"---\nname: {name}\ndescription: test skill\n---\nUse {name}.\n")
+
+
+def open_runtime(tmp_path, env, project, command, **kwargs):
+    return Runtime.open(
+        tmp_path / "home",
+        env=env,
+        skills=SkillCatalog.from_env(project, env),
+        loopx=LoopxSettings(env=env, command=command, timeout=120, initialize=False),
+        **kwargs,
+    )
+
+
+async def say(rt, agent, text):
+    """Send ``text`` and wait until the agent is idle again and its driver has evaluated
+    that idle checkpoint (CLI calls included)."""
+    driver = rt.loopx.continuations[agent.id]
+    before = driver.checkpoints
+    agent.followup(text)
+    await agent.wait_idle()
+    await driver.wait_checkpoint(before)
+
+
+async def test_passive_until_activation_and_every_other_shape_fails_closed(
+    tmp_path, loopx_env, loopx_project, shim
+):
+    command, calls = shim
+    write_skill(loopx_project, "loopx-project")  # another skill: invoking it must not count
+    async with open_runtime(tmp_path, loopx_env, loopx_project, command) as rt:
+        handle = await rt.create_agent(session_id="quiet", agent_options={"cwd": str(loopx_project)})
+        agent, driver = handle.agent, rt.loopx.continuations["quiet"]
+        with trio.fail_after(60):
+            for text in [
+                "hello",  # ordinary input, many idle transitions
+                "/loopx please",  # no loopx skill installed: plain text, not an invocation
+                "/loopx-project look around",  # another skill's invocation
+                'call: skill {"name": "loopx"}',  # the model asks, but the call fails (no such skill)
+                'call: skill ["loopx"]',  # arguments are not an object
+                'call: skill {"name": "loopx-project"}',  # another skill, successfully
+                "the loopx skill, loopx, LOOPX_TURN=x",  # prose
+            ]:
+                await say(rt, agent, text)
+        assert driver.activation.active is False
+        assert calls() == []  # zero CLI calls
+        assert driver.timer is None and driver.pending is None  # zero timers, zero followups
+        kinds = {e.data.get("source", {}).get("kind") for e in agent.session.events if e.type == "user/message"}
+        assert kinds == {"user", "skill-invocation"}
+
+
+async def test_user_invocation_activates_only_this_session(tmp_path, loopx_env, loopx_project, shim):
+    command, calls = shim
+    write_skill(loopx_project, "loopx")
+    async with open_runtime(tmp_path, loopx_env, loopx_project, command) as rt:
+        mine = await rt.create_agent(session_id="mine", agent_options={"cwd": str(loopx_project)})
+        other = await rt.create_agent(session_id="other", agent_options={"cwd": str(loopx_project)})
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(say, rt, other.agent, "hello")
+                nursery.start_soon(say, rt, mine.agent, "/loopx write the artifact")
+        assert rt.loopx.continuations["mine"].activation.active is True
+        assert rt.loopx.continuations["other"].activation.active is False
+        # Active but unbound: one read-only resolve, then stop; no quota call, no followup.
+        assert [c[c.index("json") + 1] for c in calls()] == ["resolve-agent-thread"]
+        assert "--thread-id" in calls()[0] and calls()[0][calls()[0].index("--thread-id") + 1] == "mine"
+        assert rt.loopx.continuations["mine"].stopped == "binding missing"
+        assert rt.loopx.continuations["mine"].pending is None
+
+        # A fork of the activated session does not inherit the activation.
+        await mine.dispose()
+        await rt.fork_session("mine", "mine-fork")
+        fork = await rt.resume_agent(resume_session_id="mine-fork", agent_options={"cwd": str(loopx_project)})
+        with trio.fail_after(60):
+            await say(rt, fork.agent, "continue")
+        assert rt.loopx.continuations["mine-fork"].activation.active is False
+        assert len(calls()) == 1
+
+
+async def test_a_successful_model_skill_call_activates(tmp_path, loopx_env, loopx_project, shim):
+    command, calls = shim
+    write_skill(loopx_project, "loopx")
+    async with open_runtime(tmp_path, loopx_env, loopx_project, command) as rt:
+        handle = await rt.create_agent(session_id="model-path", agent_options={"cwd": str(loopx_project)})
+        with trio.fail_after(60):
+            await say(rt, handle.agent, 'call: skill {"name": "loopx"}')
+        assert rt.loopx.continuations["model-path"].activation.active is True
+        assert len(calls()) == 1
+
+
+async def bind(client: LoopxClient, session_id: str) -> None:
+    for args in [
+        ("bootstrap", "--project", ".", "--goal-id", "g1", "--objective", "Write it",
+         "--adapter-kind", "read_only_project_map_v0", "--adapter-status", "connected-read-only"),
+        ("register-agent", "--goal-id", "g1", "--agent-id", "a1", "--require-new", "--execute"),
+        ("bind-agent-thread", "--goal-id", "g1", "--thread-id", session_id,
+         "--host-surface", "deepseek-harness-native", "--agent-id", "a1", "--execute"),
+        ("todo", "add", "--goal-id", "g1", "--project", ".", "--role", "agent", "--claimed-by", "a1",
+         "--task-class", "advancement_task", "--text", "[P0] Write it"),
+    ]:
+        result = await client.run(*args)
+        assert getattr(result, "payload", {}).get("ok") is True, result
+
+
+async def test_human_input_wins_at_pre_step(tmp_path, loopx_env, loopx_project, loopx_command, shim):
+    command, calls = shim
+    write_skill(loopx_project, "loopx")
+    client = LoopxClient(loopx_command, project=loopx_project, env=loopx_env, timeout=120)
+    with trio.fail_after(120):
+        await bind(client, "busy")
+
+    human_answered = trio.Event()
+
+    def respond(request):
+        last = request.messages[-1]
+        if last.text == "I changed my mind":
+            human_answered.set()
+        return Reply("ok")
+
+    async def a_person_types_meanwhile(pre, next_):
+        if any(m.source is not None and m.source.kind == "loopx-continuation" for m in pre.messages):
+            agent.followup("I changed my mind")  # arrives while the continuation is at pre-step
+        return await next_(pre)
+
+    async with open_runtime(tmp_path, loopx_env, loopx_project, command) as rt:
+        rt.register_adapter("scripted", ScriptedAdapter(respond))
+        handle = await rt.create_agent(
+            session_id="busy",
+            agent_options={"provider": "scripted", "model": "m", "cwd": str(loopx_project)},
+            setup=lambda ctx: ctx.on("agent/pre-step", a_person_types_meanwhile) and None,
+        )
+        agent, driver = handle.agent, rt.loopx.continuations["busy"]
+        with trio.fail_after(120):
+            agent.followup("/loopx write it")
+            await human_answered.wait()
+            await agent.wait_idle()
+        ends = [e.data["reason"] for e in agent.session.events if e.type == "turn/end"]
+        await handle.dispose()
+
+    assert ends[0] == {"kind": "completed"}
+    assert ends[1] == {"kind": "blocked", "reason": "loopx continuation: human input is waiting"}
+    assert ends[2] == {"kind": "completed"}  # the person's message, right after
+    assert driver.admitted == []
+    # The driver asked should-run twice with one turn id: admission, then the pre-step replay.
+    should_runs = [c for c in calls() if c[4:6] == ["quota", "should-run"]]
+    turn_ids = [c[c.index("--turn-instance-id") + 1] for c in should_runs]
+    assert len(turn_ids) >= 2 and turn_ids[0] == turn_ids[1]
+
+
+STANDIN = """#!{python}
+# A LoopX stand-in for scheduler and transport faults: answers from a script of replies
+# keyed by subcommand, logging every call.
+import json, os, sys
+argv = sys.argv[1:]
+with open({log!r}, "a") as f:
+    f.write(json.dumps(argv) + "\\n")
+sub = argv[argv.index("json") + 1] if "json" in argv else argv[0]
+if sub == "resolve-agent-thread":
+    tid = argv[argv.index("--thread-id") + 1]
+    print(json.dumps({{"ok": True, "schema_version": "loopx_thread_agent_binding_resolution_v0",
+        "status": "bound", "goal_id": "g1", "agent_id": "a1", "thread_id": tid,
+        "host_surface": "deepseek-harness-native", "matches": [{{"goal_id": "g1", "agent_id": "a1"}}]}}))
+    sys.exit(0)
+if sub == "quota":
+    turn = argv[argv.index("--turn-instance-id") + 1]
+    calls = sum(1 for line in open({log!r}) if '"should-run"' in line)
+    if {transport_failures} >= calls:
+        sys.exit(7)  # a transport failure: non-zero, no JSON
+    wait = {{"local_scheduler": {{"recommended_interval_minutes": 5}}}} if calls == {transport_failures} + 1 else {{}}
+    print(json.dumps({{"ok": True, "should_run": False, "decision": "wait",
+        "heartbeat_receipt": {{"turn_instance_id": turn, "status": "committed"}},
+        "scheduler_hint": {{"action": "wait", "cold_path_detail": wait}}}}))
+    sys.exit(0)
+sys.exit(2)
+"""
+
+
+def standin(tmp_path, transport_failures=0):
+    log = tmp_path / "standin-calls.jsonl"
+    script = tmp_path / "loopx-standin"
+    script.write_text(STANDIN.format(python=sys.executable, log=str(log), transport_failures=transport_failures))
+    script.chmod(0o755)
+
+    def calls():
+        return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+    return (str(script),), calls
+
+
+def subcommands(calls):
+    return [c[c.index("json") + 1] if c[c.index("json") + 1] != "quota" else "should-run" for c in calls]
+
+
+@pytest.fixture
+def patient_autojump_clock():
+    # The clock only jumps once every task has been blocked for a real half second, so
+    # the stand-in's process round trips run at real speed and only long waits jump.
+    return trio.testing.MockClock(autojump_threshold=0.5)
+
+
+async def test_a_scheduler_wait_arms_one_timer_and_wakes_a_new_checkpoint(
+    tmp_path, loopx_project, patient_autojump_clock
+):
+    command, calls = standin(tmp_path)
+    write_skill(loopx_project, "loopx")
+    async with Runtime.open(
+        tmp_path / "home",
+        skills=SkillCatalog.from_env(loopx_project, {"HOME": str(tmp_path)}),
+        loopx=LoopxSettings(command=command, timeout=10_000, initialize=False),
+    ) as rt:
+        handle = await rt.create_agent(session_id="waiting", agent_options={"cwd": str(loopx_project)})
+        driver = rt.loopx.continuations["waiting"]
+        start = trio.current_time()
+        await say(rt, handle.agent, "/loopx keep going")
+        assert driver.timer is not None and driver.stopped == "waiting 300s"
+        assert subcommands(calls()) == ["resolve-agent-thread", "should-run"]
+        await driver.wait_checkpoint(driver.checkpoints)  # the timer's own checkpoint
+        assert trio.current_time() - start >= 300
+        assert driver.timer is None and driver.pending is None
+        assert driver.stopped == "should-run: wait"  # no second wait hint: stop, no timer
+        assert subcommands(calls()) == ["resolve-agent-thread", "should-run"] * 2
+        turn_ids = [c[c.index("--turn-instance-id") + 1] for c in calls() if "should-run" in c]
+        assert turn_ids[0] != turn_ids[1]  # a new attempt, a new identity
+        await handle.dispose()
+
+
+async def test_should_run_transport_failures_retry_with_one_turn_id_then_stop(
+    tmp_path, loopx_project, patient_autojump_clock
+):
+    command, calls = standin(tmp_path, transport_failures=3)  # every attempt fails
+    write_skill(loopx_project, "loopx")
+    async with Runtime.open(
+        tmp_path / "home",
+        skills=SkillCatalog.from_env(loopx_project, {"HOME": str(tmp_path)}),
+        loopx=LoopxSettings(command=command, timeout=10_000, initialize=False),
+    ) as rt:
+        handle = await rt.create_agent(session_id="flaky", agent_options={"cwd": str(loopx_project)})
+        driver = rt.loopx.continuations["flaky"]
+        await say(rt, handle.agent, "/loopx keep going")
+        attempts = [c for c in calls() if "should-run" in c]
+        assert len(attempts) == 3  # the contract's budget: three attempts in all
+        assert len({c[c.index("--turn-instance-id") + 1] for c in attempts}) == 1  # one identity
+        assert driver.stopped == "should-run failed: exit code 7 without JSON"
+        assert driver.timer is None and driver.pending is None  # no breaker, no endless retry
+        await handle.dispose()
