@@ -8,6 +8,19 @@ from pathlib import Path
 
 import pytest
 
+# Tests that start real external components: the LoopX CLI (Node 22), a DSH host, Chromium.
+# ``scripts/test -m "not e2e"`` runs everything else, quickly.
+_E2E_FIXTURES = frozenset({"node22_bin", "loopx_env", "loopx_command"})
+_E2E_MODULES = frozenset({"test_goalbar_browser.py", "test_serve_cli.py"})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.path.name
+        if module.endswith("_e2e.py") or module in _E2E_MODULES or _E2E_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.e2e)
+
+
 
 @pytest.fixture(autouse=True)
 def _isolated_env(tmp_path_factory, monkeypatch):
