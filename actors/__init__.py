@@ -22,6 +22,10 @@ from ._driver import Setup as Setup
 from ._fake import FakeDriver as FakeDriver
 from ._fanout import Fanout as Fanout
 from ._fanout import Subscription as Subscription
+from ._faults import FAULT_KIND as FAULT_KIND
+from ._faults import fault_message as fault_message
+from ._faults import is_fault as is_fault
+from ._faults import record_fault as record_fault
 from ._inbox import InvalidReservationError as InvalidReservationError
 from ._inbox import Placement as Placement
 from ._inbox import Reservation as Reservation
