@@ -47,6 +47,12 @@ from ._react import ReactDriver as ReactDriver
 from ._session import SessionActor as SessionActor
 from ._session import SessionClosedError as SessionClosedError
 from ._store_writer import StoreWriter as StoreWriter
+from ._supervision import COMPANION_POLICY as COMPANION_POLICY
+from ._supervision import STOP as STOP
+from ._supervision import WATCHER_POLICY as WATCHER_POLICY
+from ._supervision import Action as Action
+from ._supervision import Policy as Policy
+from ._supervision import supervised as supervised
 from ._supervisor import RuntimeClosedError as RuntimeClosedError
 from ._supervisor import Supervisor as Supervisor
 from ._supervisor import UnknownServiceError as UnknownServiceError

@@ -11,7 +11,8 @@ outer scope, which ends the turn (``aborted``) and everything the turn started.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,10 +30,12 @@ from runtime._waterfall import Waterfall
 from runtime.models import ModelRequest
 from runtime.tools import AgentTools
 
+from ._faults import record_fault
 from ._inbox import Entry, Inbox, InvalidReservationError, Placement, Reservation
 from ._owner import AgentOwner
 from ._pre_step import PreStep, Verdict
 from ._session import SessionActor
+from ._supervision import COMPANION_POLICY, Action, Policy, supervised
 from ._turn import Turn, TurnBlocked, TurnBody
 
 Status = Literal["idle", "running"]
@@ -201,12 +204,26 @@ class AgentActor:
             self._set_status("idle")
             self._stopped.set()
 
-    async def start_companion(self, actor: Callable[..., Any], *args: Any) -> None:
+    async def start_companion(
+        self,
+        actor: Callable[..., Awaitable[Any]],
+        *args: Any,
+        name: str = "companion",
+        policy: Policy = COMPANION_POLICY,
+    ) -> None:
         """Start an actor that lives exactly as long as this agent (``nursery.start``
-        semantics: returns once it called ``task_status.started()``)."""
+        semantics: returns once it called ``task_status.started()``). Its failures are
+        contained: each is recorded in the session as a fault of ``name``, and the actor is
+        restarted or stopped as ``policy`` says; the agent goes on either way."""
         if self._companions is None:
             raise AgentClosedError(f"agent {self.id} is not running")
-        await self._companions.start(actor, *args)
+
+        def report(error: Exception, action: Action) -> None:
+            record_fault(self.session, name, error, action=action)
+
+        await self._companions.start(
+            functools.partial(supervised, actor, *args, name=name, policy=policy, report=report)
+        )
 
     async def wait_status_change(self, since: int) -> None:
         """Wait until the status changed after version ``since`` (see ``status_version``),

@@ -17,6 +17,7 @@ from runtime._errors import LoopdockError, SetupError
 from ._agent import AgentActor
 from ._agent_context import AgentContext
 from ._driver import AgentHandle, CreateAgentOptions, ResumeAgentOptions, Setup
+from ._faults import record_fault
 from ._supervisor import Supervisor, agent_dispose
 from ._turn import TurnBody
 
@@ -94,7 +95,7 @@ async def publish_agent(
         entered = True
         agent.session.publish()
         owner.announce("agent/created", agent.id, {"source": source})
-        await owner.nursery.start(agent.run)
+        await owner.nursery.start(owner.run_agent, agent)
     except BaseException:
         agent.dispose_scoped()
         if entered:
@@ -107,7 +108,7 @@ async def publish_agent(
         try:
             await hook(agent)
         except Exception as exc:  # the agent is published: a hook cannot undo that
-            agent.log.warning("agent-started hook failed", error=repr(exc))
+            record_fault(agent.session, "agent-started hook", exc, action="skipped")
     return AgentHandle(agent, agent_dispose(owner, agent))
 
 

@@ -45,13 +45,26 @@ class StoreWriter:
         self._wakeup = trio.Event()
         self._urgent = trio.Event()  # set by expedite(): someone waits for durability
         self.commits = 0  # transactions committed (for statistics and tests)
+        #: Set by ``fail``: the writer is gone and nothing more is committed.
+        self.failure: BaseException | None = None
         # One commit at a time: two overlapping drains could land a session's later
         # batch before its earlier one.
         self._lock = trio.Lock()
 
     def schedule(self, session: Durable) -> None:
+        if self.failure is not None:  # nobody will commit it: say so at once
+            session.commit_done(session.take_write(), self.failure)
+            return
         self._scheduled.append(session)
         self._wakeup.set()
+
+    def fail(self, error: BaseException) -> None:
+        """The writer stopped for good (``error``): every write scheduled now or later
+        fails with it at once, so that no ``flush`` waits for a commit that never comes."""
+        self.failure = error
+        scheduled, self._scheduled = self._scheduled, []
+        for session in scheduled:
+            session.commit_done(session.take_write(), error)
 
     def expedite(self) -> None:
         """Commit what is scheduled without waiting out the group-commit window."""
@@ -69,6 +82,9 @@ class StoreWriter:
 
     async def drain(self) -> None:
         """Commit everything scheduled so far (and what arrives meanwhile)."""
+        if self.failure is not None:
+            self.fail(self.failure)
+            return
         async with self._lock:
             await self._drain_locked()
 

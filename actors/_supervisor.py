@@ -20,6 +20,7 @@ from runtime._errors import (
     LoopdockError,
     SessionExistsError,
     SessionNotFoundError,
+    safe_message,
 )
 from runtime._events import Event, SessionHeader
 from runtime._ids import check_session_id
@@ -30,9 +31,11 @@ from runtime.tools import ToolRegistry
 
 from ._agent import AgentActor
 from ._fanout import Fanout
+from ._faults import record_fault
 from ._live import LiveEvent
 from ._session import SessionActor, _now_ms
 from ._store_writer import StoreWriter
+from ._supervision import STOP, Action, supervised
 
 log = structlog.get_logger(__name__)
 
@@ -203,17 +206,47 @@ class Supervisor:
         self.sessions[agent.id] = agent.session
         self.agents[agent.id] = agent
 
+    async def run_agent(self, agent: AgentActor, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run ``agent``'s evaluator in this supervisor's nursery (``nursery.start``).
+
+        Policy ``stop``: if the evaluator itself fails (a failed *turn* is not a failure:
+        it ends ``error`` and the agent goes on), the failure is recorded in the session
+        and announced (``agent/error``), and the agent is retired as if disposed. Its
+        siblings and the runtime go on."""
+        failed: list[Exception] = []
+
+        def report(error: Exception, action: Action) -> None:
+            failed.append(error)
+            record_fault(agent.session, "agent", error, action="retired")
+            self.announce("agent/error", agent.id, {"error": safe_message(error)})
+
+        await supervised(agent.run, name=f"agent {agent.id}", policy=STOP, report=report, task_status=task_status)
+        if failed:
+            try:
+                await agent_dispose(self, agent)()
+            except Exception as exc:  # e.g. its last events could not be made durable
+                log.error("failed agent not closed cleanly", agent_id=agent.id, error=safe_message(exc))
+
     def leave(self, agent: AgentActor) -> None:
         if self.agents.get(agent.id) is agent:
             del self.agents[agent.id]
             del self.sessions[agent.id]
 
     async def aclose(self) -> None:
-        """Dispose every agent (concurrently), then drain the writer."""
+        """Dispose every agent (concurrently), then drain the writer. One agent that
+        cannot be closed cleanly (its last events not durable: the store failed) is
+        logged and does not keep the others from closing."""
         self.closing = True
+
+        async def dispose(agent: AgentActor) -> None:
+            try:
+                await agent_dispose(self, agent)()
+            except Exception as exc:
+                log.error("agent not closed cleanly", agent_id=agent.id, error=safe_message(exc))
+
         async with trio.open_nursery() as nursery:
             for agent in list(self.agents.values()):
-                nursery.start_soon(agent_dispose(self, agent))
+                nursery.start_soon(dispose, agent)
         await self.writer.drain()
         self.live.close()
 

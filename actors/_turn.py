@@ -21,6 +21,7 @@ from runtime._waterfall import Waterfall
 from runtime.models import ModelRequest, RetryNotice
 from runtime.tools import AgentTools
 
+from ._faults import record_fault
 from ._inbox import Entry, ReservationState
 from ._owner import AgentOwner
 from ._pre_step import PreStep, Reject, Verdict, enter
@@ -98,7 +99,7 @@ class Turn:
         try:
             verdict = await agent.pre_step.run(pre, enter)
         except Exception as exc:  # a broken gate fails closed
-            agent.log.warning("pre-step listener failed", error=repr(exc))
+            record_fault(agent.session, "pre-step listener", exc, action="the step was rejected")
             verdict = Reject("pre-step listener failed")
         if isinstance(verdict, Reject):
             _settle(entries, "rejected", verdict.reason)

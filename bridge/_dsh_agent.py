@@ -30,6 +30,7 @@ announced again.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,8 @@ import structlog
 import trio
 
 from actors import (
+    COMPANION_POLICY,
+    Action,
     Enter,
     InvalidReservationError,
     Placement,
@@ -48,8 +51,9 @@ from actors import (
     ReservationState,
     Verdict,
     enter,
+    supervised,
 )
-from runtime._errors import LoopdockError
+from runtime._errors import LoopdockError, safe_message
 from runtime._events import Event
 from runtime._messages import (
     HUMAN_SOURCE_KINDS,
@@ -185,11 +189,21 @@ class DshAgent:
         del self._reservations[reservation.message.id]
         return reservation.settle("cancelled", reason)
 
-    async def start_companion(self, actor: Callable[..., Any], *args: Any) -> None:
-        """Start an actor that lives exactly as long as this proxy (``nursery.start``)."""
+    async def start_companion(
+        self, actor: Callable[..., Awaitable[Any]], *args: Any, name: str = "companion"
+    ) -> None:
+        """Start an actor that lives exactly as long as this proxy (``nursery.start``),
+        under the companion policy: a failure is logged (DSH's session log is DSH's to
+        write) and the actor restarted, at most so often, then stopped."""
         if self._nursery is None or self.closed:
             raise DshAgentClosedError(f"DSH agent {self.id} is not live")
-        await self._nursery.start(actor, *args)
+
+        def report(error: Exception, action: Action) -> None:
+            self.log.warning("companion failed", companion=name, error=safe_message(error), action=action)
+
+        await self._nursery.start(
+            functools.partial(supervised, actor, *args, name=name, policy=COMPANION_POLICY, report=report)
+        )
 
     # -- the actor -------------------------------------------------------------------------
 

@@ -23,6 +23,8 @@ import structlog
 import trio
 
 from actors import (
+    WATCHER_POLICY,
+    Action,
     AgentActor,
     AgentHandle,
     CommandRegistry,
@@ -38,6 +40,7 @@ from actors import (
     Supervisor,
     UnknownAgentError,
     run_command,
+    supervised,
 )
 from actors.dock import (
     BUILTIN_LOOPS,
@@ -49,6 +52,7 @@ from actors.dock import (
     parse_config,
 )
 from actors.loopx import LoopxIntegration, LoopxSettings
+from runtime._errors import StoreUnusableError, safe_message
 from runtime._events import SessionHeader
 from runtime._gc import GC_THRESHOLD
 from runtime._gc import gc_threshold as _gc_threshold
@@ -147,11 +151,33 @@ class Runtime:
                 tools.register(shell_tool(shell))
             tools.register(skill_tool(catalog))
             body_error: BaseException | None = None
+            store_failure: list[Exception] = []
             async with trio.open_nursery() as nursery:
                 writer = StoreWriter(store)
-                await nursery.start(writer.run)
-                # The skill tool's listing then re-reads the disk only after a change.
-                nursery.start_soon(catalog.watch, name="skill catalog watcher")
+
+                async def run_writer(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+                    # The one actor whose failure ends the runtime: without it nothing
+                    # more can be made durable.
+                    try:
+                        await writer.run(task_status=task_status)
+                    except Exception as exc:
+                        store_failure.append(exc)
+                        writer.fail(exc)  # no flush may wait for it any more
+                        nursery.cancel_scope.cancel()
+
+                def watcher_failed(error: Exception, action: Action) -> None:
+                    log.warning("skill catalog watcher failed", error=repr(error), action=action)
+
+                await nursery.start(run_writer, name="store writer")
+                # The skill tool's listing then re-reads the disk only after a change; a
+                # watcher that keeps failing leaves every lookup checking the disk.
+                nursery.start_soon(
+                    functools.partial(
+                        supervised, catalog.watch, name="skill catalog watcher", policy=WATCHER_POLICY,
+                        report=watcher_failed,
+                    ),
+                    name="skill catalog watcher",
+                )
                 supervisor = Supervisor(
                     nursery, store, writer, default_adapters(environ), tools
                 )
@@ -177,6 +203,8 @@ class Runtime:
                     with trio.CancelScope(shield=True):
                         await supervisor.aclose()
                     nursery.cancel_scope.cancel()
+            if store_failure:
+                raise StoreUnusableError(f"the session store failed: {safe_message(store_failure[0])}") from store_failure[0]
             if body_error is not None:
                 raise body_error
         finally:

@@ -80,6 +80,13 @@ class SetupError(LoopdockError):
     code = "SETUP_FAILED"
 
 
+class StoreUnusableError(LoopdockError):
+    """Raised by ``Runtime.open`` when the session store stopped working under a running
+    runtime (its writer failed): nothing more can be made durable, so the runtime ends."""
+
+    code = "STORE_UNUSABLE"
+
+
 class AgentClosedError(LoopdockError):
     """Raised when a message is sent to an agent that was disposed."""
 
@@ -116,4 +123,6 @@ def safe_message(exc: BaseException) -> str:
     only the type name for anything else (its text may carry paths or secrets)."""
     if isinstance(exc, LoopdockError):
         return f"{exc.code}: {exc}"[:500]
+    if isinstance(exc, BaseExceptionGroup):
+        return f"{type(exc).__name__}({', '.join(safe_message(e) for e in exc.exceptions)})"[:500]
     return type(exc).__name__

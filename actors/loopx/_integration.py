@@ -89,4 +89,4 @@ class LoopxIntegration:
                 if self.continuations.get(agent.id) is continuation:
                     del self.continuations[agent.id]
 
-        await agent.start_companion(run)
+        await agent.start_companion(run, name="loopx-continuation")

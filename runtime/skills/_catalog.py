@@ -214,7 +214,7 @@ class SkillCatalog:
         self._refresh()
         return self.generation
 
-    async def watch(self) -> None:
+    async def watch(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Keep a change signal on the roots until cancelled (run it in a nursery).
 
         Each change (in a root, a skill folder, or the nearest existing parent of a
@@ -223,6 +223,7 @@ class SkillCatalog:
         cancelled; if the watches cannot be set up it retries every second. Either way
         ``refresh()`` meanwhile checks the disk every time.
         """
+        task_status.started()
         if not watch_supported():
             await trio.sleep_forever()
         while True:
