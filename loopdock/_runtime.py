@@ -256,7 +256,11 @@ class Runtime:
     ) -> AgentHandle:
         """Create and start a new agent (its id is ``session_id``) on the loop and driver
         the dock selects (``loop``/``driver`` here or in ``agent_options`` win over routes).
-        Nothing is left behind if it fails: no session, no agent, no binding."""
+        Nothing is left behind if it fails: no session, no agent, no binding.
+
+        Atomic with respect to cancellation: cancelled before the agent is published,
+        the creation rolls back as if it had failed; cancelled after, the agent lives on
+        (dispose it with the handle)."""
         options = CreateAgentOptions(
             session_id=session_id,
             agent_options=agent_options,
@@ -280,14 +284,17 @@ class Runtime:
     ) -> AgentHandle:
         """Bring a persisted session back as a live agent on its bound loop and driver
         (asking for another one raises LOOP_SWITCH); an interrupted turn is closed as
-        ``turn/end {reason: interrupted}`` first."""
+        ``turn/end {reason: interrupted}`` first. Cancellation rolls back like
+        ``create_agent``: nothing of a half-resumed agent stays live."""
         options = ResumeAgentOptions(
             resume_session_id=resume_session_id, agent_options=agent_options, setup=setup, loop=loop, driver=driver
         )
         return await self.dock.resume(self._supervisor, options)
 
     async def fork_session(self, source_id: str, new_id: str, *, upto_seq: int | None = None) -> str:
-        """Copy the longest prefix of a session that ends at a turn boundary into a new one."""
+        """Copy the longest prefix of a session that ends at a turn boundary into a new one.
+        The copy is durable when this returns; cancelled before, the new session may or
+        may not exist (resume or fork again to find out)."""
         return await self._supervisor.fork_session(source_id, new_id, upto_seq=upto_seq)
 
     async def execute_command(self, agent_id: str, line: str) -> CommandResult:
@@ -296,6 +303,8 @@ class Runtime:
         Withdraws the agent's unadmitted reservations first (reason ``command``), logs
         ``command/run`` and ``command/done`` on its session, and returns the command's
         result; a command that raises gives ``ok=False`` and never stops the agent.
+        Cancelling the caller cancels the command (its ``command/done`` still says so);
+        the command is also cancelled if the agent stops meanwhile.
         Raises UnknownCommandError (UNKNOWN_COMMAND) or UnknownAgentError (UNKNOWN_AGENT).
         """
         command, args = self.commands.parse(line)
