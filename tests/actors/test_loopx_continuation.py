@@ -14,6 +14,7 @@ import trio.testing
 
 from loopdock import LoopxSettings, Runtime
 from runtime.loopx import LoopxClient
+from runtime.loopx import _client as loopx_client
 from runtime.models import Reply, ScriptedAdapter
 from runtime.skills import SkillCatalog
 
@@ -237,15 +238,20 @@ def subcommands(calls):
 
 
 @pytest.fixture
-def patient_autojump_clock():
-    # The clock only jumps once every task has been blocked for a real half second, so
-    # the stand-in's process round trips run at real speed and only long waits jump.
-    return trio.testing.MockClock(autojump_threshold=0.5)
+def jump_clock():
+    # Real time (the stand-in's processes take what they take), except that the test
+    # moves the clock past the scheduler's wait once the driver has armed its timer. No
+    # autojump: it would leap to the CLI timeout while a slow stand-in starts.
+    return trio.testing.MockClock(rate=1.0)
 
 
-async def test_a_scheduler_wait_arms_one_timer_and_wakes_a_new_checkpoint(
-    tmp_path, loopx_project, patient_autojump_clock
-):
+@pytest.fixture
+def immediate_retries(monkeypatch):
+    """The client's retries back to back (their schedule is tested in test_loopx_client)."""
+    monkeypatch.setattr(loopx_client, "ATTEMPT_BACKOFF", (0.0,) * len(loopx_client.ATTEMPT_BACKOFF))
+
+
+async def test_a_scheduler_wait_arms_one_timer_and_wakes_a_new_checkpoint(tmp_path, loopx_project, jump_clock):
     command, calls = standin(tmp_path)
     write_skill(loopx_project, "loopx")
     async with Runtime.open(
@@ -259,7 +265,12 @@ async def test_a_scheduler_wait_arms_one_timer_and_wakes_a_new_checkpoint(
         await say(rt, handle.agent, "/loopx keep going")
         assert driver.timer is not None and driver.stopped == "waiting 300s"
         assert subcommands(calls()) == ["resolve-agent-thread", "should-run"]
-        await driver.wait_checkpoint(driver.checkpoints)  # the timer's own checkpoint
+        checkpoints = driver.checkpoints
+        jump_clock.jump(290)  # (real time moves too: a margin for a slow machine)
+        await trio.testing.wait_all_tasks_blocked()
+        assert driver.checkpoints == checkpoints and driver.timer is not None  # not yet
+        jump_clock.jump(10)
+        await driver.wait_checkpoint(checkpoints)  # the timer's own checkpoint
         assert trio.current_time() - start >= 300
         assert driver.timer is None and driver.pending is None
         assert driver.stopped == "should-run: wait"  # no second wait hint: stop, no timer
@@ -270,7 +281,7 @@ async def test_a_scheduler_wait_arms_one_timer_and_wakes_a_new_checkpoint(
 
 
 async def test_should_run_transport_failures_retry_with_one_turn_id_then_stop(
-    tmp_path, loopx_project, patient_autojump_clock
+    tmp_path, loopx_project, immediate_retries
 ):
     command, calls = standin(tmp_path, transport_failures=3)  # every attempt fails
     write_skill(loopx_project, "loopx")
