@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from leak_check import assert_no_leaked_agent_tasks
 
 # Tests that start real external components: the LoopX CLI (Node 22), a DSH host, Chromium.
 # ``scripts/test -m "not e2e"`` runs everything else, quickly.
@@ -44,16 +45,6 @@ async def rt(tmp_path):
     async with Runtime.open(tmp_path / "home") as runtime:
         yield runtime
         assert_no_leaked_agent_tasks(runtime)
-
-
-
-def assert_no_leaked_agent_tasks(runtime):
-    """Every live agent owns exactly one task in the supervisor's nursery, and so does
-    every configured agent still waiting to start; the store writer and the skill
-    catalog's watcher own the other two. Anything more is a task that outlived its owner."""
-    expected = 2 + len(runtime.list_agents()) + len(runtime.dock.starting)
-    tasks = runtime.supervisor.nursery.child_tasks
-    assert len(tasks) == expected, [t.name for t in tasks]
 
 
 @pytest.fixture
