@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
+from leak_check import assert_no_leaked_agent_tasks
 
 from loopdock import LoopxSettings, Runtime
 from runtime.loopx import LoopxClient
@@ -266,18 +267,23 @@ async def test_a_scheduler_wait_arms_one_timer_and_wakes_a_new_checkpoint(tmp_pa
         assert driver.timer is not None and driver.stopped == "waiting 300s"
         assert subcommands(calls()) == ["resolve-agent-thread", "should-run"]
         checkpoints = driver.checkpoints
+        await trio.testing.wait_all_tasks_blocked()  # the timer task sleeps from now
         jump_clock.jump(290)  # (real time moves too: a margin for a slow machine)
         await trio.testing.wait_all_tasks_blocked()
         assert driver.checkpoints == checkpoints and driver.timer is not None  # not yet
         jump_clock.jump(10)
-        await driver.wait_checkpoint(checkpoints)  # the timer's own checkpoint
+        with trio.fail_after(60):  # created after the jumps: 60 s of real time
+            await driver.wait_checkpoint(checkpoints)  # the timer's own checkpoint
         assert trio.current_time() - start >= 300
         assert driver.timer is None and driver.pending is None
         assert driver.stopped == "should-run: wait"  # no second wait hint: stop, no timer
         assert subcommands(calls()) == ["resolve-agent-thread", "should-run"] * 2
         turn_ids = [c[c.index("--turn-instance-id") + 1] for c in calls() if "should-run" in c]
         assert turn_ids[0] != turn_ids[1]  # a new attempt, a new identity
+        assert_no_leaked_agent_tasks(rt)  # the continuation is the agent's one companion
         await handle.dispose()
+        assert "waiting" not in rt.loopx.continuations
+        assert_no_leaked_agent_tasks(rt)
 
 
 async def test_should_run_transport_failures_retry_with_one_turn_id_then_stop(
