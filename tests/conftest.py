@@ -7,7 +7,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 from leak_check import assert_no_leaked_agent_tasks
+
+# Property tests: few examples by default, so that the suite stays quick (hypothesis keeps
+# every failure it finds in .hypothesis/ and tries it first next time); many for a
+# deliberate search: HYPOTHESIS_PROFILE=thorough scripts/test -m "not e2e" -k ...
+# No deadline and no too-slow check in either: both measure this machine, not the code.
+_MACHINE_INDEPENDENT = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow], "print_blob": True}
+settings.register_profile("quick", max_examples=30, **_MACHINE_INDEPENDENT)
+settings.register_profile("thorough", max_examples=1000, **_MACHINE_INDEPENDENT)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "quick"))
 
 # Tests that start real external components: the LoopX CLI (Node 22), a DSH host, Chromium.
 # ``scripts/test -m "not e2e"`` runs everything else, quickly.

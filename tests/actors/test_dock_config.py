@@ -393,7 +393,8 @@ def test_random_configs_round_trip_through_config_to_dict(config):
     assert parse_config(config_to_dict(config)) == config
 
 
-@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=50)
+# tmp_path is shared by the examples: each one overwrites the same file.
+@settings(suppress_health_check=[*settings().suppress_health_check, HealthCheck.function_scoped_fixture])
 @given(config=configs)
 def test_random_configs_round_trip_through_a_yaml_file(tmp_path, config):
     path = tmp_path / "dock.yml"
