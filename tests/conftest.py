@@ -63,6 +63,39 @@ def no_leaks():
     return assert_no_leaked_agent_tasks
 
 
+@pytest.fixture
+def loopdock_cli(tmp_path, monkeypatch, capsys):
+    """``loopdock ARGV`` in this process (no interpreter start), in ``tmp_path``: returns
+    (exit code, stdout, stderr). ``.example(path)`` runs an example script as
+    ``__main__`` (it raises if the script fails): (stdout, stderr). Both set up structlog
+    for the whole process, as a command does; that is undone afterwards. Only from a
+    synchronous test: a command runs its own ``trio.run``."""
+    import runpy
+
+    import structlog
+
+    from loopdock._cli import main
+
+    configured, saved = structlog.is_configured(), structlog.get_config()
+    monkeypatch.chdir(tmp_path)
+
+    def cli(*argv):
+        code = main(list(argv))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    def example(path):
+        runpy.run_path(str(path), run_name="__main__")
+        return capsys.readouterr()
+
+    cli.example = example
+    yield cli
+    if configured:
+        structlog.configure(**saved)
+    else:
+        structlog.reset_defaults()
+
+
 # -- The real LoopX CLI -------------------------------------------------------------------
 # loopx 2.1.1 (from the test extra) runs a TypeScript runtime that needs Node >= 22.22.3;
 # scripts/test installs it from the npm registry and exports LOOPDOCK_NODE22_BIN. These

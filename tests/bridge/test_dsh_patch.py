@@ -3,11 +3,7 @@ without a DSH (tests/bridge/test_dsh_dock_e2e.py runs them against the real one)
 
 from __future__ import annotations
 
-import os
 import stat
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -16,8 +12,6 @@ from actors.dock import DockError, Route, StrategyLoop
 from bridge import DockSelectHandler, Select
 from bridge._patch import PLUGIN_PATH, patch_rows, write_patch
 from loopdock._runtime import Runtime
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_plugin_file_ships_beside_the_patch_writer():
@@ -48,22 +42,20 @@ def test_patch_rows_without_dock_or_ping_only_insert_the_plugin():
         patch_rows("http://127.0.0.1:5", "tok")
 
 
-def test_dsh_patch_command_writes_a_private_patch_with_the_home_token(tmp_path):
+def test_dsh_patch_command_writes_a_private_patch_with_the_home_token(tmp_path, loopdock_cli):
     home = tmp_path / "home"
     out = tmp_path / "out"
-    # a subprocess, as a user runs it (main() in-process would reconfigure this process's logging)
-    argv = [sys.executable, "-m", "loopdock._cli", "dsh-patch", "--url", "ws://127.0.0.1:9999", "--out", str(out),
-            "--dock", "--drivers", "default,alt", "--ping", "--home", str(home)]  # fmt: skip
-    done = subprocess.run(
-        argv, cwd=tmp_path, capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)}
-    )
-    assert done.returncode == 0, done.stderr
+    code, stdout, stderr = loopdock_cli(
+        "dsh-patch", "--url", "ws://127.0.0.1:9999", "--out", str(out),
+        "--dock", "--drivers", "default,alt", "--ping", "--home", str(home),
+    )  # fmt: skip
+    assert code == 0, stderr
     patch = out / "patch.yml"
     assert stat.S_IMODE(patch.stat().st_mode) == 0o600
     config = yaml.safe_load(patch.read_text())[-1]["insert"][0]["config"]
     assert config["token"] == (home / "bridge.token").read_text().strip()
     assert config["drivers"] == ["default", "alt"] and config["dock"] is True
-    assert f"--patch {patch}" in done.stdout
+    assert f"--patch {patch}" in stdout
     assert write_patch(out, "ws://127.0.0.1:1", "other") == patch  # rewritten in place
     assert "other" in patch.read_text()
 

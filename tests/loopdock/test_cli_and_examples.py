@@ -6,15 +6,10 @@ own entry into the CLI); the other commands and the examples run in this process
 interpreter start per case."""
 
 import os
-import runpy
 import sys
 from pathlib import Path
 
-import pytest
-import structlog
 import trio
-
-from loopdock._cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,32 +27,6 @@ async def run(*argv, cwd, env=None):
     return result.returncode, result.stdout.decode(), result.stderr.decode()
 
 
-@pytest.fixture
-def here(tmp_path, monkeypatch, capsys):
-    """Runs ``loopdock ARGV`` in this process, in ``tmp_path``: (exit code, stdout,
-    stderr); ``.example(path)`` runs an example script as ``__main__`` (it raises if the
-    script fails): (stdout, stderr). Both set up structlog for the process: that is
-    undone afterwards."""
-    configured, saved = structlog.is_configured(), structlog.get_config()
-    monkeypatch.chdir(tmp_path)
-
-    def cli(*argv):
-        code = main(list(argv))
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    def example(path):
-        runpy.run_path(str(path), run_name="__main__")
-        return capsys.readouterr()
-
-    cli.example = example
-    yield cli
-    if configured:
-        structlog.configure(**saved)
-    else:
-        structlog.reset_defaults()
-
-
 async def test_demo_runs_two_agents_on_two_loops_offline(tmp_path):
     code, out, err = await run("-m", "loopdock._cli", "demo", cwd=tmp_path)
     assert code == 0, err
@@ -69,31 +38,31 @@ async def test_demo_runs_two_agents_on_two_loops_offline(tmp_path):
     assert list(tmp_path.iterdir()) == []  # the demo leaves nothing behind
 
 
-def test_run_resumes_its_session_on_the_same_home(here, tmp_path):
+def test_run_resumes_its_session_on_the_same_home(loopdock_cli, tmp_path):
     home = str(tmp_path / "home")
-    code, out, err = here("run", "first", "--session-id", "s1", "--home", home)
+    code, out, err = loopdock_cli("run", "first", "--session-id", "s1", "--home", home)
     assert code == 0, err
     assert "pong: first" in out and "(turn 1 completed)" in out
-    code, out, err = here("run", "second", "--session-id", "s1", "--home", home)
+    code, out, err = loopdock_cli("run", "second", "--session-id", "s1", "--home", home)
     assert code == 0, err
     assert "pong: first" in out and "pong: second" in out and "(turn 2 completed)" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["home"]  # nothing outside the home
 
 
-def test_bad_input_gives_a_typed_error_and_exit_code_2(here, tmp_path):
-    code, out, err = here("run", "x", "--session-id", "has space", "--home", str(tmp_path / "h"))
+def test_bad_input_gives_a_typed_error_and_exit_code_2(loopdock_cli, tmp_path):
+    code, out, err = loopdock_cli("run", "x", "--session-id", "has space", "--home", str(tmp_path / "h"))
     assert code == 2
     assert "INVALID_SESSION_ID" in err and "Traceback" not in err
-    code, out, err = here("run", "x", "--provider", "nowhere", "--home", str(tmp_path / "h"))
+    code, out, err = loopdock_cli("run", "x", "--provider", "nowloopdock_cli", "--home", str(tmp_path / "h"))
     assert code == 2
-    assert "UNKNOWN_ADAPTER" in err and "nowhere" in err
+    assert "UNKNOWN_ADAPTER" in err and "nowloopdock_cli" in err
 
 
-def test_fake_demos_put_two_agents_on_two_loops(here):
-    out, err = here.example(ROOT / "examples" / "fake_two_loop.py")
+def test_fake_demos_put_two_agents_on_two_loops(loopdock_cli):
+    out, err = loopdock_cli.example(ROOT / "examples" / "fake_two_loop.py")
     assert "planner: loop=planner-loop driver=fake reply='fake: hello from planner'" in out
     assert "coder: loop=coder-loop driver=fake reply='fake: hello from coder'" in out
-    out, err = here.example(ROOT / "examples" / "fake_two_driver_loops.py")
+    out, err = loopdock_cli.example(ROOT / "examples" / "fake_two_driver_loops.py")
     assert "agent-a: loop=loop-a reply='loop-a: ping'" in out
     assert "agent-b: loop=loop-b reply='loop-b: ping'" in out
     assert "Two agents, one dock, two different loops." in out
