@@ -149,6 +149,17 @@ def loopx_env(node22_bin, tmp_path_factory) -> dict[str, str]:
 
 
 @pytest.fixture
+def loopx_standin_env(tmp_path_factory) -> dict[str, str]:
+    """What loopx_env gives a loopx call (a fresh HOME, no usage ping), without Node 22 or
+    the real loopx on PATH: for tests whose loopx (and python) are stand-ins only, which
+    are therefore not e2e."""
+    env = dict(os.environ)
+    env["HOME"] = str(tmp_path_factory.mktemp("loopx-home"))
+    env["LOOPX_USAGE_PING"] = "0"
+    return env
+
+
+@pytest.fixture
 def loopx_command() -> list[str]:
     """The argv prefix that runs the installed loopx CLI."""
     script = Path(sys.executable).parent / "loopx"

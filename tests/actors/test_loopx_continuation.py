@@ -194,7 +194,7 @@ async def test_human_input_wins_at_pre_step(tmp_path, loopx_env, loopx_project, 
     assert len(turn_ids) >= 2 and turn_ids[0] == turn_ids[1]
 
 
-STANDIN = """#!{python}
+STANDIN = """#!{python} -IS
 # A LoopX stand-in for scheduler and transport faults: answers from a script of replies
 # keyed by subcommand, logging every call.
 import json, os, sys

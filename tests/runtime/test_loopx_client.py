@@ -95,7 +95,7 @@ class StandIn:
 
     @property
     def command(self) -> list[str]:
-        return [sys.executable, str(self.script)]
+        return [sys.executable, "-IS", str(self.script)]  # stdlib only: no site to load
 
     def plan(self, *actions: dict) -> None:
         (self.root / "actions.json").write_text(json.dumps(list(actions)))
@@ -569,7 +569,7 @@ async def test_invalid_ids_and_operations_are_refused_before_any_call(standin):
         with pytest.raises(LoopxRequestError):
             await call()
     assert standin.attempts() == []
-    assert client.argv("x")[:2] == [sys.executable, str(standin.script)]
+    assert client.argv("x")[:3] == standin.command
 
 
 async def test_version_reads_the_first_line(standin):
