@@ -19,10 +19,12 @@ settings.register_profile("quick", max_examples=30, **_MACHINE_INDEPENDENT)
 settings.register_profile("thorough", max_examples=1000, **_MACHINE_INDEPENDENT)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "quick"))
 
-# Tests that start real external components: the LoopX CLI (Node 22), a DSH host, Chromium.
-# ``scripts/test -m "not e2e"`` runs everything else, quickly.
+# Tests that start real external components, and only those, are e2e: the LoopX CLI (it
+# runs on Node 22: every test using these fixtures), a DSH host (the *_e2e.py modules, and
+# tests marked e2e by hand elsewhere), Chromium (the browser test). Stand-ins, loopback
+# servers and our own subprocesses are not. ``scripts/test -m "not e2e"`` runs the rest.
 _E2E_FIXTURES = frozenset({"node22_bin", "loopx_env", "loopx_command"})
-_E2E_MODULES = frozenset({"test_goalbar_browser.py", "test_serve_cli.py"})
+_E2E_MODULES = frozenset({"test_goalbar_browser.py"})
 
 
 def pytest_collection_modifyitems(config, items):
@@ -30,7 +32,6 @@ def pytest_collection_modifyitems(config, items):
         module = item.path.name
         if module.endswith("_e2e.py") or module in _E2E_MODULES or _E2E_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.e2e)
-
 
 
 @pytest.fixture(autouse=True)

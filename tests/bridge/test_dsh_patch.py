@@ -10,6 +10,7 @@ import yaml
 
 from actors.dock import DockError, Route, StrategyLoop
 from bridge import DockSelectHandler, Select
+from bridge._messages import StoredBinding
 from bridge._patch import PLUGIN_PATH, patch_rows, write_patch
 from loopdock._runtime import Runtime
 
@@ -96,3 +97,41 @@ async def test_decide_and_the_select_handler_follow_the_dock_rules(tmp_path):
         with pytest.raises(DockError) as err:
             await handler.on_select(None, Select("resume", "s-b", {"loop": "standard"}))
         assert err.value.code == "LOOP_SWITCH"
+
+
+async def test_the_select_handler_judges_a_resume_by_the_hosts_binding_first(tmp_path):
+    async with Runtime.open(tmp_path / "rt") as rt:
+        rt.dock.register(StrategyLoop(id="loopx-alt", setup=_noop, driver="alt"))
+        rt.register_driver("alt", _Placeholder())
+        handler = DockSelectHandler(rt.dock)
+        # nothing anywhere: a session without a binding resumes on the default loop
+        assert (await handler.on_select(None, Select("resume", "s1"))).loop == "standard"
+        # the host's binding, with nothing in memory
+        handler.bindings.clear()
+        resumed = await handler.on_select(None, Select("resume", "s2", binding=StoredBinding("loopx-alt", "alt")))
+        assert (resumed.loop, resumed.driver) == ("loopx-alt", "alt")
+        assert handler.bindings["s2"] == Route("loopx-alt", "alt")
+        # memory says standard, DSH's log says loopx-alt: the log wins
+        handler.bindings["s3"] = Route("standard", "default")
+        resumed = await handler.on_select(None, Select("resume", "s3", binding=StoredBinding("loopx-alt", "alt")))
+        assert (resumed.loop, resumed.driver) == ("loopx-alt", "alt")
+        assert handler.bindings["s3"] == Route("loopx-alt", "alt")
+        with pytest.raises(DockError) as err:
+            await handler.on_select(None, Select("resume", "s3", {"loop": "standard"}, binding=StoredBinding("loopx-alt", "alt")))
+        assert err.value.code == "LOOP_SWITCH"
+        # no binding from the host: memory is the fallback
+        handler.bindings["s4"] = Route("loopx-alt", "alt")
+        with pytest.raises(DockError) as err:
+            await handler.on_select(None, Select("resume", "s4", {"loop": "standard"}))
+        assert err.value.code == "LOOP_SWITCH"
+        # a binding outside the dock's id grammar counts as none (memory, then nothing)
+        handler.bindings["s5"] = Route("loopx-alt", "alt")
+        resumed = await handler.on_select(None, Select("resume", "s5", binding=StoredBinding("Not A Loop")))
+        assert (resumed.loop, resumed.driver) == ("loopx-alt", "alt")
+        resumed = await handler.on_select(None, Select("resume", "s6", binding=StoredBinding("loopx-alt", "BAD DRIVER")))
+        assert (resumed.loop, resumed.driver) == ("standard", "default")
+        # a create never looks at memory or a binding
+        handler.bindings["s7"] = Route("loopx-alt", "alt")
+        created = await handler.on_select(None, Select("create", "s7"))
+        assert (created.loop, created.driver) == ("standard", "default")
+        assert handler.bindings["s7"] == Route("standard", "default")
