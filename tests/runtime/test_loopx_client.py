@@ -39,7 +39,7 @@ from runtime.loopx import _client as loopx_client
 # A "sleep" attempt starts a child of its own, writes both pids, and then tells the test
 # through the named pipe ``started`` that both run.
 STANDIN = r'''
-import json, os, subprocess, sys, time
+import json, os, sys, time
 from pathlib import Path
 
 here = Path(__file__).resolve().parent
@@ -51,6 +51,7 @@ number = sum(1 for _ in open(here / "attempts.jsonl"))
 actions = json.loads((here / "actions.json").read_text())
 action = actions[min(number, len(actions)) - 1]
 if "sleep" in action:
+    import subprocess  # only here: it costs more to import than the rest of the script
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     (here / f"pids-{number}").write_text(f"{os.getpid()} {child.pid}")
     with open(here / "started", "w") as fifo:
