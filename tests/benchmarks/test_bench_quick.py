@@ -232,12 +232,11 @@ def check_results(results, out_dir, table, *, ns, peer_ok) -> None:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_quick_bench_in_fresh_processes(tmp_path, monkeypatch):
-    """As `loopdock bench --quick` runs it: every phase is handed to a child process. The
+def test_quick_bench_as_loopdock_bench_quick_runs_it(tmp_path, monkeypatch):
+    """Every phase is handed to a child process, as `loopdock bench --quick` does. The
     many-agents phase (the one whose memory figures the isolation keeps clean) really runs
     in a fresh interpreter; to keep the suite quick, the other phases run in this process
-    behind the same call (they have no state of their own to keep apart, and the next
-    test runs every phase here anyway)."""
+    behind the same call (they keep no state of their own to keep apart)."""
     real_child, handed = _run._in_child, []
 
     def in_child(phase, params, progress):
@@ -247,32 +246,43 @@ def test_quick_bench_in_fresh_processes(tmp_path, monkeypatch):
         return _run.run_phase(phase, params, progress)
 
     monkeypatch.setattr(_run, "_in_child", in_child)
-    out = io.StringIO()
-    results = _run.run("quick", tmp_path, isolate=True, config={**TINY, "ns": [8]}, stdout=out, show_progress=False)
-    peer = ["peer"] if _peer_autogen.available() else []
-    assert handed == ["floor", *peer, "many", "priority", "bridge"]
-    check_results(results, tmp_path, out.getvalue(), ns=[8], peer_ok=bool(peer))
+    peer_ok = _peer_autogen.available()
+    out, progress = io.StringIO(), io.StringIO()
+    results = _run.run(
+        "quick", tmp_path, isolate=True, config={**TINY, "ns": [1, 8]}, stdout=out, progress_stream=progress
+    )
+    peer = ["peer"] if peer_ok else []
+    assert handed == ["floor", *peer, "many", "many", "priority", "bridge"]
+    check_results(results, tmp_path, out.getvalue(), ns=[1, 8], peer_ok=peer_ok)
+    if not peer_ok:
+        assert "not installed" in out.getvalue()
+    # The progress reporter ran (non-tty form): one line per phase, in order.
+    done = re.findall(r"^bench: done (.+?) \[", progress.getvalue(), re.MULTILINE)
+    assert done == ["floor: trio channels", *(["peer: autogen-core"] if peer_ok else []),
+                    "agents: N=1", "agents: N=8", "human priority", "bridge: websocket"]
 
 
-def test_quick_bench_in_process_without_the_peer(tmp_path, monkeypatch):
-    """In this process, with autogen-core missing: the peer column says so."""
-    monkeypatch.setattr(_peer_autogen, "available", lambda: False)
+def test_in_process_runs_the_phases_here(tmp_path, monkeypatch):
+    """`--in-process` (isolate=False): loopdock's phases run in this process, no child."""
+
+    class Stop(Exception):
+        pass
+
+    ran = []
+
+    def run_phase(phase, params, progress):
+        ran.append(phase)
+        raise Stop  # the first phase is enough to see where it runs
 
     def no_child(phase, params, progress):
         raise AssertionError(f"phase {phase} was handed to a child process")
 
+    monkeypatch.setattr(_peer_autogen, "available", lambda: False)
+    monkeypatch.setattr(_run, "run_phase", run_phase)
     monkeypatch.setattr(_run, "_in_child", no_child)
-    out, progress = io.StringIO(), io.StringIO()
-    results = _run.run(
-        "quick", tmp_path, isolate=False, config={**TINY, "ns": [1, 8]}, stdout=out, progress_stream=progress
-    )
-    check_results(results, tmp_path, out.getvalue(), ns=[1, 8], peer_ok=False)
-    assert "not installed" in out.getvalue()
-    throughput = next(t for t in results["targets"] if t["id"] == "throughput")
-    assert throughput["passed"] is None and "not installed" in throughput["note"]
-    # The progress reporter ran (non-tty form): one line per phase, in order.
-    done = re.findall(r"^bench: done (.+?) \[", progress.getvalue(), re.MULTILINE)
-    assert done == ["floor: trio channels", "agents: N=1", "agents: N=8", "human priority", "bridge: websocket"]
+    with pytest.raises(Stop):
+        _run.run("quick", tmp_path, isolate=False, config={**TINY, "ns": [1]}, stdout=io.StringIO(), show_progress=False)
+    assert ran == ["floor"]
 
 
 @pytest.mark.parametrize("argv", [["bench", "--help"]])
