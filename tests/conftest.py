@@ -7,11 +7,24 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+from leak_check import assert_no_leaked_agent_tasks
 
-# Tests that start real external components: the LoopX CLI (Node 22), a DSH host, Chromium.
-# ``scripts/test -m "not e2e"`` runs everything else, quickly.
+# Property tests: few examples by default, so that the suite stays quick (hypothesis keeps
+# every failure it finds in .hypothesis/ and tries it first next time); many for a
+# deliberate search: HYPOTHESIS_PROFILE=thorough scripts/test -m "not e2e" -k ...
+# No deadline and no too-slow check in either: both measure this machine, not the code.
+_MACHINE_INDEPENDENT = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow], "print_blob": True}
+settings.register_profile("quick", max_examples=30, **_MACHINE_INDEPENDENT)
+settings.register_profile("thorough", max_examples=1000, **_MACHINE_INDEPENDENT)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "quick"))
+
+# Tests that start real external components, and only those, are e2e: the LoopX CLI (it
+# runs on Node 22: every test using these fixtures), a DSH host (the *_e2e.py modules, and
+# tests marked e2e by hand elsewhere), Chromium (the browser test). Stand-ins, loopback
+# servers and our own subprocesses are not. ``scripts/test -m "not e2e"`` runs the rest.
 _E2E_FIXTURES = frozenset({"node22_bin", "loopx_env", "loopx_command"})
-_E2E_MODULES = frozenset({"test_goalbar_browser.py", "test_serve_cli.py"})
+_E2E_MODULES = frozenset({"test_goalbar_browser.py"})
 
 
 def pytest_collection_modifyitems(config, items):
@@ -19,7 +32,6 @@ def pytest_collection_modifyitems(config, items):
         module = item.path.name
         if module.endswith("_e2e.py") or module in _E2E_MODULES or _E2E_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.e2e)
-
 
 
 @pytest.fixture(autouse=True)
@@ -46,20 +58,43 @@ async def rt(tmp_path):
         assert_no_leaked_agent_tasks(runtime)
 
 
-
-def assert_no_leaked_agent_tasks(runtime):
-    """Every live agent owns exactly one task in the supervisor's nursery, and so does
-    every configured agent still waiting to start; the store writer and the skill
-    catalog's watcher own the other two. Anything more is a task that outlived its owner."""
-    expected = 2 + len(runtime.list_agents()) + len(runtime.dock.starting)
-    tasks = runtime.supervisor.nursery.child_tasks
-    assert len(tasks) == expected, [t.name for t in tasks]
-
-
 @pytest.fixture
 def no_leaks():
     """The leak check, for tests that dispose agents mid-test."""
     return assert_no_leaked_agent_tasks
+
+
+@pytest.fixture
+def loopdock_cli(tmp_path, monkeypatch, capsys):
+    """``loopdock ARGV`` in this process (no interpreter start), in ``tmp_path``: returns
+    (exit code, stdout, stderr). ``.example(path)`` runs an example script as
+    ``__main__`` (it raises if the script fails): (stdout, stderr). Both set up structlog
+    for the whole process, as a command does; that is undone afterwards. Only from a
+    synchronous test: a command runs its own ``trio.run``."""
+    import runpy
+
+    import structlog
+
+    from loopdock._cli import main
+
+    configured, saved = structlog.is_configured(), structlog.get_config()
+    monkeypatch.chdir(tmp_path)
+
+    def cli(*argv):
+        code = main(list(argv))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    def example(path):
+        runpy.run_path(str(path), run_name="__main__")
+        return capsys.readouterr()
+
+    cli.example = example
+    yield cli
+    if configured:
+        structlog.configure(**saved)
+    else:
+        structlog.reset_defaults()
 
 
 # -- The real LoopX CLI -------------------------------------------------------------------
@@ -109,6 +144,17 @@ def loopx_env(node22_bin, tmp_path_factory) -> dict[str, str]:
     env["PATH"] = os.pathsep.join(
         [str(node22_bin), str(Path(sys.executable).parent), env.get("PATH", "")]
     )
+    env["HOME"] = str(tmp_path_factory.mktemp("loopx-home"))
+    env["LOOPX_USAGE_PING"] = "0"
+    return env
+
+
+@pytest.fixture
+def loopx_standin_env(tmp_path_factory) -> dict[str, str]:
+    """What loopx_env gives a loopx call (a fresh HOME, no usage ping), without Node 22 or
+    the real loopx on PATH: for tests whose loopx (and python) are stand-ins only, which
+    are therefore not e2e."""
+    env = dict(os.environ)
     env["HOME"] = str(tmp_path_factory.mktemp("loopx-home"))
     env["LOOPX_USAGE_PING"] = "0"
     return env

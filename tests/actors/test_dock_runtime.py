@@ -18,6 +18,7 @@ import attrs
 import pytest
 import trio
 import trio.testing
+from leak_check import assert_no_leaked_agent_tasks
 
 from actors._fake import FakeDriver
 from actors.dock import (
@@ -47,17 +48,11 @@ def raises_code(code):
     return pytest.raises(DockError, check=lambda e: e.code == code)
 
 
-def assert_no_leaked_tasks(rt: Runtime) -> None:
-    tasks = rt.supervisor.nursery.child_tasks
-    # + the store writer and the skill catalog's watcher
-    assert len(tasks) == 2 + len(rt.list_agents()) + len(rt.dock.starting), [t.name for t in tasks]
-
-
 @asynccontextmanager
 async def opened(home: Path, **kwargs: Any) -> AsyncIterator[Runtime]:
     async with Runtime.open(home, **kwargs) as rt:
         yield rt
-        assert_no_leaked_tasks(rt)
+        assert_no_leaked_agent_tasks(rt)
 
 
 @pytest.fixture

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
+from leak_check import assert_no_leaked_agent_tasks
 
 from loopdock import LoopxSettings, Runtime
 from runtime.loopx import LoopxClient
+from runtime.loopx import _client as loopx_client
 from runtime.models import Reply, ScriptedAdapter
 from runtime.skills import SkillCatalog
 
@@ -192,7 +194,7 @@ async def test_human_input_wins_at_pre_step(tmp_path, loopx_env, loopx_project, 
     assert len(turn_ids) >= 2 and turn_ids[0] == turn_ids[1]
 
 
-STANDIN = """#!{python}
+STANDIN = """#!{python} -IS
 # A LoopX stand-in for scheduler and transport faults: answers from a script of replies
 # keyed by subcommand, logging every call.
 import json, os, sys
@@ -237,15 +239,20 @@ def subcommands(calls):
 
 
 @pytest.fixture
-def patient_autojump_clock():
-    # The clock only jumps once every task has been blocked for a real half second, so
-    # the stand-in's process round trips run at real speed and only long waits jump.
-    return trio.testing.MockClock(autojump_threshold=0.5)
+def jump_clock():
+    # Real time (the stand-in's processes take what they take), except that the test
+    # moves the clock past the scheduler's wait once the driver has armed its timer. No
+    # autojump: it would leap to the CLI timeout while a slow stand-in starts.
+    return trio.testing.MockClock(rate=1.0)
 
 
-async def test_a_scheduler_wait_arms_one_timer_and_wakes_a_new_checkpoint(
-    tmp_path, loopx_project, patient_autojump_clock
-):
+@pytest.fixture
+def immediate_retries(monkeypatch):
+    """The client's retries back to back (their schedule is tested in test_loopx_client)."""
+    monkeypatch.setattr(loopx_client, "ATTEMPT_BACKOFF", (0.0,) * len(loopx_client.ATTEMPT_BACKOFF))
+
+
+async def test_a_scheduler_wait_arms_one_timer_and_wakes_a_new_checkpoint(tmp_path, loopx_project, jump_clock):
     command, calls = standin(tmp_path)
     write_skill(loopx_project, "loopx")
     async with Runtime.open(
@@ -259,18 +266,28 @@ async def test_a_scheduler_wait_arms_one_timer_and_wakes_a_new_checkpoint(
         await say(rt, handle.agent, "/loopx keep going")
         assert driver.timer is not None and driver.stopped == "waiting 300s"
         assert subcommands(calls()) == ["resolve-agent-thread", "should-run"]
-        await driver.wait_checkpoint(driver.checkpoints)  # the timer's own checkpoint
+        checkpoints = driver.checkpoints
+        await trio.testing.wait_all_tasks_blocked()  # the timer task sleeps from now
+        jump_clock.jump(290)  # (real time moves too: a margin for a slow machine)
+        await trio.testing.wait_all_tasks_blocked()
+        assert driver.checkpoints == checkpoints and driver.timer is not None  # not yet
+        jump_clock.jump(10)
+        with trio.fail_after(60):  # created after the jumps: 60 s of real time
+            await driver.wait_checkpoint(checkpoints)  # the timer's own checkpoint
         assert trio.current_time() - start >= 300
         assert driver.timer is None and driver.pending is None
         assert driver.stopped == "should-run: wait"  # no second wait hint: stop, no timer
         assert subcommands(calls()) == ["resolve-agent-thread", "should-run"] * 2
         turn_ids = [c[c.index("--turn-instance-id") + 1] for c in calls() if "should-run" in c]
         assert turn_ids[0] != turn_ids[1]  # a new attempt, a new identity
+        assert_no_leaked_agent_tasks(rt)  # the continuation is the agent's one companion
         await handle.dispose()
+        assert "waiting" not in rt.loopx.continuations
+        assert_no_leaked_agent_tasks(rt)
 
 
 async def test_should_run_transport_failures_retry_with_one_turn_id_then_stop(
-    tmp_path, loopx_project, patient_autojump_clock
+    tmp_path, loopx_project, immediate_retries
 ):
     command, calls = standin(tmp_path, transport_failures=3)  # every attempt fails
     write_skill(loopx_project, "loopx")

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import structlog
 import trio
+import trio.testing
 
 from actors.loopx import (
     INIT_SOURCE_KIND,
@@ -49,8 +50,9 @@ NOISE = "NOISY-OUTPUT"
 
 
 def write_script(path: Path, body: str) -> Path:
+    # -I -S: the scripts need only the standard library, and start faster without site.
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"#!{PY}\n{body}", encoding="utf-8")
+    path.write_text(f"#!{PY} -IS\n{body}", encoding="utf-8")
     path.chmod(0o755)
     return path
 
@@ -193,8 +195,15 @@ def fifo_stream(path: Path):
 # -- Environments and settings ------------------------------------------------------------------
 
 
+@pytest.fixture
+def jump_clock():
+    """Real time, except that a test moves it past a timeout once it knows a stand-in hangs."""
+    return trio.testing.MockClock(rate=1.0)
+
+
+
 def child_env(loopx_env, *dirs, system: bool = True, **extra) -> dict[str, str]:
-    """loopx_env (tmp HOME, no usage ping) with PATH = dirs (+ /usr/bin:/bin), which never
+    """loopx_env or loopx_standin_env (tmp HOME, no usage ping) with PATH = dirs (+ /usr/bin:/bin), which never
     hold a loopx; PYTHON_BIN and DSH_AGENTS_HOME only when given."""
     env = dict(loopx_env)
     env.pop("PYTHON_BIN", None)
@@ -440,11 +449,11 @@ async def test_missing_and_incompatible_cli_are_repaired_by_one_real_private_ins
 # -- Fault injection ------------------------------------------------------------------------------
 
 
-async def test_a_failed_package_install_is_one_pip_call_and_a_safe_install_cli_error(loopx_env, node22_bin, loopx_project, tmp_path):
+async def test_a_failed_package_install_is_one_pip_call_and_a_safe_install_cli_error(loopx_standin_env, loopx_project, tmp_path):
     pip_log = tmp_path / "python.log"
     python = python_standin(tmp_path / "py" / "python", pip_log, pip_exit=1)
     agents = tmp_path / "agents"
-    settings = make_settings(agents, child_env(loopx_env, node22_bin), loopx_project, python_bin=str(python))
+    settings = make_settings(agents, child_env(loopx_standin_env), loopx_project, python_bin=str(python))
     with trio.fail_after(FAST_TIMEOUT):
         outcome = await initialize(settings)
     assert (outcome.ok, outcome.stage, outcome.kind, outcome.installed_cli, outcome.command) == (
@@ -457,13 +466,13 @@ async def test_a_failed_package_install_is_one_pip_call_and_a_safe_install_cli_e
     assert_safe(outcome.summary, tmp_path, loopx_project)
 
 
-async def test_python_selection_skips_old_interpreters_and_needs_one(loopx_env, node22_bin, loopx_project, tmp_path):
+async def test_python_selection_skips_old_interpreters_and_needs_one(loopx_standin_env, loopx_project, tmp_path):
     pip_log = tmp_path / "python.log"
     old, new = tmp_path / "old", tmp_path / "new"
     python_standin(old / "python3", pip_log, version="3.10")
     python_standin(new / "python3.12", pip_log, version="3.12", pip_exit=1)
     agents = tmp_path / "agents"
-    env = child_env(loopx_env, node22_bin, old, new, system=False)
+    env = child_env(loopx_standin_env, old, new, system=False)
     with trio.fail_after(FAST_TIMEOUT):
         outcome = await initialize(make_settings(agents, env, loopx_project))
         assert (outcome.stage, outcome.kind) == ("install_cli", "pip_failed")
@@ -471,7 +480,7 @@ async def test_python_selection_skips_old_interpreters_and_needs_one(loopx_env, 
         assert [argv[0] for argv in read_log(pip_log)] == ["-c", "-c", "-m"]
         assert read_log(pip_log)[2][:5] == PIP_ARGV_TAIL
 
-        nothing = await initialize(make_settings(agents, child_env(loopx_env, node22_bin, old, system=False), loopx_project))
+        nothing = await initialize(make_settings(agents, child_env(loopx_standin_env, old, system=False), loopx_project))
     assert (nothing.ok, nothing.stage, nothing.kind) == (False, "install_cli", "no_python")
     assert "PYTHON_BIN" in nothing.summary
     assert len(read_log(pip_log)) == 4  # one more version probe, no install
@@ -487,11 +496,11 @@ async def test_python_selection_skips_old_interpreters_and_needs_one(loopx_env, 
         ({"stdout": "loopx 2.1.1"}, {"stdout": {"ok": True, "schema_version": "something_else_v9"}}),
     ],
 )
-async def test_an_incompatible_cli_triggers_the_single_install(version, probe, loopx_env, node22_bin, loopx_project, tmp_path):
+async def test_an_incompatible_cli_triggers_the_single_install(version, probe, loopx_standin_env, loopx_project, tmp_path):
     log, pip_log = tmp_path / "loopx.log", tmp_path / "python.log"
     loopx_standin(tmp_path / "bin", log, version=version, probe=probe)
     python = python_standin(tmp_path / "py" / "python", pip_log, pip_exit=1)
-    settings = make_settings(tmp_path / "agents", child_env(loopx_env, node22_bin, tmp_path / "bin"), loopx_project, python_bin=str(python))
+    settings = make_settings(tmp_path / "agents", child_env(loopx_standin_env, tmp_path / "bin"), loopx_project, python_bin=str(python))
     with trio.fail_after(FAST_TIMEOUT):
         outcome = await initialize(settings)
     assert (outcome.stage, outcome.kind) == ("install_cli", "pip_failed")
@@ -499,12 +508,12 @@ async def test_an_incompatible_cli_triggers_the_single_install(version, probe, l
     assert "install" not in steps(log)  # the incompatible CLI never installs skills
 
 
-async def test_an_install_that_leaves_no_usable_cli_fails_at_resolve(loopx_env, node22_bin, loopx_project, tmp_path):
+async def test_an_install_that_leaves_no_usable_cli_fails_at_resolve(loopx_standin_env, loopx_project, tmp_path):
     pip_log = tmp_path / "python.log"
     # pip "succeeds" without installing anything; the launcher then runs this stand-in too.
     python = python_standin(tmp_path / "py" / "python", pip_log, pip_exit=0, other_exit=0)
     agents = tmp_path / "agents"
-    settings = make_settings(agents, child_env(loopx_env, node22_bin), loopx_project, python_bin=str(python))
+    settings = make_settings(agents, child_env(loopx_standin_env), loopx_project, python_bin=str(python))
     with trio.fail_after(FAST_TIMEOUT):
         outcome = await initialize(settings)
     assert (outcome.ok, outcome.stage, outcome.kind, outcome.installed_cli, outcome.command) == (
@@ -527,11 +536,11 @@ async def test_an_install_that_leaves_no_usable_cli_fails_at_resolve(loopx_env, 
         ({"exit": 1, "stdout": "NOISY-OUTPUT crashed"}, "transport"),
     ],
 )
-async def test_a_skill_install_failure_fails_closed_without_retry(install, kind, loopx_env, node22_bin, loopx_project, tmp_path):
+async def test_a_skill_install_failure_fails_closed_without_retry(install, kind, loopx_standin_env, loopx_project, tmp_path):
     log, pip_log = tmp_path / "loopx.log", tmp_path / "python.log"
     loopx = loopx_standin(tmp_path / "bin", log, install=install)
     python = python_standin(tmp_path / "py" / "python", pip_log)
-    settings = make_settings(tmp_path / "agents", child_env(loopx_env, node22_bin, tmp_path / "bin"), loopx_project, python_bin=str(python))
+    settings = make_settings(tmp_path / "agents", child_env(loopx_standin_env, tmp_path / "bin"), loopx_project, python_bin=str(python))
     with trio.fail_after(FAST_TIMEOUT):
         outcome = await initialize(settings)
     assert (outcome.ok, outcome.stage, outcome.kind, outcome.skills_changed) == (False, "install_skills", kind, False)
@@ -550,10 +559,10 @@ async def test_a_skill_install_failure_fails_closed_without_retry(install, kind,
         ({"exit": 1, "stdout": {**READBACK_OK, "ok": False}}, "refused"),
     ],
 )
-async def test_a_readback_that_is_not_healthy_fails_at_readback(readback, kind, loopx_env, node22_bin, loopx_project, tmp_path):
+async def test_a_readback_that_is_not_healthy_fails_at_readback(readback, kind, loopx_standin_env, loopx_project, tmp_path):
     log = tmp_path / "loopx.log"
     loopx_standin(tmp_path / "bin", log, readback=readback)
-    settings = make_settings(tmp_path / "agents", child_env(loopx_env, node22_bin, tmp_path / "bin"), loopx_project)
+    settings = make_settings(tmp_path / "agents", child_env(loopx_standin_env, tmp_path / "bin"), loopx_project)
     with trio.fail_after(FAST_TIMEOUT):
         outcome = await initialize(settings)
     assert (outcome.ok, outcome.stage, outcome.kind) == (False, "readback", kind)
@@ -562,16 +571,22 @@ async def test_a_readback_that_is_not_healthy_fails_at_readback(readback, kind, 
     assert_safe(outcome.summary, tmp_path, loopx_project)
 
 
-async def test_a_probe_timeout_fails_at_probe_without_installing(loopx_env, node22_bin, loopx_project, tmp_path):
+async def test_a_probe_timeout_fails_at_probe_without_installing(loopx_standin_env, loopx_project, tmp_path, jump_clock):
     log, pip_log = tmp_path / "loopx.log", tmp_path / "python.log"
+    timeout = 60.0  # reached by a jump of the clock once the stand-in hangs, not by waiting
+    outcomes = []
     with fifo_stream(tmp_path / "hung") as hung:
         loopx_standin(tmp_path / "bin", log, fifo=tmp_path / "hung", version={"hang": True})
         python = python_standin(tmp_path / "py" / "python", pip_log)
-        env = child_env(loopx_env, node22_bin, tmp_path / "bin")
-        settings = make_settings(tmp_path / "agents", env, loopx_project, python_bin=str(python), timeout=1.0)
-        with trio.fail_after(FAST_TIMEOUT):
-            outcome = await initialize(settings)
-            assert await hung.receive_some() == b"version\n"
+        env = child_env(loopx_standin_env, tmp_path / "bin")
+        settings = make_settings(tmp_path / "agents", env, loopx_project, python_bin=str(python), timeout=timeout)
+        with trio.fail_after(timeout + FAST_TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(lambda: _append(outcomes, initialize(settings)))
+                assert await hung.receive_some() == b"version\n"
+                assert outcomes == []  # still waiting for the hanging probe
+                jump_clock.jump(timeout)
+    [outcome] = outcomes
     assert (outcome.ok, outcome.stage, outcome.kind) == (False, "probe_cli", "timeout")
     assert read_log(pip_log) == []
     [call] = read_log(log)
@@ -579,14 +594,18 @@ async def test_a_probe_timeout_fails_at_probe_without_installing(loopx_env, node
         os.kill(call["pid"], 0)
 
 
+async def _append(results, call):
+    results.append(await call)
+
+
 # -- Start-up initialisation --------------------------------------------------------------------
 
 
 async def test_startup_initialize_never_raises_and_reduces_failures_to_stage_and_kind(
-    loopx_env, node22_bin, loopx_project, tmp_path, monkeypatch
+    loopx_standin_env, loopx_project, tmp_path, monkeypatch
 ):
     loopx_standin(tmp_path / "bin", tmp_path / "loopx.log", version={"stdout": "garbage"})
-    env = child_env(loopx_env, node22_bin, tmp_path / "bin")
+    env = child_env(loopx_standin_env, tmp_path / "bin")
     broken = make_settings(tmp_path / "agents", env, loopx_project, python_bin=str(tmp_path / "no" / "python"))
     with trio.fail_after(FAST_TIMEOUT):
         with structlog.testing.capture_logs() as logs:
@@ -607,11 +626,11 @@ async def test_startup_initialize_never_raises_and_reduces_failures_to_stage_and
         assert_safe(result.summary, tmp_path, loopx_project)
 
 
-async def test_startup_initialize_lets_cancellation_through(loopx_env, node22_bin, loopx_project, tmp_path):
+async def test_startup_initialize_lets_cancellation_through(loopx_standin_env, loopx_project, tmp_path):
     log = tmp_path / "loopx.log"
     with fifo_stream(tmp_path / "hung") as hung:
         loopx_standin(tmp_path / "bin", log, fifo=tmp_path / "hung", install={"hang": True})
-        settings = make_settings(tmp_path / "agents", child_env(loopx_env, node22_bin, tmp_path / "bin"), loopx_project)
+        settings = make_settings(tmp_path / "agents", child_env(loopx_standin_env, tmp_path / "bin"), loopx_project)
         returned = []
         with trio.fail_after(FAST_TIMEOUT):
             async with trio.open_nursery() as nursery:
@@ -653,11 +672,11 @@ def assert_init_source(message, phase):
 
 
 @pytest.mark.parametrize("line", ["/loopx-init now", "/loopx-init --force", "/loopx-init  a b "])
-async def test_any_argument_is_a_usage_error_before_any_followup_or_probe(line, loopx_env, node22_bin, loopx_project, tmp_path):
+async def test_any_argument_is_a_usage_error_before_any_followup_or_probe(line, loopx_standin_env, loopx_project, tmp_path):
     log, pip_log = tmp_path / "loopx.log", tmp_path / "python.log"
     loopx_standin(tmp_path / "bin", log)
     python = python_standin(tmp_path / "py" / "python", pip_log)
-    settings = make_settings(tmp_path / "agents", child_env(loopx_env, node22_bin, tmp_path / "bin"), loopx_project, python_bin=str(python))
+    settings = make_settings(tmp_path / "agents", child_env(loopx_standin_env, tmp_path / "bin"), loopx_project, python_bin=str(python))
     settings_for, asked = counting(settings)
     adapter = ScriptedAdapter([])
     with trio.fail_after(FAST_TIMEOUT):
@@ -717,10 +736,10 @@ async def test_success_queues_start_then_result_and_returns_the_native_result(lo
             assert steps(calls) == ["version", "inspect", "install", "inspect"]
 
 
-async def test_failure_still_queues_exactly_start_and_result(loopx_env, node22_bin, loopx_project, tmp_path):
+async def test_failure_still_queues_exactly_start_and_result(loopx_standin_env, loopx_project, tmp_path):
     pip_log = tmp_path / "python.log"
     python = python_standin(tmp_path / "py" / "python", pip_log, pip_exit=1)
-    settings = make_settings(tmp_path / "agents", child_env(loopx_env, node22_bin), loopx_project, python_bin=str(python))
+    settings = make_settings(tmp_path / "agents", child_env(loopx_standin_env), loopx_project, python_bin=str(python))
     adopted = []
     adapter = ScriptedAdapter(["ok", "ok"])
     with trio.fail_after(FAST_TIMEOUT):
@@ -746,13 +765,13 @@ async def test_failure_still_queues_exactly_start_and_result(loopx_env, node22_b
             assert done_event == [{"name": "loopx-init", "ok": False, "message": result.message}]
 
 
-async def test_cancellation_leaves_only_the_start_followup_and_propagates(loopx_env, node22_bin, loopx_project, tmp_path):
+async def test_cancellation_leaves_only_the_start_followup_and_propagates(loopx_standin_env, loopx_project, tmp_path):
     log = tmp_path / "loopx.log"
     adapter = ScriptedAdapter(["ok"])
     returned = []
     with fifo_stream(tmp_path / "hung") as hung:
         loopx_standin(tmp_path / "bin", log, fifo=tmp_path / "hung", install={"hang": True})
-        settings = make_settings(tmp_path / "agents", child_env(loopx_env, node22_bin, tmp_path / "bin"), loopx_project)
+        settings = make_settings(tmp_path / "agents", child_env(loopx_standin_env, tmp_path / "bin"), loopx_project)
         with trio.fail_after(FAST_TIMEOUT):
             async with Runtime.open(tmp_path / "home") as rt:
                 rt.commands.register(loopx_init_command(lambda ctx: settings))

@@ -28,7 +28,7 @@ async def test_startup_installs_skills_before_ready_and_registers_the_repair_com
 
 
 async def test_a_broken_cli_at_startup_is_a_safe_diagnostic_and_the_runtime_stays_up(
-    tmp_path, loopx_env, loopx_project
+    tmp_path, loopx_standin_env, loopx_project
 ):
     broken = tmp_path / "loopx"
     broken.write_text(f"#!{sys.executable}\nimport sys\nprint('not loopx at all')\nsys.exit(3)\n")
@@ -37,9 +37,9 @@ async def test_a_broken_cli_at_startup_is_a_safe_diagnostic_and_the_runtime_stay
     no_python.write_text(f"#!{sys.executable}\nimport sys\nsys.exit(1)\n")  # pip 'fails'
     no_python.chmod(0o755)
     env = {
-        **loopx_env,
+        **loopx_standin_env,
         "DSH_AGENTS_HOME": str(tmp_path / "agents"),
-        "PATH": f"{tmp_path}:{loopx_env['PATH']}",
+        "PATH": f"{tmp_path}:/usr/bin:/bin",  # the broken loopx is the only one
         "PYTHON_BIN": str(no_python),
     }
     with trio.fail_after(120):

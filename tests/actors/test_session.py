@@ -354,22 +354,20 @@ async def test_closing_the_session_ends_subscriptions_normally(tmp_path):
 
 
 class _GatedStore:
-    """Delegates to a real store; the commit that creates a session waits (up to 1 s, on
-    its worker thread) for a later commit to finish, so that a second drain running
-    concurrently would commit first. Roles go by content: thread start order is racy."""
+    """Delegates to a real store; the commit that creates a session (the header's) waits
+    on its worker thread until the test opens the gate, so a second drain has every
+    chance to start a commit of its own meanwhile (a re-entrant drain would)."""
 
     def __init__(self, store: SessionStore) -> None:
         self._store = store
-        self._other_done = threading.Event()
+        self.gate = threading.Event()
+        self.batches: list[list[int]] = []  # the event seqs of each commit, in commit order
 
     def commit(self, batch) -> None:
         if any(write.header is not None for write in batch):
-            self._other_done.wait(timeout=1)
-            return self._store.commit(batch)
-        try:
-            return self._store.commit(batch)
-        finally:
-            self._other_done.set()
+            assert self.gate.wait(timeout=30), "the test never opened the gate"
+        self.batches.append([e.seq for write in batch for e in write.events])
+        return self._store.commit(batch)
 
     def __getattr__(self, name):
         return getattr(self._store, name)
@@ -378,17 +376,28 @@ class _GatedStore:
 async def test_concurrent_drains_keep_a_sessions_writes_in_order(tmp_path):
     with trio.fail_after(10):
         with SessionStore.open(tmp_path / "sessions.db") as store:
-            writer = StoreWriter(_GatedStore(store))  # type: ignore[arg-type]
+            gated = _GatedStore(store)
+            writer = StoreWriter(gated)  # type: ignore[arg-type]
+            threads = trio.to_thread.current_default_thread_limiter()
             s = SessionActor(header("s1"), writer)
             sub = s.subscribe()
             s.publish()
             s.append("user/message", {"i": 0})
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(writer.drain)  # takes header + event 0; commit in flight
-                await trio.testing.wait_all_tasks_blocked()
-                s.append("user/message", {"i": 1})
-                nursery.start_soon(writer.drain)  # a second drain while the first is in flight
+                try:
+                    nursery.start_soon(writer.drain)  # takes header + event 0; its commit waits at the gate
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert threads.borrowed_tokens == 1  # that commit is on its thread
+                    s.append("user/message", {"i": 1})
+                    nursery.start_soon(writer.drain)  # a second drain while the first is in flight
+                    await trio.testing.wait_all_tasks_blocked()
+                    # The second drain waits for the first: it has not handed a commit to a
+                    # thread (a re-entrant drain would have, and could land event 1 first).
+                    assert threads.borrowed_tokens == 1 and gated.batches == []
+                finally:
+                    gated.gate.set()
             await s.close()
+            assert gated.batches == [[0], [1]]
             assert wire(store.load("s1")[1]) == wire(s.events)
             assert writer.commits == 2
             assert [e.seq async for e in sub] == [0, 1]

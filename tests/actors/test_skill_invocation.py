@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from actors import Reject
 from loopdock import Message, ProducerSource, Runtime, TextBlock
@@ -196,11 +197,13 @@ async def test_a_resumed_session_keeps_the_injected_skill_in_its_transcript(tmp_
 async def test_the_runtime_watches_the_skill_roots_for_the_models_listing(tmp_path):
     with trio.fail_after(TIMEOUT):
         async with Runtime.open(tmp_path / "home") as rt:
-            while rt.skills._live_watches != 1:  # the watcher runs in the runtime's nursery
-                await trio.sleep(0.005)
+            # Once every task is blocked, the watcher (in the runtime's nursery) is in place
+            # and has handled the inotify signal of any change made before.
+            await trio.testing.wait_all_tasks_blocked()
+            assert rt.skills._live_watches == 1
             tool = rt.tools.get("skill")
             assert "No skills are installed." in tool.spec.description
             write_skill(Path(os.environ["DSH_HOME"]) / "skills", "watched", "body")
-            while "- watched: The watched skill" not in tool.spec.description:
-                await trio.sleep(0.005)
+            await trio.testing.wait_all_tasks_blocked()
+            assert "- watched: The watched skill" in tool.spec.description
         assert rt.skills._live_watches == 0  # cancelled with the runtime

@@ -28,10 +28,10 @@ import pytest
 import trio
 
 from actors import LiveEvent
-from actors.dock import DockError, Route, StrategyLoop
+from actors.dock import Route, StrategyLoop
 from bridge import DockSelectHandler, Wake, serve_bridge
 from bridge._dsh_files import dsh_process, quiet_env, session_log
-from bridge._messages import Select, StoredBinding
+from bridge._messages import StoredBinding
 from bridge._patch import write_patch
 from loopdock import LoopdockError
 from loopdock._runtime import Runtime
@@ -295,40 +295,3 @@ async def test_a_binding_in_dshs_log_outlives_the_runtime_that_chose_it(tmp_path
                 assert not [i for i in handler.live[live_before:] if i.agent_id == session]
                 nursery.cancel_scope.cancel()
     assert _bindings(session_log(dsh_home, session)) == [{"loop": "loopx-alt", "driver": "alt"}]
-
-
-async def test_the_select_handler_judges_a_resume_by_the_hosts_binding_first(tmp_path):
-    async with Runtime.open(tmp_path / "rt") as rt:
-        _alt(rt)
-        handler = DockSelectHandler(rt.dock)
-        # nothing anywhere: a session without a binding resumes on the default loop
-        assert (await handler.on_select(None, Select("resume", "s1"))).loop == "standard"
-        # the host's binding, with nothing in memory
-        handler.bindings.clear()
-        resumed = await handler.on_select(None, Select("resume", "s2", binding=StoredBinding("loopx-alt", "alt")))
-        assert (resumed.loop, resumed.driver) == ("loopx-alt", "alt")
-        assert handler.bindings["s2"] == Route("loopx-alt", "alt")
-        # memory says standard, DSH's log says loopx-alt: the log wins
-        handler.bindings["s3"] = Route("standard", "default")
-        resumed = await handler.on_select(None, Select("resume", "s3", binding=StoredBinding("loopx-alt", "alt")))
-        assert (resumed.loop, resumed.driver) == ("loopx-alt", "alt")
-        assert handler.bindings["s3"] == Route("loopx-alt", "alt")
-        with pytest.raises(DockError) as err:
-            await handler.on_select(None, Select("resume", "s3", {"loop": "standard"}, binding=StoredBinding("loopx-alt", "alt")))
-        assert err.value.code == "LOOP_SWITCH"
-        # no binding from the host: memory is the fallback
-        handler.bindings["s4"] = Route("loopx-alt", "alt")
-        with pytest.raises(DockError) as err:
-            await handler.on_select(None, Select("resume", "s4", {"loop": "standard"}))
-        assert err.value.code == "LOOP_SWITCH"
-        # a binding outside the dock's id grammar counts as none (memory, then nothing)
-        handler.bindings["s5"] = Route("loopx-alt", "alt")
-        resumed = await handler.on_select(None, Select("resume", "s5", binding=StoredBinding("Not A Loop")))
-        assert (resumed.loop, resumed.driver) == ("loopx-alt", "alt")
-        resumed = await handler.on_select(None, Select("resume", "s6", binding=StoredBinding("loopx-alt", "BAD DRIVER")))
-        assert (resumed.loop, resumed.driver) == ("standard", "default")
-        # a create never looks at memory or a binding
-        handler.bindings["s7"] = Route("loopx-alt", "alt")
-        created = await handler.on_select(None, Select("create", "s7"))
-        assert (created.loop, created.driver) == ("standard", "default")
-        assert handler.bindings["s7"] == Route("standard", "default")

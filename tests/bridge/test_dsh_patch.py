@@ -3,21 +3,16 @@ without a DSH (tests/bridge/test_dsh_dock_e2e.py runs them against the real one)
 
 from __future__ import annotations
 
-import os
 import stat
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
 from actors.dock import DockError, Route, StrategyLoop
 from bridge import DockSelectHandler, Select
+from bridge._messages import StoredBinding
 from bridge._patch import PLUGIN_PATH, patch_rows, write_patch
 from loopdock._runtime import Runtime
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_plugin_file_ships_beside_the_patch_writer():
@@ -48,22 +43,20 @@ def test_patch_rows_without_dock_or_ping_only_insert_the_plugin():
         patch_rows("http://127.0.0.1:5", "tok")
 
 
-def test_dsh_patch_command_writes_a_private_patch_with_the_home_token(tmp_path):
+def test_dsh_patch_command_writes_a_private_patch_with_the_home_token(tmp_path, loopdock_cli):
     home = tmp_path / "home"
     out = tmp_path / "out"
-    # a subprocess, as a user runs it (main() in-process would reconfigure this process's logging)
-    argv = [sys.executable, "-m", "loopdock._cli", "dsh-patch", "--url", "ws://127.0.0.1:9999", "--out", str(out),
-            "--dock", "--drivers", "default,alt", "--ping", "--home", str(home)]  # fmt: skip
-    done = subprocess.run(
-        argv, cwd=tmp_path, capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)}
-    )
-    assert done.returncode == 0, done.stderr
+    code, stdout, stderr = loopdock_cli(
+        "dsh-patch", "--url", "ws://127.0.0.1:9999", "--out", str(out),
+        "--dock", "--drivers", "default,alt", "--ping", "--home", str(home),
+    )  # fmt: skip
+    assert code == 0, stderr
     patch = out / "patch.yml"
     assert stat.S_IMODE(patch.stat().st_mode) == 0o600
     config = yaml.safe_load(patch.read_text())[-1]["insert"][0]["config"]
     assert config["token"] == (home / "bridge.token").read_text().strip()
     assert config["drivers"] == ["default", "alt"] and config["dock"] is True
-    assert f"--patch {patch}" in done.stdout
+    assert f"--patch {patch}" in stdout
     assert write_patch(out, "ws://127.0.0.1:1", "other") == patch  # rewritten in place
     assert "other" in patch.read_text()
 
@@ -104,3 +97,41 @@ async def test_decide_and_the_select_handler_follow_the_dock_rules(tmp_path):
         with pytest.raises(DockError) as err:
             await handler.on_select(None, Select("resume", "s-b", {"loop": "standard"}))
         assert err.value.code == "LOOP_SWITCH"
+
+
+async def test_the_select_handler_judges_a_resume_by_the_hosts_binding_first(tmp_path):
+    async with Runtime.open(tmp_path / "rt") as rt:
+        rt.dock.register(StrategyLoop(id="loopx-alt", setup=_noop, driver="alt"))
+        rt.register_driver("alt", _Placeholder())
+        handler = DockSelectHandler(rt.dock)
+        # nothing anywhere: a session without a binding resumes on the default loop
+        assert (await handler.on_select(None, Select("resume", "s1"))).loop == "standard"
+        # the host's binding, with nothing in memory
+        handler.bindings.clear()
+        resumed = await handler.on_select(None, Select("resume", "s2", binding=StoredBinding("loopx-alt", "alt")))
+        assert (resumed.loop, resumed.driver) == ("loopx-alt", "alt")
+        assert handler.bindings["s2"] == Route("loopx-alt", "alt")
+        # memory says standard, DSH's log says loopx-alt: the log wins
+        handler.bindings["s3"] = Route("standard", "default")
+        resumed = await handler.on_select(None, Select("resume", "s3", binding=StoredBinding("loopx-alt", "alt")))
+        assert (resumed.loop, resumed.driver) == ("loopx-alt", "alt")
+        assert handler.bindings["s3"] == Route("loopx-alt", "alt")
+        with pytest.raises(DockError) as err:
+            await handler.on_select(None, Select("resume", "s3", {"loop": "standard"}, binding=StoredBinding("loopx-alt", "alt")))
+        assert err.value.code == "LOOP_SWITCH"
+        # no binding from the host: memory is the fallback
+        handler.bindings["s4"] = Route("loopx-alt", "alt")
+        with pytest.raises(DockError) as err:
+            await handler.on_select(None, Select("resume", "s4", {"loop": "standard"}))
+        assert err.value.code == "LOOP_SWITCH"
+        # a binding outside the dock's id grammar counts as none (memory, then nothing)
+        handler.bindings["s5"] = Route("loopx-alt", "alt")
+        resumed = await handler.on_select(None, Select("resume", "s5", binding=StoredBinding("Not A Loop")))
+        assert (resumed.loop, resumed.driver) == ("loopx-alt", "alt")
+        resumed = await handler.on_select(None, Select("resume", "s6", binding=StoredBinding("loopx-alt", "BAD DRIVER")))
+        assert (resumed.loop, resumed.driver) == ("standard", "default")
+        # a create never looks at memory or a binding
+        handler.bindings["s7"] = Route("loopx-alt", "alt")
+        created = await handler.on_select(None, Select("create", "s7"))
+        assert (created.loop, created.driver) == ("standard", "default")
+        assert handler.bindings["s7"] == Route("standard", "default")

@@ -7,7 +7,7 @@ whatever it is given, and every frame the codec can write reads back equal.
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from actors import LiveEvent
@@ -53,8 +53,6 @@ from bridge._messages import (
 )
 from bridge._protocol import encode_batch, encode_item
 from loopdock import Event
-
-FUZZ = settings(max_examples=300, deadline=None)
 
 
 def wire(type_, data, **ids):
@@ -399,25 +397,21 @@ def decodes_or_refuses(text):
         return None
 
 
-@FUZZ
 @given(frames())
 def test_every_valid_frame_round_trips(frame):
     assert decode(encode(frame)) == frame
 
 
-@FUZZ
 @given(st.text())
 def test_decode_of_any_text_raises_only_protocol_errors(text):
     decodes_or_refuses(text)
 
 
-@FUZZ
 @given(json_values)
 def test_decode_of_any_json_value_raises_only_protocol_errors(value):
     assert decodes_or_refuses(json.dumps(value)) is None  # no bare JSON value is a frame
 
 
-@FUZZ
 @given(
     st.fixed_dictionaries(
         {"v": st.just(1), "type": st.sampled_from(sorted(MESSAGE_TYPES)), "data": json_objects},
@@ -445,7 +439,6 @@ def _mutate(draw, value):
     return draw(json_values)
 
 
-@FUZZ
 @given(frames(), st.data())
 def test_decode_of_mutated_valid_frames_raises_only_protocol_errors(frame, data):
     mutated = _mutate(data.draw, json.loads(encode(frame)))

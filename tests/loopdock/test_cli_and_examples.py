@@ -1,4 +1,9 @@
-"""The command line and the shipped examples, run as a user runs them (subprocesses)."""
+"""The command line and the shipped examples, run as a user runs them.
+
+The founding demo runs in a subprocess (``python -m loopdock._cli``: the interpreter's
+own entry into the CLI); the other commands and the examples run in this process
+(``main(argv)``, and each example as ``__main__``), which is the same code without an
+interpreter start per case."""
 
 import os
 import sys
@@ -33,32 +38,32 @@ async def test_demo_runs_two_agents_on_two_loops_offline(tmp_path):
     assert list(tmp_path.iterdir()) == []  # the demo leaves nothing behind
 
 
-async def test_run_resumes_its_session_on_the_same_home(tmp_path):
-    home = tmp_path / "home"
-    code, out, err = await run("-m", "loopdock._cli", "run", "first", "--session-id", "s1", "--home", str(home), cwd=tmp_path)
+def test_run_resumes_its_session_on_the_same_home(loopdock_cli, tmp_path):
+    home = str(tmp_path / "home")
+    code, out, err = loopdock_cli("run", "first", "--session-id", "s1", "--home", home)
     assert code == 0, err
     assert "pong: first" in out and "(turn 1 completed)" in out
-    code, out, err = await run("-m", "loopdock._cli", "run", "second", "--session-id", "s1", "--home", str(home), cwd=tmp_path)
+    code, out, err = loopdock_cli("run", "second", "--session-id", "s1", "--home", home)
     assert code == 0, err
     assert "pong: first" in out and "pong: second" in out and "(turn 2 completed)" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home"]  # nothing outside the home
 
 
-async def test_bad_input_gives_a_typed_error_and_exit_code_2(tmp_path):
-    code, out, err = await run("-m", "loopdock._cli", "run", "x", "--session-id", "has space", "--home", str(tmp_path / "h"), cwd=tmp_path)
+def test_bad_input_gives_a_typed_error_and_exit_code_2(loopdock_cli, tmp_path):
+    code, out, err = loopdock_cli("run", "x", "--session-id", "has space", "--home", str(tmp_path / "h"))
     assert code == 2
     assert "INVALID_SESSION_ID" in err and "Traceback" not in err
-    code, out, err = await run("-m", "loopdock._cli", "run", "x", "--provider", "nowhere", "--home", str(tmp_path / "h"), cwd=tmp_path)
+    code, out, err = loopdock_cli("run", "x", "--provider", "nowloopdock_cli", "--home", str(tmp_path / "h"))
     assert code == 2
-    assert "UNKNOWN_ADAPTER" in err and "nowhere" in err
+    assert "UNKNOWN_ADAPTER" in err and "nowloopdock_cli" in err
 
 
-async def test_fake_demos_put_two_agents_on_two_loops(tmp_path):
-    code, out, err = await run(str(ROOT / "examples" / "fake_two_loop.py"), cwd=tmp_path)
-    assert code == 0, err
+def test_fake_demos_put_two_agents_on_two_loops(loopdock_cli):
+    out, err = loopdock_cli.example(ROOT / "examples" / "fake_two_loop.py")
     assert "planner: loop=planner-loop driver=fake reply='fake: hello from planner'" in out
     assert "coder: loop=coder-loop driver=fake reply='fake: hello from coder'" in out
-    code, out, err = await run(str(ROOT / "examples" / "fake_two_driver_loops.py"), cwd=tmp_path)
-    assert code == 0, err
+    out, err = loopdock_cli.example(ROOT / "examples" / "fake_two_driver_loops.py")
     assert "agent-a: loop=loop-a reply='loop-a: ping'" in out
     assert "agent-b: loop=loop-b reply='loop-b: ping'" in out
     assert "Two agents, one dock, two different loops." in out
+    assert "Traceback" not in err

@@ -1,5 +1,6 @@
 """``loopdock serve`` run as a user runs it: a subprocess, its readiness line, a client;
-and the GoalBar it serves, on the REAL loopx CLI (2.1.1, Node 22 from scripts/test)."""
+and the GoalBar it serves, on the REAL loopx CLI (2.1.1, Node 22 from scripts/test) in
+the tests that use the LoopX fixtures (e2e), and without LoopX in the others."""
 
 import json
 import os
@@ -229,6 +230,7 @@ async def test_serve_refuses_a_project_that_is_not_a_directory(tmp_path):
     assert not (tmp_path / "home").exists()  # refused before the runtime opened
 
 
+@pytest.mark.e2e  # a real DSH host (and LoopX on, the default)
 async def test_the_readmes_commands_run_a_real_dsh_on_the_runtimes_dock(tmp_path, loopx_env):
     """README, "A real DeepSeek Harness host on the bridge": `loopdock serve`, `loopdock
     dsh-patch --dock --ping`, then `dsh headless --patch ...`: DSH asks the runtime's dock

@@ -2,7 +2,12 @@
 
 The stand-in is only for faults the real CLI cannot be made to produce on demand
 (timeouts, non-JSON output, N transport failures, contradicting exit codes, malformed
-schemas); ``test_loopx_cli.py`` drives the real loopx end to end."""
+schemas); ``test_loopx_cli.py`` drives the real loopx end to end.
+
+No test waits for real time to pass: a hanging stand-in says when it (and its own child)
+runs through a named pipe, the test then moves a mock clock past the client's timeout or
+cancels the call itself, and waits for the killed processes on pidfds. The retry
+backoff's schedule is checked on a virtual clock; the stand-in's retries run back to back."""
 
 import json
 import os
@@ -11,10 +16,12 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from runtime.loopx import (
     ATTEMPT_BACKOFF,
     HOST_SURFACE,
+    MAX_ATTEMPTS,
     LoopxClient,
     LoopxFailure,
     LoopxOk,
@@ -25,11 +32,14 @@ from runtime.loopx import (
     ThreadBinding,
     TransportFailure,
 )
+from runtime.loopx import _client as loopx_client
 
 # One Python script; what each attempt does comes from actions.json next to it (the last
 # action repeats). Every attempt logs its argv, cwd, env and start time to attempts.jsonl.
+# A "sleep" attempt starts a child of its own, writes both pids, and then tells the test
+# through the named pipe ``started`` that both run.
 STANDIN = r'''
-import json, os, subprocess, sys, time
+import json, os, sys, time
 from pathlib import Path
 
 here = Path(__file__).resolve().parent
@@ -41,8 +51,11 @@ number = sum(1 for _ in open(here / "attempts.jsonl"))
 actions = json.loads((here / "actions.json").read_text())
 action = actions[min(number, len(actions)) - 1]
 if "sleep" in action:
+    import subprocess  # only here: it costs more to import than the rest of the script
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     (here / f"pids-{number}").write_text(f"{os.getpid()} {child.pid}")
+    with open(here / "started", "w") as fifo:
+        fifo.write(f"{number}\n")
     time.sleep(action["sleep"])
 if "stderr" in action:
     sys.stderr.write(action["stderr"])
@@ -61,10 +74,29 @@ class StandIn:
         self.script.write_text(STANDIN)
         self.project = root / "project"
         self.project.mkdir()
+        # The read end stays open (non-blocking), so the stand-in's open() never blocks,
+        # and so does an extra write end, so the reader never sees EOF in between.
+        fifo = root / "started"
+        os.mkfifo(fifo)
+        self._read_fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        self._keep_fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        self._lines = b""
+
+    def close(self) -> None:
+        os.close(self._keep_fd)
+        os.close(self._read_fd)
+
+    async def started(self) -> list[int]:
+        """Wait until a "sleep" attempt runs (its child too); its pids, the child's last."""
+        while b"\n" not in self._lines:
+            await trio.lowlevel.wait_readable(self._read_fd)
+            self._lines += os.read(self._read_fd, 4096)
+        line, self._lines = self._lines.split(b"\n", 1)
+        return self.pids(int(line))
 
     @property
     def command(self) -> list[str]:
-        return [sys.executable, str(self.script)]
+        return [sys.executable, "-IS", str(self.script)]  # stdlib only: no site to load
 
     def plan(self, *actions: dict) -> None:
         (self.root / "actions.json").write_text(json.dumps(list(actions)))
@@ -85,8 +117,27 @@ class StandIn:
 
 
 @pytest.fixture
-def standin(tmp_path) -> StandIn:
-    return StandIn(tmp_path)
+def standin(tmp_path):
+    standin = StandIn(tmp_path)
+    yield standin
+    standin.close()
+
+
+@pytest.fixture
+def immediate_retries(monkeypatch):
+    """The stand-in's retries back to back (the backoff's schedule has a test of its own)."""
+    monkeypatch.setattr(loopx_client, "ATTEMPT_BACKOFF", (0.0,) * len(ATTEMPT_BACKOFF))
+
+
+@pytest.fixture
+def jump_clock():
+    """Real time, except that the test moves it past the client's timeout when it chooses."""
+    return trio.testing.MockClock(rate=1.0)
+
+
+# The client's timeout in the hanging tests: never reached in real time, the clock jumps.
+HANG_TIMEOUT = 20.0
+GUARD = 120.0  # a fail_after for the whole test; the jump takes HANG_TIMEOUT of it
 
 
 def gone(pid: int) -> bool:
@@ -98,11 +149,20 @@ def gone(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
-async def eventually_gone(pids, within=10.0):
-    with trio.move_on_after(within):
-        while not all(gone(p) for p in pids):
-            await trio.sleep(0.05)
-    return [p for p in pids if not gone(p)]
+class Exits:
+    """pidfds of running processes, opened while they run (so a pid cannot be reused
+    under us); ``wait()`` returns once every one of them has exited."""
+
+    def __init__(self, pids):
+        self.fds = [os.pidfd_open(pid) for pid in pids]
+
+    async def wait(self) -> None:
+        try:
+            for fd in self.fds:
+                await trio.lowlevel.wait_readable(fd)
+        finally:
+            for fd in self.fds:
+                os.close(fd)
 
 
 def safe(reason: str, standin: StandIn) -> bool:
@@ -201,7 +261,7 @@ async def test_nonzero_exit_without_json_is_a_transport_failure_with_a_safe_reas
     assert len(standin.attempts()) == 1  # retry=False by default
 
 
-async def test_spawn_failure_is_a_transport_failure_without_the_path(tmp_path):
+async def test_spawn_failure_is_a_transport_failure_without_the_path(tmp_path, immediate_retries):
     missing = tmp_path / "no" / "such" / "loopx"
     client = LoopxClient([str(missing)], project=tmp_path, timeout=5)
     with trio.fail_after(30):
@@ -212,7 +272,41 @@ async def test_spawn_failure_is_a_transport_failure_without_the_path(tmp_path):
 # -- Retries ---------------------------------------------------------------------------------
 
 
-async def test_two_transport_failures_then_success_takes_three_attempts_with_backoff(standin):
+async def test_transport_failures_are_retried_after_the_backoff_and_never_after_the_last(
+    standin, monkeypatch, autojump_clock
+):
+    """The schedule, on a virtual clock: each attempt runs a (virtual) second, then
+    ATTEMPT_BACKOFF[0], the second attempt, ATTEMPT_BACKOFF[1], the third; nothing after."""
+    assert ATTEMPT_BACKOFF == (0.2, 0.75) and MAX_ATTEMPTS == 3
+    outcomes = iter([(2, b""), (2, b""), (0, b'{"ok": true}')])
+    started: list[float] = []
+
+    async def run_child(argv, *, cwd, env, timeout):
+        started.append(trio.current_time())
+        await trio.sleep(1.0)
+        return next(outcomes)
+
+    monkeypatch.setattr(loopx_client, "run_child", run_child)
+    t0 = trio.current_time()
+    with trio.fail_after(30):
+        result = await standin.client().run("heartbeat-prompt", "--thin", retry=True)
+    assert result == LoopxOk({"ok": True})
+    assert [t - t0 for t in started] == pytest.approx([0.0, 1.2, 2.95])
+    assert trio.current_time() - t0 == pytest.approx(3.95)
+
+    # Three failures: the third is the answer, returned at once (no backoff after it).
+    outcomes = iter([(2, b"")] * 4)
+    started.clear()
+    t0 = trio.current_time()
+    with trio.fail_after(30):
+        result = await standin.client().run("status", retry=True)
+    assert result == TransportFailure("exit code 2 without JSON", "exit")
+    assert [t - t0 for t in started] == pytest.approx([0.0, 1.2, 2.95])
+    assert trio.current_time() - t0 == pytest.approx(3.95)
+    assert standin.attempts() == []  # nothing ran for real
+
+
+async def test_two_transport_failures_then_success_takes_three_attempts(standin, immediate_retries):
     standin.plan(CRASH, CRASH, OK)
     with trio.fail_after(30):
         result = await standin.client().run("heartbeat-prompt", "--thin", retry=True)
@@ -220,13 +314,9 @@ async def test_two_transport_failures_then_success_takes_three_attempts_with_bac
     attempts = standin.attempts()
     assert len(attempts) == 3
     assert attempts[0]["argv"] == attempts[1]["argv"] == attempts[2]["argv"]
-    # Lower bounds only: each gap is one process run plus the backoff before the next.
-    assert attempts[1]["time"] - attempts[0]["time"] >= ATTEMPT_BACKOFF[0]
-    assert attempts[2]["time"] - attempts[1]["time"] >= ATTEMPT_BACKOFF[1]
-    assert ATTEMPT_BACKOFF == (0.2, 0.75)
 
 
-async def test_retries_stop_after_three_attempts_in_all(standin):
+async def test_retries_stop_after_three_attempts_in_all(standin, immediate_retries):
     standin.plan(CRASH, CRASH, CRASH, OK)
     with trio.fail_after(30):
         result = await standin.client().run("status", retry=True)
@@ -234,7 +324,7 @@ async def test_retries_stop_after_three_attempts_in_all(standin):
     assert len(standin.attempts()) == 3
 
 
-async def test_should_run_retries_with_the_same_turn_id(standin):
+async def test_should_run_retries_with_the_same_turn_id(standin, immediate_retries):
     receipt = {
         "ok": True, "should_run": False, "decision": "skip",
         "heartbeat_receipt": {"turn_instance_id": "turn-7", "status": "replayed"},
@@ -248,7 +338,7 @@ async def test_should_run_retries_with_the_same_turn_id(standin):
     assert first["argv"][-2:] == ["--turn-instance-id", "turn-7"]
 
 
-async def test_mutations_are_never_retried(standin, tmp_path):
+async def test_mutations_are_never_retried(standin, tmp_path, immediate_retries):
     standin.plan(CRASH, OK)
     with trio.fail_after(30):
         result = await standin.client().goal_lifecycle("g1", "stop", execute=True)
@@ -272,37 +362,58 @@ async def test_mutations_are_never_retried(standin, tmp_path):
 # -- Timeouts and cancellation ---------------------------------------------------------------
 
 
-async def test_timeout_kills_the_child_and_its_children_and_waits(standin):
+async def test_timeout_kills_the_child_and_its_children_and_waits(standin, jump_clock):
     standin.plan({"sleep": 120})
-    client = standin.client(timeout=1.0)
-    with trio.fail_after(30):
-        result = await client.run("quota", "should-run")
-    assert result == TransportFailure("timed out after 1s", "timeout")
-    child, grandchild = standin.pids(1)
-    assert gone(child)  # run_process waited for it
-    assert await eventually_gone([grandchild]) == []  # the whole process group was killed
+    client = standin.client(timeout=HANG_TIMEOUT)
+    results = []
+    with trio.fail_after(GUARD):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: _append(results, client.run("quota", "should-run")))
+            child, grandchild = await standin.started()
+            exits = Exits([grandchild])
+            assert results == []  # still waiting for the hanging child
+            jump_clock.jump(HANG_TIMEOUT)
+        assert results == [TransportFailure(f"timed out after {HANG_TIMEOUT:g}s", "timeout")]
+        assert gone(child)  # run_process waited for it
+        with trio.fail_after(10):
+            await exits.wait()  # the whole process group was killed
 
 
-async def test_a_timeout_is_retried_when_asked(standin):
+async def test_a_timeout_is_retried_when_asked(standin, jump_clock, immediate_retries):
     standin.plan({"sleep": 120}, OK)
-    with trio.fail_after(30):
-        result = await standin.client(timeout=1.0).run("status", retry=True)
-    assert isinstance(result, LoopxOk)
+    client = standin.client(timeout=HANG_TIMEOUT)
+    results = []
+    with trio.fail_after(GUARD):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: _append(results, client.run("status", retry=True)))
+            exits = Exits(await standin.started())
+            jump_clock.jump(HANG_TIMEOUT)
+        with trio.fail_after(10):
+            await exits.wait()
+    assert [type(r) for r in results] == [LoopxOk]
     assert len(standin.attempts()) == 2
-    assert await eventually_gone(standin.pids(1)) == []
 
 
 async def test_caller_cancellation_kills_the_child_and_propagates(standin):
     standin.plan({"sleep": 120})
     client = standin.client(timeout=60)
+    results = []
     with trio.fail_after(30):
-        with trio.move_on_after(1.0) as scope:
-            await client.run("status", retry=True)
-    assert scope.cancelled_caught
-    assert len(standin.attempts()) == 1
-    child, grandchild = standin.pids(1)
-    assert gone(child)
-    assert await eventually_gone([grandchild]) == []
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(lambda: _append(results, client.run("status", retry=True)))
+                child, grandchild = await standin.started()
+                exits = Exits([grandchild])
+                scope.cancel()
+        assert scope.cancelled_caught and results == []  # no result: the Cancelled propagated
+        assert len(standin.attempts()) == 1  # and no retry
+        assert gone(child)
+        with trio.fail_after(10):
+            await exits.wait()
+
+
+async def _append(results, call):
+    results.append(await call)
 
 
 # -- Typed commands: parsing and rejection ---------------------------------------------------
@@ -459,7 +570,7 @@ async def test_invalid_ids_and_operations_are_refused_before_any_call(standin):
         with pytest.raises(LoopxRequestError):
             await call()
     assert standin.attempts() == []
-    assert client.argv("x")[:2] == [sys.executable, str(standin.script)]
+    assert client.argv("x")[:3] == standin.command
 
 
 async def test_version_reads_the_first_line(standin):

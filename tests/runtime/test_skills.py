@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 from structlog.testing import capture_logs
 
 from loopdock import Message, ProducerSource, TextBlock, UserSource, user_message
@@ -387,10 +388,12 @@ def test_refresh_reports_a_new_generation_only_after_a_change(dirs):
 # -- the change signal ----------------------------------------------------------------------
 
 
-async def _until(predicate, timeout: float = 10.0) -> None:
-    with trio.fail_after(timeout):
-        while not predicate():
-            await trio.sleep(0.005)
+async def settled() -> None:
+    """Return once every task is blocked: the watcher has then handled any inotify signal
+    that a disk change made before this call raised (the kernel queues it before the
+    write returns, and trio polls for I/O before it reports everything blocked)."""
+    with trio.fail_after(10):
+        await trio.testing.wait_all_tasks_blocked()
 
 
 @pytest.mark.skipif(not watch_supported(), reason="needs inotify")
@@ -402,7 +405,8 @@ async def test_a_watched_catalog_looks_at_the_disk_only_after_a_change(dirs, mon
     monkeypatch.setattr(catalog, "_current_signature", lambda: looks.append(1) or original())
     async with trio.open_nursery() as nursery:
         nursery.start_soon(catalog.watch)
-        await _until(lambda: catalog._live_watches == 1)
+        await settled()
+        assert catalog._live_watches == 1
         assert "No skills are installed." in tool.spec.description
         looks.clear()
         for _ in range(5):
@@ -411,18 +415,23 @@ async def test_a_watched_catalog_looks_at_the_disk_only_after_a_change(dirs, mon
 
         # A root that does not exist yet, created folder by folder, then the skill in it.
         write_skill(ROOT_PATHS["project-dsh"](dirs), "demo", "x", description="Demo")
-        await _until(lambda: "- demo: Demo" in tool.spec.description)
+        await settled()
+        assert "- demo: Demo" in tool.spec.description
         # An edit in place, an atomic replace, a second root, a removal.
         path = write_skill(ROOT_PATHS["project-dsh"](dirs), "demo", "x", description="Edited")
-        await _until(lambda: "- demo: Edited" in tool.spec.description)
+        await settled()
+        assert "- demo: Edited" in tool.spec.description
         replacement = path.with_name("SKILL.md.tmp")
         replacement.write_text(path.read_text().replace("Edited", "Edited!"))
         replacement.replace(path)
-        await _until(lambda: "- demo: Edited!" in tool.spec.description)
+        await settled()
+        assert "- demo: Edited!" in tool.spec.description
         other = write_skill(ROOT_PATHS["agents-home"](dirs), "other", "y", description="Other")
-        await _until(lambda: "- other: Other" in tool.spec.description)
+        await settled()
+        assert "- other: Other" in tool.spec.description
         other.unlink()
-        await _until(lambda: "other" not in tool.spec.description)
+        await settled()
+        assert "other" not in tool.spec.description
         looks.clear()
         tool.spec
         assert looks == []  # quiet again
@@ -438,7 +447,8 @@ async def test_lookups_by_name_never_wait_for_the_signal(dirs):
     catalog = catalog_for(dirs)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(catalog.watch)
-        await _until(lambda: catalog._live_watches == 1)  # the watcher is in place
+        await settled()  # the watcher is in place
+        assert catalog._live_watches == 1
         write_skill(ROOT_PATHS["dsh-home"](dirs), "demo", "now")
         assert catalog.get("demo").body == "now"  # at once, without a checkpoint
         nursery.cancel_scope.cancel()

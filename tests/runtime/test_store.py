@@ -7,7 +7,7 @@ import sqlite3
 import attrs
 import pytest
 import trio
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from runtime._errors import LoopdockError
@@ -299,7 +299,6 @@ event_data = st.dictionaries(st.text(max_size=6), json_values, max_size=3)
 session_ids = st.sampled_from(["a", "b", "c", "d"])
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_property_committed_batches_load_back_in_seq_order(tmp_path_factory, data):
     path = tmp_path_factory.mktemp("prop") / "s.sqlite"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from runtime._errors import DuplicateToolError, UnknownToolError
@@ -282,7 +282,6 @@ _ops = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
 @given(ops=_ops)
 def test_visible_is_base_intersect_active_allows_minus_active_denies(ops):
     agent = AgentTools(registry(*BASE), None)

@@ -1,0 +1,70 @@
+"""The leak check run after every test that opens a runtime (``conftest.rt``, ``no_leaks``).
+
+It names every task in the supervisor's nursery by the object it runs for (the ``self``
+of the bound method a task runs), so a leftover is reported by what it is, not only by
+how many tasks there are. Allowed, and nothing else:
+
+- per live agent, exactly its own ``run`` task, and inside that agent's companions
+  nursery exactly one task per companion the runtime registered for it (the LoopX
+  continuation, when the runtime has the LoopX integration);
+- the store writer and the skill catalog's watcher, once each;
+- a starter per configured agent that is starting, or has not started yet.
+
+A disposed agent has no task left: its ``run`` task ends only once everything in its
+own nursery has ended, and a task of an agent no longer registered is reported.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from actors._agent import AgentActor
+
+
+def _runs_for(task: trio.lowlevel.Task) -> Any:
+    """The object whose method ``task`` runs (None for a plain function)."""
+    frame = task.coro.cr_frame
+    return None if frame is None else frame.f_locals.get("self")
+
+
+def _companions_expected(runtime: Any, agent: AgentActor) -> int:
+    loopx = runtime.loopx
+    return 1 if loopx is not None and agent.id in loopx.continuations else 0
+
+
+def assert_no_leaked_agent_tasks(runtime: Any) -> None:
+    supervisor, dock = runtime.supervisor, runtime.dock
+    live: dict[str, AgentActor] = dict(supervisor.agents)
+    runs: dict[str, trio.lowlevel.Task] = {}
+    writers, watchers, starters, unexpected = [], [], [], []
+    for task in supervisor.nursery.child_tasks:
+        owner = _runs_for(task)
+        if isinstance(owner, AgentActor):
+            assert live.get(owner.id) is owner, f"a task of agent {owner.id!r}, which is not live: {task.name}"
+            assert owner.id not in runs, f"two tasks of agent {owner.id!r}: {runs[owner.id].name}, {task.name}"
+            runs[owner.id] = task
+        elif owner is supervisor.writer:
+            writers.append(task)
+        elif owner is runtime.skills:
+            watchers.append(task)
+        elif owner is dock and task.name.startswith("configured agent "):
+            starters.append(task.name.removeprefix("configured agent "))
+        else:
+            unexpected.append(task.name)
+    assert unexpected == [], f"tasks nobody owns: {unexpected}"
+    assert (len(writers), len(watchers)) == (1, 1), "the store writer and the skill watcher, once each"
+    assert sorted(runs) == sorted(live), f"live agents without their run task: {sorted(set(live) - set(runs))}"
+    not_started = {entry.id for entry in dock.config.agents} - set(dock.configured)
+    assert len(starters) == len(set(starters)) and set(dock.starting) <= set(starters) <= not_started, (
+        f"configured-agent starters {starters}; starting {sorted(dock.starting)}, not started {sorted(not_started)}"
+    )
+    for agent_id, task in runs.items():
+        agent = live[agent_id]
+        companions = agent._companions
+        assert companions in task.child_nurseries, f"agent {agent_id!r} runs without its companions nursery"
+        expected = _companions_expected(runtime, agent)
+        assert len(companions.child_tasks) == expected, (
+            f"agent {agent_id!r}: {[t.name for t in companions.child_tasks]}, expected {expected} companion(s)"
+        )
