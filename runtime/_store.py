@@ -27,6 +27,7 @@ import structlog
 
 from ._errors import LoopdockError
 from ._events import Event, SessionHeader
+from ._private import private_dir, private_file
 from ._serde import event_from_wire, header_from_wire, header_to_wire
 
 log = structlog.get_logger(__name__)
@@ -200,8 +201,20 @@ class SessionStore:
 
     @classmethod
     def open(cls, path: Path) -> SessionStore:
+        """Open (creating if need be) the database at ``path``, readable by its owner only.
+
+        Its directory is made 0700 and the file 0600 before SQLite opens it: SQLite
+        gives the ``-wal`` and ``-shm`` files it creates the database file's mode, so
+        they are private too. Ones left by an older loopdock are tightened here.
+        """
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            private_dir(path.parent)
+            private_file(path, create=True)
+            for suffix in ("-wal", "-shm"):
+                private_file(path.with_name(path.name + suffix), create=False)
+        except OSError as exc:
+            raise StoreError(f"cannot open session store {str(path)!r}: {exc}") from exc
         try:
             # isolation_level=None: no implicit transactions; we BEGIN/COMMIT ourselves
             # so a batch is exactly one transaction. timeout: wait for another

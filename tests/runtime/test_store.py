@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import attrs
 import pytest
@@ -604,3 +609,43 @@ def test_large_batches_are_written_whole_and_a_late_duplicate_is_named(store):
     assert refusals(store, late) == {"a": "session 'a' already has an event with seq 5"}
     assert store.last_seq("a") == 119
     assert store.last_seq("d") == 149 and store.last_seq("e") == 37
+
+
+# --- who may read the database ---
+
+
+@contextmanager
+def umask(mask: int) -> Iterator[None]:
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.mark.parametrize("mask", [0o000, 0o022, 0o277])
+def test_the_database_and_its_wal_and_shm_are_0600_whatever_the_umask(tmp_path, mask):
+    path = tmp_path / "home" / "sessions.db"
+    with umask(mask), SessionStore.open(path) as s:
+        s.commit([Write("a", header("a"), (event(0),))])  # the WAL files exist while open
+        assert mode(path) == 0o600
+        assert mode(path.with_name("sessions.db-wal")) == 0o600
+        assert mode(path.with_name("sessions.db-shm")) == 0o600
+        assert mode(path.parent) == 0o700
+
+
+def test_an_existing_database_others_may_read_is_made_private(tmp_path):
+    path = tmp_path / "sessions.db"
+    with SessionStore.open(path) as s:
+        s.commit([Write("a", header("a"), (event(0),))])
+        # An older loopdock left them readable while its store was open (WAL files exist).
+        for name in ("sessions.db", "sessions.db-wal", "sessions.db-shm"):
+            (tmp_path / name).chmod(0o644)
+        with SessionStore.open(path) as again:
+            assert again.load("a") == (header("a"), [event(0)])
+            for name in ("sessions.db", "sessions.db-wal", "sessions.db-shm"):
+                assert mode(tmp_path / name) == 0o600, name
