@@ -108,7 +108,7 @@ class SessionActor:
         event = new_event(event_type, len(self._events), self._last_time, data)
         self._events.append(event)
         self._pending.append(event)
-        if self._published and not self._scheduled:  # _schedule(), inlined
+        if self._published and not self._scheduled and self._store_error is None:  # _schedule(), inlined
             self._scheduled = True
             self._writer.schedule(self)
         return event
@@ -134,7 +134,8 @@ class SessionActor:
     async def flush(self) -> None:
         """Wait until every event appended before this call is durable.
 
-        Raises the store's error if the commit failed. Returns at once for an unpublished
+        Raises the store's error if a commit of this session failed (then none of its
+        later events is written either). Returns at once for an unpublished
         session (nothing of it is meant to be durable yet).
         """
         target = len(self._events)
@@ -157,7 +158,7 @@ class SessionActor:
     # -- the StoreWriter's side --------------------------------------------------------
 
     def _schedule(self, *, force: bool = False) -> None:
-        if self._published and not self._scheduled and (self._pending or force):
+        if self._published and not self._scheduled and self._store_error is None and (self._pending or force):
             self._scheduled = True
             self._writer.schedule(self)
 
@@ -171,6 +172,10 @@ class SessionActor:
 
     def commit_done(self, write: Write, error: BaseException | None) -> None:
         if error is not None:
+            # From now on nothing of this session is written: a later write would leave
+            # a hole in its log where this one's events belong (or, for a refused header,
+            # land in another session of the same id). The log on disk stays a whole
+            # prefix; memory keeps the rest, and flush() and close() raise this error.
             self._store_error = error
             log.error("session commit failed", session_id=self.id, error=repr(error))
         else:

@@ -18,7 +18,7 @@ from typing import Protocol
 import structlog
 import trio
 
-from runtime._store import SessionStore, Write
+from runtime._store import SessionStore, StoreError, Write
 
 log = structlog.get_logger(__name__)
 
@@ -34,7 +34,8 @@ class Durable(Protocol):
         """Hand over everything pending; the session is no longer scheduled."""
 
     def commit_done(self, write: Write, error: BaseException | None) -> None:
-        """``write`` is durable (``error`` None), or failed with ``error``."""
+        """``write`` is durable (``error`` None), or failed with ``error`` (the batch's,
+        or this session's own refusal)."""
 
 
 class StoreWriter:
@@ -94,14 +95,16 @@ class StoreWriter:
             self._wakeup = trio.Event()
             self._urgent = trio.Event()
             writes = [session.take_write() for session in sessions]
+            refused: dict[str, StoreError] = {}
             error: BaseException | None = None
             try:
                 # Shielded: a commit that has started must finish so memory and disk agree.
                 with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(self.store.commit, writes)
+                    refused = await trio.to_thread.run_sync(self.store.commit, writes)
                 self.commits += 1
             except Exception as exc:  # a disk or schema failure: report it to the sessions
                 error = exc
                 log.error("store commit failed", sessions=len(writes), error=repr(exc))
+            # A session whose part was refused fails alone; the rest of the batch is durable.
             for session, write in zip(sessions, writes):
-                session.commit_done(write, error)
+                session.commit_done(write, error if error is not None else refused.get(write.session_id))

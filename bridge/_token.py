@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 from pathlib import Path
+
+from runtime._private import FILE_MODE, private_dir
 
 from ._errors import TokenFileError
 
@@ -16,7 +19,8 @@ TOKEN_FILE = "bridge.token"
 
 
 def _write_private(path: Path, token: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    os.fchmod(fd, FILE_MODE)  # whatever the umask took away
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         out.write(token + "\n")
 
@@ -26,9 +30,10 @@ def load_or_create_token(home: Path) -> str:
 
     Safe against a concurrent first use: the new file is written aside and linked into
     place, so two processes never read a half-written token or end up with two tokens.
-    An existing file that others may read is made private again.
+    An existing file that others may read is made private again; the home is made
+    private (0700) like the runtime makes it.
     """
-    home.mkdir(parents=True, exist_ok=True)
+    private_dir(home)
     path = home / TOKEN_FILE
     if not path.exists():
         draft = home / f".{TOKEN_FILE}.{secrets.token_hex(8)}"
@@ -39,8 +44,8 @@ def load_or_create_token(home: Path) -> str:
             pass  # another process won the race: use its token
         finally:
             draft.unlink()
-    if path.stat().st_mode & 0o077:
-        path.chmod(0o600)
+    if stat.S_IMODE(path.stat().st_mode) != FILE_MODE:
+        path.chmod(FILE_MODE)
     token = path.read_text(encoding="utf-8").strip()
     if not token:
         raise TokenFileError(f"{path} holds no token: delete it to have a new one made")

@@ -57,6 +57,7 @@ from runtime._events import SessionHeader
 from runtime._gc import GC_THRESHOLD
 from runtime._gc import gc_threshold as _gc_threshold
 from runtime._home import resolve_home
+from runtime._home_lock import acquire_home
 from runtime._options import AgentOptions
 from runtime._store import SessionStore
 from runtime.models import AdapterRegistry, ModelAdapter, default_adapters
@@ -106,6 +107,10 @@ class Runtime:
     ) -> AsyncIterator[Runtime]:
         """Open the runtime on ``home`` (``$LOOPDOCK_HOME``, default ``./.loopdock``).
 
+        The runtime holds the home until it closes: opening a home another runtime holds
+        (in any process) raises HomeInUseError (``HOME_IN_USE``) at once. The home is
+        made private (0700, its files 0600).
+
         ``config`` is the loop dock's config: a DockConfig, a mapping, or a YAML file path.
         ``shell`` enables the shell tool under that policy (it is off by default).
         Model adapters: ``ping`` always, ``deepseek`` when ``DEEPSEEK_API_KEY`` is set.
@@ -127,7 +132,8 @@ class Runtime:
         environ = env if env is not None else os.environ
         catalog = skills if skills is not None else SkillCatalog.from_env(Path.cwd(), environ)
         path = resolve_home(home)
-        with _gc_threshold(gc_threshold):
+        # Held until the store is closed; see runtime/_home_lock.py for why it fails at once.
+        with await trio.to_thread.run_sync(acquire_home, path), _gc_threshold(gc_threshold):
             async with cls._open(path, dock_config, environ, catalog, shell, loopx) as rt:
                 yield rt
 

@@ -27,6 +27,7 @@ import structlog
 
 from ._errors import LoopdockError
 from ._events import Event, SessionHeader
+from ._private import private_dir, private_file
 from ._serde import event_from_wire, header_from_wire, header_to_wire
 
 log = structlog.get_logger(__name__)
@@ -74,10 +75,11 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
 class StoreError(LoopdockError):
     """Raised when the session store refuses an operation or its database fails.
 
-    Cases: the database has a newer (or unknown) schema version, a batch would
-    re-create an existing session or repeat an event seq, a batch holds events for a
-    session that does not exist, event data is not JSON, the store is closed, or
-    SQLite itself fails (chained as ``__cause__``). A refused batch wrote nothing.
+    Cases: the database has a newer (or unknown) schema version, the store is closed,
+    or SQLite itself fails (chained as ``__cause__``): then a batch wrote nothing. A
+    session's part of a batch that would re-create an existing session, repeat an event
+    seq, add events to a session that does not exist, or store data that is not JSON is
+    refused with one too, returned by ``commit`` for that session alone.
     """
 
     code = "STORE_ERROR"
@@ -199,8 +201,20 @@ class SessionStore:
 
     @classmethod
     def open(cls, path: Path) -> SessionStore:
+        """Open (creating if need be) the database at ``path``, readable by its owner only.
+
+        Its directory is made 0700 and the file 0600 before SQLite opens it: SQLite
+        gives the ``-wal`` and ``-shm`` files it creates the database file's mode, so
+        they are private too. Ones left by an older loopdock are tightened here.
+        """
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            private_dir(path.parent)
+            private_file(path, create=True)
+            for suffix in ("-wal", "-shm"):
+                private_file(path.with_name(path.name + suffix), create=False)
+        except OSError as exc:
+            raise StoreError(f"cannot open session store {str(path)!r}: {exc}") from exc
         try:
             # isolation_level=None: no implicit transactions; we BEGIN/COMMIT ourselves
             # so a batch is exactly one transaction. timeout: wait for another
@@ -273,11 +287,28 @@ class SessionStore:
         ]
         return header, events
 
-    def commit(self, batch: Sequence[Write]) -> None:
-        """Write the whole batch in one transaction, or nothing of it (StoreError)."""
-        prepared = [_prepare(write) for write in batch]
-        with self._use("commit") as conn, _transaction(conn, "BEGIN IMMEDIATE"):
-            _apply(conn, prepared)
+    def commit(self, batch: Sequence[Write]) -> dict[str, StoreError]:
+        """Write the batch in one transaction; returns the sessions whose part it refused.
+
+        A session's part (every Write of that session in the batch) is refused whole, and
+        the other sessions' parts committed all the same, when it would re-create an
+        existing session, repeat a seq, add events to a session that does not exist, or
+        holds a value that is not JSON. A failure of the database itself (I/O, a full
+        disk, a closed store) raises StoreError and writes nothing of the batch.
+        """
+        refused: dict[str, StoreError] = {}
+        prepared: list[_Prepared] = []
+        for write in batch:
+            try:
+                prepared.append(_prepare(write))
+            except StoreError as exc:
+                refused.setdefault(write.session_id, exc)
+        if refused:
+            prepared = [p for p in prepared if p.session_id not in refused]
+        if prepared:
+            with self._use("commit") as conn, _transaction(conn, "BEGIN IMMEDIATE"):
+                refused.update(_apply_isolated(conn, prepared))
+        return refused
 
     def list_headers(self) -> list[SessionHeader]:
         """Every session's header, oldest first (ties broken by id)."""
@@ -344,6 +375,45 @@ def _insert_rows(conn: sqlite3.Connection, rows: list[tuple[str, int, str, int, 
         start += n
 
 
+# What one session's part of a batch can cause; anything else is the database failing.
+_REFUSALS = (sqlite3.IntegrityError, StoreError)
+
+
+def _apply_isolated(conn: sqlite3.Connection, batch: Sequence[_Prepared]) -> dict[str, StoreError]:
+    """Apply ``batch`` inside the caller's transaction; a session whose part is refused
+    leaves no row behind and does not stop the others. Returns the refused sessions.
+
+    The whole batch goes first (a few statements, the common case); only if some part
+    is refused is it undone and replayed session by session, each in its own savepoint.
+    """
+    # No ``finally`` around the savepoints: after a failure of the database itself
+    # SQLite may have rolled back the whole transaction, and the caller rolls back.
+    conn.execute("SAVEPOINT batch")
+    try:
+        _apply(conn, batch)
+    except _REFUSALS:
+        conn.execute("ROLLBACK TO batch")
+        conn.execute("RELEASE batch")  # ROLLBACK TO leaves the savepoint open
+    else:
+        conn.execute("RELEASE batch")
+        return {}
+    by_session: dict[str, list[_Prepared]] = {}
+    for write in batch:
+        by_session.setdefault(write.session_id, []).append(write)
+    refused: dict[str, StoreError] = {}
+    for session_id, writes in by_session.items():
+        conn.execute("SAVEPOINT session")
+        try:
+            _apply(conn, writes)
+        except _REFUSALS as exc:
+            conn.execute("ROLLBACK TO session")
+            refused[session_id] = (
+                exc if isinstance(exc, StoreError) else StoreError(f"session {session_id!r}: {exc}")
+            )
+        conn.execute("RELEASE session")
+    return refused
+
+
 def _apply(conn: sqlite3.Connection, batch: Sequence[_Prepared]) -> None:
     """A few statements per batch, whatever its size: the headers, one existence check
     for the sessions written without one, then the event rows in multi-row INSERTs."""
@@ -365,7 +435,7 @@ def _apply(conn: sqlite3.Connection, batch: Sequence[_Prepared]) -> None:
         _insert_rows(conn, rows)
     except sqlite3.IntegrityError:
         # Name the offending row: undo the partial insert and replay row by row (the
-        # whole transaction is rolled back by the caller anyway).
+        # caller rolls back the rows that went in).
         conn.execute("ROLLBACK TO event_rows")
         for row in rows:
             try:

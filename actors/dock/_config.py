@@ -15,6 +15,12 @@ Unlike that dock, unknown keys and duplicate agent ids are errors, not silently
 dropped. Every error is ``DockError("INVALID_CONFIG", ...)`` and names the field path,
 e.g. ``agents[2].maxTokens must be a positive integer``.
 
+A config is data from a file anyone may have written, so errors quote values and keys
+cut short (``_quote``: a bounded repr whose work is bounded too, as a repr of aliases
+repeated in aliases is not), and a YAML file is refused before it is built if its
+aliases would expand it past ``MAX_CONFIG_NODES`` (a "billion laughs" of a few hundred
+bytes expands to billions of values). Anchors and merge keys stay usable.
+
 ``None`` (and so an empty or ``null`` YAML file) means the defaults; an empty section
 (``agents:`` with nothing under it) means none, since commenting out every entry of a
 section is a common way to switch it off.
@@ -24,9 +30,10 @@ from __future__ import annotations
 
 import os
 import re
+import reprlib
 import types
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, BinaryIO
 
 import attrs
 import yaml
@@ -35,12 +42,20 @@ from runtime._errors import InvalidSessionIdError
 from runtime._ids import check_session_id
 
 from ._errors import DockError
-from ._loops import ID_PATTERN, check_driver_name, check_loop_id
+from ._loops import ID_PATTERN
 
 # "package.module" or "package.module:attribute.path"; checked here so a typo fails at
 # load time rather than when the dock imports it.
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _PACKAGE_REF = re.compile(rf"{_NAME}(\.{_NAME})*(:{_NAME}(\.{_NAME})*)?")
+
+#: The most YAML nodes (keys, values, items) a config file may hold with every alias
+#: expanded; far above any real dock config (an agent entry is about 20).
+MAX_CONFIG_NODES = 100_000
+#: The longest quote of a value (or key) in an error message.
+MAX_QUOTE = 120
+#: The longest error message: a path of long keys plus a quoted value, cut again.
+MAX_MESSAGE = 1_000
 
 
 def _frozen_map(value: Mapping[str, Route]) -> Mapping[str, Route]:
@@ -95,7 +110,31 @@ class DockConfig:
 
 
 def _error(message: str) -> DockError:
-    return DockError("INVALID_CONFIG", message)
+    return DockError("INVALID_CONFIG", _cut(message, MAX_MESSAGE))
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _quote(value: object) -> str:
+    """``repr(value)`` cut to MAX_QUOTE characters, built from a bounded part of it: at
+    most a few items of each container and a few levels deep (reprlib), so shared or
+    huge values cost little."""
+    short = reprlib.Repr()
+    short.maxlevel = 3
+    short.maxdict = short.maxlist = short.maxtuple = short.maxset = 4
+    short.maxstring = short.maxother = short.maxlong = MAX_QUOTE
+    try:
+        text = short.repr(value)
+    except Exception:  # a repr that fails, e.g. an int past Python's digit limit
+        text = f"<{type(value).__name__}>"
+    return _cut(text, MAX_QUOTE)
+
+
+def _key(key: object) -> str:
+    """A key as written, for a field path; cut like a quoted value."""
+    return _cut(key, MAX_QUOTE) if isinstance(key, str) else _quote(key)
 
 
 def _snake(camel: str) -> str:
@@ -109,12 +148,12 @@ def _fields(value: object, path: str, known: tuple[str, ...]) -> dict[str, tuple
     user actually wrote.
     """
     if not isinstance(value, Mapping):
-        raise _error(f"{path or 'config'} must be a mapping, got {value!r}")
+        raise _error(f"{path or 'config'} must be a mapping, got {_quote(value)}")
     spellings = {spelling: camel for camel in known for spelling in (camel, _snake(camel))}
     found: dict[str, tuple[Any, str]] = {}
     for key, item in value.items():
         camel = spellings.get(key) if isinstance(key, str) else None
-        where = f"{path}.{key}" if path else str(key)
+        where = f"{path}.{_key(key)}" if path else _key(key)
         if camel is None:
             raise _error(f"unknown key {where}; known keys: {', '.join(known)}")
         if camel in found:
@@ -125,26 +164,30 @@ def _fields(value: object, path: str, known: tuple[str, ...]) -> dict[str, tuple
 
 def _text(value: object, path: str) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise _error(f"{path} must be a non-empty string, got {value!r}")
+        raise _error(f"{path} must be a non-empty string, got {_quote(value)}")
     return value
 
 
+# The rule of check_loop_id and check_driver_name, checked here: they quote a bad value
+# whole in their own messages.
+
+
 def _loop(value: object, path: str) -> str:
-    try:
-        return check_loop_id(value)
-    except DockError:
-        raise _error(f"{path} must be a valid loop id (matching {ID_PATTERN.pattern}), got {value!r}") from None
+    if isinstance(value, str) and ID_PATTERN.fullmatch(value):
+        return value
+    raise _error(f"{path} must be a valid loop id (matching {ID_PATTERN.pattern}), got {_quote(value)}")
 
 
 def _driver(value: object, path: str) -> str:
-    try:
-        return check_driver_name(value)
-    except DockError:
-        raise _error(f"{path} must be a valid driver name (matching {ID_PATTERN.pattern}), got {value!r}") from None
+    if isinstance(value, str) and ID_PATTERN.fullmatch(value):
+        return value
+    raise _error(f"{path} must be a valid driver name (matching {ID_PATTERN.pattern}), got {_quote(value)}")
 
 
 def _session(value: object, path: str) -> str:
-    try:
+    if not isinstance(value, str) or not value:
+        raise _error(f"{path} must be a non-empty string, got {_quote(value)}")
+    try:  # a string: its message quotes at most MAX_SESSION_ID_LENGTH characters of it
         return check_session_id(value, what=path)
     except InvalidSessionIdError as exc:
         raise _error(str(exc)) from None
@@ -154,7 +197,7 @@ def _route(value: object, path: str) -> Route:
     if isinstance(value, str):
         return Route(_loop(value, path))
     if not isinstance(value, Mapping):
-        raise _error(f"{path} must be a loop id or a mapping {{loop, driver?}}, got {value!r}")
+        raise _error(f"{path} must be a loop id or a mapping {{loop, driver?}}, got {_quote(value)}")
     fields = _fields(value, path, ("loop", "driver"))
     if "loop" not in fields:
         raise _error(f"{path}.loop is required")
@@ -166,19 +209,19 @@ def _routes(value: object, path: str, *, session_keys: bool) -> dict[str, Route]
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise _error(f"{path} must be a mapping of routes, got {value!r}")
+        raise _error(f"{path} must be a mapping of routes, got {_quote(value)}")
     routes = {}
     for key, item in value.items():
         # Session routes are looked up by session id, so a key that cannot be one is dead.
         name = _session(key, f"{path} key") if session_keys else _text(key, f"{path} key")
-        routes[name] = _route(item, f"{path}.{name}")
+        routes[name] = _route(item, f"{path}.{_key(name)}")
     return routes
 
 
 def _positive_int(value: object, path: str) -> int:
     # bool is an int subclass; `maxTokens: true` is a mistake, not 1.
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise _error(f"{path} must be a positive integer, got {value!r}")
+        raise _error(f"{path} must be a positive integer, got {_quote(value)}")
     return value
 
 
@@ -215,14 +258,14 @@ def _agents(value: object, path: str) -> tuple[AgentEntry, ...]:
     if value is None:
         return ()
     if not isinstance(value, (list, tuple)):
-        raise _error(f"{path} must be a list of agent entries, got {value!r}")
+        raise _error(f"{path} must be a list of agent entries, got {_quote(value)}")
     agents = tuple(_agent(item, f"{path}[{index}]") for index, item in enumerate(value))
     ids: dict[str, int] = {}
     sessions: dict[str, int] = {}
     for index, agent in enumerate(agents):
         if agent.id in ids:
             raise _error(
-                f"{path}[{index}].id {agent.id!r} repeats {path}[{ids[agent.id]}].id; agent ids must be unique"
+                f"{path}[{index}].id {_quote(agent.id)} repeats {path}[{ids[agent.id]}].id; agent ids must be unique"
             )
         ids[agent.id] = index
         # Two agents on one session would fight over one log: same identity, same session.
@@ -231,8 +274,8 @@ def _agents(value: object, path: str) -> tuple[AgentEntry, ...]:
             if identity in sessions:
                 first = agents[sessions[identity]]
                 raise _error(
-                    f"agents {first.id!r} ({path}[{sessions[identity]}]) and {agent.id!r} ({path}[{index}]) "
-                    f"use the same session {identity!r}"
+                    f"agents {_quote(first.id)} ({path}[{sessions[identity]}]) and {_quote(agent.id)} "
+                    f"({path}[{index}]) use the same session {identity!r}"
                 )
             sessions[identity] = index
     return agents
@@ -242,16 +285,16 @@ def _packages(value: object, path: str) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, (list, tuple)):
-        raise _error(f"{path} must be a list of import references, got {value!r}")
+        raise _error(f"{path} must be a list of import references, got {_quote(value)}")
     seen: dict[str, int] = {}
     for index, ref in enumerate(value):
         if not isinstance(ref, str) or not _PACKAGE_REF.fullmatch(ref):
             raise _error(
                 f"{path}[{index}] must be an import reference 'module.path' or "
-                f"'module.path:attribute', got {ref!r}"
+                f"'module.path:attribute', got {_quote(ref)}"
             )
         if ref in seen:
-            raise _error(f"{path}[{index}] repeats {path}[{seen[ref]}] ({ref!r})")
+            raise _error(f"{path}[{index}] repeats {path}[{seen[ref]}] ({_quote(ref)})")
         seen[ref] = index
     return tuple(value)
 
@@ -307,11 +350,64 @@ class _StrictLoader(yaml.SafeLoader):
                 raise yaml.constructor.ConstructorError(
                     "while constructing a mapping",
                     node.start_mark,
-                    f"found duplicate key {key!r} (first given on line {first_line[key] + 1})",
+                    f"found duplicate key {_quote(key)} (first given on line {first_line[key] + 1})",
                     key_node.start_mark,
                 )
             first_line[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep=deep)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _expanded_size(root: yaml.Node, limit: int) -> int:
+    """How many nodes the document holds with every alias expanded, up to ``limit + 1``
+    (also the answer for an alias inside its own anchor, which never ends).
+
+    An alias is the very node it names, so the document is a graph; each node's size is
+    computed once, after its children's, without recursion (no depth limit to hit).
+    """
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()  # on the current path: meeting one again is a cycle
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if children_done:
+            open_nodes.discard(key)
+            size = 1 + sum(sizes[id(child)] for child in _children(node))
+            if size > limit:
+                return limit + 1
+            sizes[key] = size
+        elif key in open_nodes:
+            return limit + 1
+        elif key not in sizes:
+            open_nodes.add(key)
+            stack.append((node, True))
+            stack.extend((child, False) for child in _children(node) if id(child) not in sizes)
+    return sizes[id(root)]
+
+
+def _load_yaml(file: BinaryIO, name: str) -> object:
+    """``yaml.load`` with the strict loader, after checking the expanded size."""
+    loader = _StrictLoader(file)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node, MAX_CONFIG_NODES) > MAX_CONFIG_NODES:
+            raise _error(
+                f"{name}: more than {MAX_CONFIG_NODES} values once its aliases are expanded "
+                "(or an alias inside its own anchor); not loaded"
+            )
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def load_config(path: str | os.PathLike[str]) -> DockConfig:
@@ -319,7 +415,7 @@ def load_config(path: str | os.PathLike[str]) -> DockConfig:
     name = os.fspath(path)
     try:
         with open(name, "rb") as file:
-            value = yaml.load(file, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+            value = _load_yaml(file, name)
     except FileNotFoundError:
         raise _error(f"config file {name} not found") from None
     except OSError as exc:
@@ -329,6 +425,10 @@ def load_config(path: str | os.PathLike[str]) -> DockConfig:
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         raise _error(f"{name}: {where}{exc.problem or exc.context}") from None
     except yaml.YAMLError as exc:  # e.g. a reader error on bytes that are not UTF-8
+        raise _error(f"{name}: {exc}") from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise _error(f"{name}: nested too deeply") from None
+    except ValueError as exc:  # a scalar PyYAML cannot build, e.g. an int past 4300 digits
         raise _error(f"{name}: {exc}") from None
     try:
         return parse_config(value)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import operator
 import re
 import string
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actors.dock._config import (
+    MAX_CONFIG_NODES,
+    MAX_MESSAGE,
     AgentEntry,
     DockConfig,
     Route,
+    _StrictLoader,
     config_to_dict,
     load_config,
     parse_config,
@@ -411,3 +415,119 @@ def test_random_configs_round_trip_through_a_yaml_file(tmp_path, config):
     path = tmp_path / "dock.yml"
     path.write_text(yaml.safe_dump(config_to_dict(config), allow_unicode=True), encoding="utf-8")
     assert load_config(path) == config
+
+
+# --- hostile configs: bounded work, bounded messages -------------------------------------
+
+def alias_bomb() -> str:
+    """A "billion laughs" in YAML: nine levels of nine aliases, 9**9 strings once expanded.
+    The anchors sit in a field that is read after ``defaultLoop``, whose error would
+    quote the whole expanded value."""
+    lines = ["agents:", '  - &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for prev, cur in zip("abcdefgh", "bcdefghi"):
+        lines.append(f"  - &{cur} [{', '.join([f'*{prev}'] * 9)}]")
+    lines.append("defaultLoop: *i")
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_is_refused_before_it_is_built(tmp_path, monkeypatch):
+    bomb = alias_bomb()
+    assert 400 <= len(bomb.encode()) <= 512
+    path = tmp_path / "dock.yml"
+    path.write_text(bomb, encoding="utf-8")
+
+    # Built, it would yield None (defaults, no error); the graph itself stays out of
+    # sight (a failing test's traceback would print it, expanded).
+    built: list[bool] = []
+    monkeypatch.setattr(_StrictLoader, "construct_document", lambda loader, node: built.append(True))
+    tracemalloc.start()
+    try:
+        with pytest.raises(DockError) as info:
+            load_config(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert built == []
+    message = str(info.value)
+    assert info.value.code == "INVALID_CONFIG"
+    assert message.startswith(f"{path}: more than {MAX_CONFIG_NODES} values once its aliases are expanded")
+    assert len(message) <= len(str(path)) + 200
+    assert peak < 5 * 2**20, peak  # the expansion (2 GiB as a repr) never happened
+
+
+def test_an_alias_inside_its_own_anchor_is_refused(tmp_path):
+    message = load_error(tmp_path, "agents: &a [*a]\n")
+    assert "an alias inside its own anchor" in message
+
+
+def test_aliases_within_the_bound_still_work(tmp_path):
+    # 3 ** 6 copies of one route: fine, and each is the same route.
+    text = "presetLoops:\n  p0: &r0 {loop: standard}\n"
+    text += "".join(f"  p{n}: &r{n} [*r{n - 1}, *r{n - 1}, *r{n - 1}]\n" for n in range(1, 7))
+    path = tmp_path / "dock.yml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(DockError, match=r"presetLoops\.p1 must be a loop id or a mapping"):
+        load_config(path)  # a list is not a route: the error quotes it cut short
+    path.write_text(text.replace("[*r0, *r0, *r0]", "*r0"), encoding="utf-8")
+    with pytest.raises(DockError) as info:
+        load_config(path)
+    assert len(str(info.value)) <= MAX_MESSAGE
+
+
+def test_a_too_deeply_nested_file_is_a_config_error(tmp_path):
+    message = load_error(tmp_path, "defaultLoop: " + "[" * 5000 + "]" * 5000 + "\n")
+    assert message.endswith("nested too deeply")
+
+
+def test_an_integer_past_pythons_digit_limit_is_a_config_error(tmp_path):
+    message = load_error(tmp_path, "agents: [{id: a, maxTokens: " + "9" * 5000 + "}]\n")
+    assert "digits" in message and len(message) <= MAX_MESSAGE
+
+
+def shared_bomb() -> list:
+    """9 ** 6 strings through shared references: a repr of about 4 MB, cheap to hold."""
+    value: list = ["lol"] * 9
+    for _ in range(5):
+        value = [value] * 9
+    return value
+
+
+BIG = "x" * 1_000_000
+
+
+@pytest.mark.parametrize(
+    ("config", "path"),
+    [
+        ({"defaultLoop": shared_bomb()}, "defaultLoop"),
+        ({"defaultLoop": BIG.upper()}, "defaultLoop"),
+        ({"defaultDriver": shared_bomb()}, "defaultDriver"),
+        ({"presetLoops": shared_bomb()}, "presetLoops"),
+        ({"presetLoops": {"p": shared_bomb()}}, "presetLoops.p"),
+        ({"presetLoops": {BIG: 1}}, "presetLoops.xxx"),
+        ({"presetLoops": {"p": {"loop": "standard", "driver": shared_bomb()}}}, "presetLoops.p.driver"),
+        ({"presetLoops": {"p": {BIG: 1}}}, "unknown key presetLoops.p.xxx"),
+        ({"sessionLoops": {1: "standard"}}, "sessionLoops key"),
+        ({"sessionLoops": {BIG: "standard"}}, "sessionLoops key"),
+        ({"agents": shared_bomb()}, "agents[0]"),
+        ({"agents": {"id": shared_bomb()}}, "agents"),
+        ({"agents": [{"id": shared_bomb()}]}, "agents[0].id"),
+        ({"agents": [{"id": BIG}, {"id": BIG}]}, "agents[1].id"),
+        ({"agents": [{"id": BIG, "sessionId": "s"}, {"id": "b", "sessionId": "s"}]}, "agents "),
+        ({"agents": [{"id": "a", "sessionId": shared_bomb()}]}, "agents[0].sessionId"),
+        ({"agents": [{"id": "a", "sessionId": BIG}]}, "agents[0].sessionId"),
+        ({"agents": [{"id": "a", "maxTokens": shared_bomb()}]}, "agents[0].maxTokens"),
+        ({"agents": [{"id": "a", "model": shared_bomb()}]}, "agents[0].model"),
+        ({"agents": [{"id": "a", BIG: 1}]}, "unknown key agents[0].xxx"),
+        ({"loopPackages": shared_bomb()}, "loopPackages[0]"),
+        ({"loopPackages": {"a": shared_bomb()}}, "loopPackages"),
+        ({"loopPackages": [f"not {BIG}"]}, "loopPackages[0]"),
+        ({"loopPackages": ["a" * 10_000, "a" * 10_000]}, "loopPackages[1]"),
+        ({BIG: 1}, "unknown key xxx"),
+        ({(1,) * 100_000: 1}, "unknown key (1, 1"),
+        ({"agents": [{"id": "a", "maxTokens": -(10**5000)}]}, "agents[0].maxTokens"),
+    ],
+)
+def test_every_config_error_quotes_values_cut_short(config, path):
+    message = str(rejects(config, ""))
+    assert path in message, message
+    assert len(message) <= MAX_MESSAGE, len(message)

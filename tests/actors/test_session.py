@@ -16,7 +16,7 @@ from actors import SessionActor, SessionClosedError, StoreWriter
 from runtime import KNOWN_EVENT_TYPES, SubscriberDroppedError, UnknownEventTypeError
 from runtime._events import Event, SessionHeader
 from runtime._serde import event_to_wire
-from runtime._store import SessionStore
+from runtime._store import SessionStore, StoreError, Write
 
 
 def header(session_id: str) -> SessionHeader:
@@ -350,6 +350,74 @@ async def test_closing_the_session_ends_subscriptions_normally(tmp_path):
                 s.append("user/message", {})
 
 
+# -- 6. a session the store refuses fails alone ------------------------------------------
+
+
+async def test_a_refused_session_fails_alone_and_writes_nothing_after(tmp_path):
+    with trio.fail_after(10):
+        async with running_writer(tmp_path, start=False) as (path, store, writer, _n):
+            sessions = {sid: SessionActor(header(sid), writer) for sid in ("a", "b", "c")}
+            for s in sessions.values():
+                s.publish()
+                s.append("user/message", {"n": 0})
+            await writer.drain()
+            # What a second writer of the database would do: take b's next seq.
+            store.commit([Write("b", None, (Event("user/message", 1, 1, {"intruder": True}),))])
+            for s in sessions.values():
+                s.append("user/message", {"n": 1})
+            before = writer.commits
+            await writer.drain()
+            assert writer.commits == before + 1  # the three sessions in one batch
+
+            for sid in ("a", "c"):
+                await sessions[sid].flush()  # durable, although b failed in the same batch
+                assert sessions[sid].committed_count == 2
+            with pytest.raises(StoreError, match="'b' already has an event with seq 1"):
+                await sessions["b"].flush()
+
+            # b is written no more, so its log on disk never gets a hole; a goes on.
+            sessions["b"].append("user/message", {"n": 2})
+            sessions["a"].append("user/message", {"n": 2})
+            await writer.drain()
+            await sessions["a"].flush()
+            with pytest.raises(StoreError, match="seq 1"):
+                await sessions["b"].flush()
+            assert len(sessions["b"].events) == 3  # kept in memory
+
+        with SessionStore.open(path) as other:
+            assert [e.data for e in other.load("a")[1]] == [{"n": 0}, {"n": 1}, {"n": 2}]
+            assert [e.data for e in other.load("b")[1]] == [{"n": 0}, {"intruder": True}]
+            assert [e.data for e in other.load("c")[1]] == [{"n": 0}, {"n": 1}]
+
+
+async def test_of_two_new_sessions_with_one_id_the_loser_writes_nothing(tmp_path):
+    # The second header is refused; the loser's later events must not land in the
+    # winner's log (they would, with no header of their own to be refused).
+    with trio.fail_after(10):
+        async with running_writer(tmp_path, start=False) as (path, _store, writer, _n):
+            winner = SessionActor(header("x"), writer)
+            winner.publish()
+            winner.append("user/message", {"by": "winner"})
+            await writer.drain()
+            # Both checked that "x" did not exist before either was committed.
+            loser, other = SessionActor(header("x"), writer), SessionActor(header("z"), writer)
+            for s, text in ((loser, "loser"), (other, "other")):
+                s.publish()
+                s.append("user/message", {"by": text})
+            await writer.drain()
+            await other.flush()
+            with pytest.raises(StoreError, match="'x' already exists"):
+                await loser.flush()
+            loser.append("user/message", {"by": "loser"})
+            winner.append("user/message", {"by": "winner"})
+            await writer.drain()
+            await winner.flush()
+
+        with SessionStore.open(path) as store:
+            assert [e.data["by"] for e in store.load("x")[1]] == ["winner", "winner"]
+            assert [e.data["by"] for e in store.load("z")[1]] == ["other"]
+
+
 # -- concurrent drains (regression: drain() used to be re-entrant) -------------------------
 
 
@@ -363,7 +431,7 @@ class _GatedStore:
         self.gate = threading.Event()
         self.batches: list[list[int]] = []  # the event seqs of each commit, in commit order
 
-    def commit(self, batch) -> None:
+    def commit(self, batch):
         if any(write.header is not None for write in batch):
             assert self.gate.wait(timeout=30), "the test never opened the gate"
         self.batches.append([e.seq for write in batch for e in write.events])

@@ -1,5 +1,6 @@
 """The bridge token file: made once, private, reused."""
 
+import os
 import stat
 
 import pytest
@@ -33,3 +34,23 @@ def test_an_empty_token_file_is_an_error_not_an_empty_secret(tmp_path):
     (tmp_path / "bridge.token").write_text("\n")
     with pytest.raises(TokenFileError):
         load_or_create_token(tmp_path)
+
+
+@pytest.mark.parametrize("mask", [0o000, 0o277])
+def test_the_token_and_its_home_are_private_whatever_the_umask(tmp_path, mask):
+    home = tmp_path / "home"
+    old = os.umask(mask)
+    try:
+        load_or_create_token(home)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((home / "bridge.token").stat().st_mode) == 0o600
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700
+
+
+def test_a_home_others_may_enter_is_made_private(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir(mode=0o755)
+    home.chmod(0o755)
+    load_or_create_token(home)
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700

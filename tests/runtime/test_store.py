@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import attrs
 import pytest
@@ -21,6 +26,15 @@ def header(session_id: str, created_at: int = 1_700_000_000_000, **kw: object) -
 
 def event(seq: int, data: dict | None = None, type_: str = "user/message") -> Event:
     return Event(type=type_, seq=seq, time=1_700_000_000_000 + seq, data=data or {"n": seq})
+
+
+def refusals(store: SessionStore, batch: list[Write]) -> dict[str, str]:
+    """Commit ``batch``; the refused sessions with their messages (each a StoreError)."""
+    refused = store.commit(batch)
+    for error in refused.values():
+        assert isinstance(error, StoreError) and isinstance(error, LoopdockError)
+        assert error.code == "STORE_ERROR"
+    return {session_id: str(error) for session_id, error in refused.items()}
 
 
 @pytest.fixture
@@ -75,55 +89,66 @@ def test_last_seq_is_none_for_a_session_without_events(store):
     assert store.load("s1") == (header("s1"), [])
 
 
-def test_duplicate_seq_in_the_middle_of_a_batch_writes_nothing(store):
+def test_a_duplicate_seq_refuses_that_session_alone(store):
     store.commit([Write("old", header("old"), (event(0),))])
     batch = [
         Write("a", header("a"), (event(0), event(1))),
-        Write("a", None, (event(1, {"dup": True}),)),  # repeats (a, 1)
         Write("b", header("b"), (event(0),)),
+        Write("a", None, (event(1, {"dup": True}),)),  # repeats (a, 1)
+        Write("old", None, (event(1),)),
     ]
-    with pytest.raises(StoreError, match=r"'a' already has an event with seq 1") as info:
-        store.commit(batch)
-    assert info.value.code == "STORE_ERROR"
-    assert isinstance(info.value, LoopdockError)
+    assert refusals(store, batch) == {"a": "session 'a' already has an event with seq 1"}
 
-    assert not store.exists("a") and not store.exists("b")
-    assert store.load("a") is None
-    assert store.load("old") == (header("old"), [event(0)])
-    # The failed transaction was rolled back, so the store still takes writes.
-    store.commit([Write("a", header("a"), (event(0),))])
+    # Nothing of "a" (its header included); every other session's part is there.
+    assert not store.exists("a") and store.load("a") is None
+    assert store.load("b") == (header("b"), [event(0)])
+    assert store.load("old") == (header("old"), [event(0), event(1)])
+    # The store still takes writes, "a" included.
+    assert store.commit([Write("a", header("a"), (event(0),))]) == {}
     assert store.load("a") == (header("a"), [event(0)])
 
 
 def test_duplicate_seq_against_committed_events_is_refused(store):
     store.commit([Write("s1", header("s1"), (event(0),))])
-    with pytest.raises(StoreError, match="seq 0"):
-        store.commit([Write("s1", None, (event(1), event(0, {"other": 1})))])
+    assert refusals(store, [Write("s1", None, (event(1), event(0, {"other": 1})))]) == {
+        "s1": "session 's1' already has an event with seq 0"
+    }
     assert store.load("s1") == (header("s1"), [event(0)])
 
 
-def test_duplicate_header_is_refused_and_nothing_of_the_batch_written(store):
+def test_a_duplicate_header_refuses_that_session_alone(store):
     store.commit([Write("a", header("a", created_at=1), (event(0),))])
     batch = [
         Write("b", header("b"), (event(0),)),
-        Write("a", header("a", created_at=5), ()),
+        Write("a", header("a", created_at=5), (event(1),)),
     ]
-    with pytest.raises(StoreError, match="'a' already exists"):
-        store.commit(batch)
-    assert not store.exists("b")
+    assert refusals(store, batch) == {"a": "session 'a' already exists"}
+    assert store.load("b") == (header("b"), [event(0)])
     assert store.load("a") == (header("a", created_at=1), [event(0)])
 
 
 def test_same_header_twice_in_one_batch_is_refused(store):
-    with pytest.raises(StoreError, match="already exists"):
-        store.commit([Write("a", header("a"), ()), Write("a", header("a"), ())])
-    assert not store.exists("a")
+    batch = [Write("a", header("a"), ()), Write("a", header("a"), ()), Write("b", header("b"), ())]
+    assert refusals(store, batch) == {"a": "session 'a' already exists"}
+    assert not store.exists("a") and store.exists("b")
 
 
 def test_events_for_a_session_without_header_are_refused(store):
-    with pytest.raises(StoreError, match="does not exist"):
-        store.commit([Write("ghost", None, (event(0),))])
+    batch = [Write("ghost", None, (event(0),)), Write("real", header("real"), (event(0),))]
+    assert "does not exist" in refusals(store, batch)["ghost"]
     assert store.last_seq("ghost") is None
+    assert store.load("real") == (header("real"), [event(0)])
+
+
+def test_a_database_failure_raises_and_writes_nothing(store):
+    # Not one session's fault (here: the events table is gone): the whole batch fails.
+    store.commit([Write("a", header("a"), (event(0),))])
+    store._conn.execute("ALTER TABLE events RENAME TO events_gone")
+    with pytest.raises(StoreError, match="commit failed.*no such table") as info:
+        store.commit([Write("b", header("b"), ()), Write("a", None, (event(1),))])
+    assert isinstance(info.value.__cause__, sqlite3.OperationalError)
+    store._conn.execute("ALTER TABLE events_gone RENAME TO events")
+    assert not store.exists("b") and store.last_seq("a") == 0
 
 
 def test_header_and_events_of_a_new_session_may_come_in_separate_writes(store):
@@ -132,21 +157,21 @@ def test_header_and_events_of_a_new_session_may_come_in_separate_writes(store):
 
 
 def test_header_id_must_match_the_write(store):
-    with pytest.raises(StoreError, match="carries the header of session 'b'"):
-        store.commit([Write("a", header("b"), ())])
+    assert "carries the header of session 'b'" in refusals(store, [Write("a", header("b"), ())])["a"]
     assert not store.exists("a") and not store.exists("b")
 
 
-def test_non_json_data_is_refused_before_anything_is_written(store):
+def test_non_json_data_refuses_that_session_alone(store):
     batch = [
         Write("a", header("a"), (event(0),)),
-        Write("b", header("b"), (event(0, {"x": float("nan")}),)),
+        Write("b", header("b"), (event(0),)),
+        Write("b", None, (event(1, {"x": float("nan")}),)),  # its first Write is refused too
+        Write("c", header("c"), (event(0, {"x": object()}),)),
     ]
-    with pytest.raises(StoreError, match="not JSON"):
-        store.commit(batch)
-    with pytest.raises(StoreError, match="not JSON"):
-        store.commit([Write("c", header("c"), (event(0, {"x": object()}),))])
-    assert store.list_headers() == []
+    messages = refusals(store, batch)
+    assert sorted(messages) == ["b", "c"]
+    assert all("not JSON" in message for message in messages.values())
+    assert [h.id for h in store.list_headers()] == ["a"]
 
 
 def test_list_headers_sorted_by_created_at_then_id(store):
@@ -345,6 +370,47 @@ def test_property_committed_batches_load_back_in_seq_order(tmp_path_factory, dat
         assert s.list_headers() == expected
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_property_a_refused_session_never_costs_another_its_write(tmp_path_factory, data):
+    # Batches over a few sessions where some parts repeat a seq (already committed or
+    # earlier in the batch) or name a session that does not exist: exactly those
+    # sessions are refused, whole, and every other part is committed.
+    path = tmp_path_factory.mktemp("prop") / "s.sqlite"
+    committed: dict[str, list[int]] = {}
+    with SessionStore.open(path) as s:
+        for _ in range(data.draw(st.integers(1, 5), label="batches")):
+            batch: list[Write] = []
+            seqs: dict[str, list[int]] = {}
+            created: set[str] = set()  # by a header in this batch
+            bad: set[str] = set()
+            for sid in data.draw(st.lists(session_ids, min_size=1, max_size=6), label="ids"):
+                exists = sid in committed or sid in created
+                with_header = not exists and data.draw(st.booleans(), label="header")
+                if with_header:
+                    created.add(sid)
+                taken = committed.get(sid, []) + seqs.get(sid, [])
+                fresh = max(taken, default=-1) + 1
+                news = list(range(fresh, fresh + data.draw(st.integers(0, 3))))
+                if taken and data.draw(st.booleans(), label="repeat"):
+                    news.append(data.draw(st.sampled_from(taken)))
+                    bad.add(sid)
+                batch.append(Write(sid, header(sid) if with_header else None, tuple(event(n) for n in news)))
+                seqs.setdefault(sid, []).extend(news)
+            # Events for a session nobody created (a header anywhere in the batch counts).
+            bad |= {sid for sid, news in seqs.items() if news and sid not in committed and sid not in created}
+            refused = s.commit(batch)
+            assert set(refused) == bad
+            for sid, news in seqs.items():
+                if sid not in bad and (sid in committed or sid in created):
+                    committed.setdefault(sid, []).extend(news)
+            for sid in "abcd":
+                loaded = s.load(sid)
+                assert (loaded is not None) == (sid in committed)
+                if loaded is not None:
+                    assert [e.seq for e in loaded[1]] == sorted(committed[sid])
+
+
 # --- schema version 2 and the migration from version 1 ---
 
 # The version 1 tables exactly as loopdock created them (frozen here: the module only
@@ -456,8 +522,9 @@ def test_a_version_1_home_is_migrated_with_every_event_in_order(tmp_path):
         # It takes more writes, and still refuses a seq the old table held.
         s.commit([Write("a", None, (event(30),)), Write("empty", None, (event(0),))])
         s.commit([Write("c", header("c", 4), (event(0), event(1)))])
-        with pytest.raises(StoreError, match="'b' already has an event with seq 6"):
-            s.commit([Write("b", None, (event(7), event(6)))])
+        assert refusals(s, [Write("b", None, (event(7), event(6)))]) == {
+            "b": "session 'b' already has an event with seq 6"
+        }
     version, events_sql, indexes = schema_of(path)
     assert (version, indexes) == (2, ["events_by_session"])
     assert "WITHOUT ROWID" not in events_sql
@@ -535,10 +602,49 @@ def test_large_batches_are_written_whole_and_a_late_duplicate_is_named(store):
     for sid, n in sizes.items():
         assert store.load(sid) == (header(sid), [event(i, {"sid": sid, "i": i, "t": "ü" * (i % 3)}) for i in range(n)])
 
-    # A repeated seq at row 150 of 190: named, and nothing of the batch is written.
+    # A repeated seq at row 152 of 190: named, and nothing of its session is written.
     late = [Write("d", header("d"), tuple(event(i) for i in range(150))), Write("a", None, (event(120), event(5)))]
     late.append(Write("e", header("e"), tuple(event(i) for i in range(38))))
-    with pytest.raises(StoreError, match=r"'a' already has an event with seq 5"):
-        store.commit(late)
-    assert store.load("d") is None and store.load("e") is None
+    assert refusals(store, late) == {"a": "session 'a' already has an event with seq 5"}
     assert store.last_seq("a") == 119
+    assert store.last_seq("d") == 149 and store.last_seq("e") == 37
+
+
+# --- who may read the database ---
+
+
+@contextmanager
+def umask(mask: int) -> Iterator[None]:
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.mark.parametrize("mask", [0o000, 0o022, 0o277])
+def test_the_database_and_its_wal_and_shm_are_0600_whatever_the_umask(tmp_path, mask):
+    path = tmp_path / "home" / "sessions.db"
+    with umask(mask), SessionStore.open(path) as s:
+        s.commit([Write("a", header("a"), (event(0),))])  # the WAL files exist while open
+        assert mode(path) == 0o600
+        assert mode(path.with_name("sessions.db-wal")) == 0o600
+        assert mode(path.with_name("sessions.db-shm")) == 0o600
+        assert mode(path.parent) == 0o700
+
+
+def test_an_existing_database_others_may_read_is_made_private(tmp_path):
+    path = tmp_path / "sessions.db"
+    with SessionStore.open(path) as s:
+        s.commit([Write("a", header("a"), (event(0),))])
+        # An older loopdock left them readable while its store was open (WAL files exist).
+        for name in ("sessions.db", "sessions.db-wal", "sessions.db-shm"):
+            (tmp_path / name).chmod(0o644)
+        with SessionStore.open(path) as again:
+            assert again.load("a") == (header("a"), [event(0)])
+            for name in ("sessions.db", "sessions.db-wal", "sessions.db-shm"):
+                assert mode(tmp_path / name) == 0o600, name
