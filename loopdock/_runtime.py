@@ -1,6 +1,6 @@
 """Runtime: the embedded entry point.
 
-    async with Runtime.open(home="./.loopdock") as rt:
+    async with Runtime.open() as rt:          # home: $LOOPDOCK_HOME or ~/.local/share/loopdock
         handle = await rt.create_agent(session_id="a1")
         handle.agent.followup("hello")
         await handle.agent.wait_idle()
@@ -141,7 +141,7 @@ class Runtime:
         store = await trio.to_thread.run_sync(SessionStore.open, path / "sessions.db")
         try:
             tools = ToolRegistry()
-            for tool in builtin_tools():
+            for tool in builtin_tools(home=path):
                 tools.register(tool)
             if shell is not None:
                 tools.register(shell_tool(shell))

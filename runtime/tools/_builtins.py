@@ -4,6 +4,10 @@ Every path argument is resolved against ``ToolContext.cwd`` with symlinks follow
 must stay inside it. Error messages show paths relative to cwd only, so a refusal never
 tells the model anything about the filesystem outside its directory.
 
+The runtime's home (its session database, every session's transcript, the bridge token)
+is refused too, wherever it is: a cwd may well contain it (a home under ``~`` and an agent
+working in ``~``), and one ``write_file`` over the database would lose every session.
+
 The confinement check and the file operation are two steps; a process that can swap a
 directory for a symlink between them (a race) is outside what this guards against.
 """
@@ -75,7 +79,7 @@ class _Confined:
     shown: str  # relative to root, for messages
 
 
-def _confine(tool: str, ctx: ToolContext, raw: str) -> _Confined:
+def _confine(tool: str, ctx: ToolContext, raw: str, home: Path | None) -> _Confined:
     if "\x00" in raw:
         raise ToolError(f"{tool}: path contains a NUL byte")
     root = Path(ctx.cwd).resolve()
@@ -90,6 +94,12 @@ def _confine(tool: str, ctx: ToolContext, raw: str) -> _Confined:
         _log.warning("tools.path_refused", tool=tool, session_id=ctx.session_id)
         # Deliberately not echoing the path: it may name things outside cwd.
         raise ToolError(f"{tool}: path is outside the working directory; use a path inside it")
+    if home is not None and resolved.is_relative_to(home.resolve()):
+        _log.warning("tools.home_refused", tool=tool, session_id=ctx.session_id)
+        raise ToolError(
+            f"{tool}: path is inside the runtime's home (its session database and bridge "
+            "token), which agents may not read, list or change"
+        )
     shown = resolved.relative_to(root).as_posix() or "."
     return _Confined(resolved, shown)
 
@@ -159,13 +169,15 @@ def _read_lines(path: Path, offset: int, limit: int | None, max_chars: int) -> s
     return text
 
 
-def read_file() -> Tool:
+def read_file(*, home: Path | None = None) -> Tool:
+    """``home``: the runtime's home, refused whatever the cwd."""
+
     async def run(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
         _check_args("read_file", arguments, {"path", "offset", "limit"})
         raw = _str_arg("read_file", arguments, "path")
         offset = _int_arg("read_file", arguments, "offset", 0) or 0
         limit = _int_arg("read_file", arguments, "limit", 1)
-        target = _confine("read_file", ctx, raw)
+        target = _confine("read_file", ctx, raw, home)
         if target.path.is_dir():
             raise ToolError(f"read_file: {target.shown}: is a directory; use list_dir")
         if target.path.exists() and not target.path.is_file():
@@ -206,12 +218,14 @@ def _write(path: Path, data: bytes) -> None:
     path.write_bytes(data)
 
 
-def write_file() -> Tool:
+def write_file(*, home: Path | None = None) -> Tool:
+    """``home``: the runtime's home, refused whatever the cwd."""
+
     async def run(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
         _check_args("write_file", arguments, {"path", "content"})
         raw = _str_arg("write_file", arguments, "path")
         content = _str_arg("write_file", arguments, "content")
-        target = _confine("write_file", ctx, raw)
+        target = _confine("write_file", ctx, raw, home)
         if target.path.is_dir():
             raise ToolError(f"write_file: {target.shown}: is a directory")
         data = content.encode("utf-8")
@@ -255,11 +269,13 @@ def _list(path: Path) -> list[str]:
     return sorted(entries)
 
 
-def list_dir() -> Tool:
+def list_dir(*, home: Path | None = None) -> Tool:
+    """``home``: the runtime's home, refused whatever the cwd."""
+
     async def run(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
         _check_args("list_dir", arguments, {"path"})
         raw = _str_arg("list_dir", arguments, "path", default=".")
-        target = _confine("list_dir", ctx, raw)
+        target = _confine("list_dir", ctx, raw, home)
         try:
             entries = await trio.to_thread.run_sync(_list, target.path)
         except OSError as exc:
@@ -293,9 +309,10 @@ def list_dir() -> Tool:
     )
 
 
-def builtin_tools() -> tuple[Tool, ...]:
-    """The always-safe built-ins. ``shell`` is not among them: it needs a policy."""
-    return (read_file(), write_file(), list_dir())
+def builtin_tools(*, home: Path | None = None) -> tuple[Tool, ...]:
+    """The always-safe built-ins, refusing ``home`` (the runtime's). ``shell`` is not among
+    them: it needs a policy."""
+    return (read_file(home=home), write_file(home=home), list_dir(home=home))
 
 
 # -- shell ----------------------------------------------------------------------------

@@ -122,6 +122,32 @@ async def test_escapes_are_refused(workdir: Path, tool, extra, path):
     assert (workdir.parent / "secret.txt").read_text() == "top secret"
 
 
+@pytest.mark.parametrize(
+    "tool, extra",
+    [(read_file, {}), (write_file, {"content": "pwned"}), (list_dir, {})],
+    ids=["read_file", "write_file", "list_dir"],
+)
+@pytest.mark.parametrize("path", ["home", "home/bridge.token", "home/sessions.db", "./sub/../home/x", "ABSOLUTE"])
+async def test_the_runtimes_home_is_refused_even_inside_cwd(workdir: Path, tool, extra, path):
+    home = workdir / "home"
+    home.mkdir()
+    (home / "bridge.token").write_text("tok-SECRET")
+    (home / "sessions.db").write_text("db")
+    if path == "ABSOLUTE":
+        path = str(home / "sessions.db")
+    with pytest.raises(ToolError, match="inside the runtime's home") as info:
+        await call(tool(home=home), workdir, path=path, **extra)
+    assert "tok-SECRET" not in str(info.value) and str(home) not in str(info.value)
+    assert (home / "sessions.db").read_text() == "db" and sorted(os.listdir(home)) == ["bridge.token", "sessions.db"]
+
+
+async def test_only_the_home_is_refused_not_its_neighbours(workdir: Path):
+    (workdir / "home").mkdir()
+    (workdir / "homework.txt").write_text("mine")  # a prefix of the name is not the home
+    assert await call(read_file(home=workdir / "home"), workdir, path="homework.txt") == "mine"
+    assert await call(list_dir(home=workdir / "home"), workdir) == "home/\nhomework.txt"
+
+
 async def test_symlink_to_outside_file_is_refused(workdir: Path):
     (workdir / "link.txt").symlink_to(workdir.parent / "secret.txt")
     with pytest.raises(ToolError, match="outside") as info:
