@@ -24,8 +24,8 @@ One bounded sequence, shared by both entry points:
    nothing left to install.
 
 At most one package install and one skill install run per execution. Cancellation is
-never swallowed: every child runs in the caller's cancel scope and is killed (its whole
-process group) and waited for.
+never swallowed: every child runs in the caller's cancel scope through the runtime's child
+runner (``runtime._process``), and it and everything it started are killed and waited for.
 
 Everything an :class:`InitOutcome` says is built from fixed phrases, stage and kind tokens
 and a parsed version number: no subprocess output and no local paths reach a summary, a
@@ -46,14 +46,16 @@ import attrs
 import structlog
 
 from runtime._messages import Message, ProducerSource, TextBlock
+from runtime._process import Completed, run_child
 from runtime.loopx._client import (
+    MAX_STDERR_BYTES,
+    MAX_STDOUT_BYTES,
     LoopxClient,
     LoopxFailure,
     LoopxVersion,
     MalformedOutput,
     SkillsResult,
     TransportFailure,
-    run_child,
 )
 
 from .._commands import Command, CommandContext, CommandResult
@@ -242,9 +244,16 @@ def _success_summary(version: str, installed_reason: str | None, skills_changed:
 
 
 async def _run(
-    argv: list[str], settings: InitSettings, timeout: float, cwd: Path
-) -> tuple[int, bytes] | Literal["timeout", "spawn"]:
-    return await run_child(argv, cwd=cwd, env=_child_env(settings), timeout=timeout)
+    argv: list[str], env: Mapping[str, str], timeout: float, cwd: Path
+) -> Completed | Literal["timeout", "spawn"]:
+    """One child through the runtime's child runner (its whole tree killed however it
+    ends, output capped like a LoopX call's)."""
+    try:
+        return await run_child(
+            argv, cwd=cwd, env=env, timeout=timeout, max_stdout=MAX_STDOUT_BYTES, max_stderr=MAX_STDERR_BYTES
+        )
+    except OSError:
+        return "spawn"
 
 
 def _child_env(settings: InitSettings) -> dict[str, str]:
@@ -270,13 +279,13 @@ def _candidates_on_path(name: str, settings: InitSettings) -> list[str]:
 async def _python_is_compatible(python: str, settings: InitSettings) -> bool:
     outcome = await _run(
         [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-        settings,
+        _child_env(settings),
         settings.timeout,
         settings.project,
     )
-    if isinstance(outcome, str) or outcome[0] != 0:
+    if isinstance(outcome, str) or outcome.returncode != 0 or outcome.overflow is not None:
         return False
-    lines = outcome[1].decode("utf-8", "replace").strip().splitlines()
+    lines = outcome.stdout.decode("utf-8", "replace").strip().splitlines()
     match = _PYTHON_VERSION.fullmatch(lines[-1].strip()) if lines else None
     return match is not None and (int(match[1]), int(match[2])) >= MIN_PYTHON
 
@@ -461,13 +470,13 @@ async def _initialize(settings: InitSettings, progress: _Progress) -> InitOutcom
             return _fail(progress, "launcher_failed")
         argv = [python, "-m", "pip", "install", "--upgrade", "--target", str(settings.site_packages), LOOPX_REQUIREMENT]
         log.info("loopx init installing the cli", reason=reason)
-        outcome = await _run(argv, settings, settings.pip_timeout, settings.plugin_dir)
+        outcome = await _run(argv, _child_env(settings), settings.pip_timeout, settings.plugin_dir)
         if outcome == "spawn":
             return _fail(progress, "python_unavailable")
         if outcome == "timeout":
             return _fail(progress, "timeout")
-        if outcome[0] != 0:
-            log.warning("loopx init pip install failed", returncode=outcome[0])
+        if outcome.returncode != 0 or outcome.overflow is not None:
+            log.warning("loopx init pip install failed", returncode=outcome.returncode, overflow=outcome.overflow)
             return _fail(progress, "pip_failed")
         try:
             _write_launcher(python, settings)

@@ -6,10 +6,13 @@ and answers listed below, checked against the real CLI by the tests) and turns e
 into a typed value. It never reads or writes ``.loopx/`` itself.
 
 Every call is ``[*command, --registry .loopx/registry.json, [--runtime-root R,]
---format json, SUB, ...]`` run with ``cwd=project`` through :func:`trio.run_process` inside
-the caller's cancel scope. A per-attempt timeout is a ``trio.move_on_after``; cancellation
-(the timeout's or the caller's) terminates the child's whole process group -- loopx is a
-Python process that starts Node children -- and waits for the child before returning.
+--format json, SUB, ...]`` run with ``cwd=project`` through :func:`runtime._process.run_child`
+inside the caller's cancel scope. A per-attempt timeout is a ``trio.move_on_after``;
+cancellation (the timeout's or the caller's) terminates the child's process group, then
+kills everything it started -- loopx is a Python process that starts Node children -- and
+waits for all of it before returning. Its output is capped (``MAX_STDOUT_BYTES``,
+``MAX_STDERR_BYTES``): past a cap the child is stopped and the call is a
+:class:`MalformedOutput` of kind ``too-large``.
 
 One call ends in exactly one of four results:
 
@@ -18,8 +21,9 @@ One call ends in exactly one of four results:
   typed answer: authoritative, never retried.
 - :class:`TransportFailure`: a timeout, a spawn failure, or a non-zero exit without a JSON
   object. The only result that is ever retried, and only when the call asked for it.
-- :class:`MalformedOutput`: exit 0 without a JSON object, or JSON whose ``ok`` disagrees with
-  the exit code; the typed command methods also return it when an answer breaks its
+- :class:`MalformedOutput`: exit 0 without a JSON object, JSON whose ``ok`` disagrees with
+  the exit code, or more output than the caps allow; the typed command methods also
+  return it when an answer breaks its
   schema (a wrong turn id, a task body without exactly one ``LOOPX_TURN``, ...). Never
   retried.
 
@@ -101,6 +105,10 @@ RECEIPT_STATUSES = frozenset({"committed", "replayed", "upgraded", "write_failed
 
 # After SIGTERM to the child's process group, how long before SIGKILL.
 _KILL_GRACE = 2.0
+#: The most output one call may produce. The largest real answers (a status, a skills
+#: install) are tens of kilobytes; past a cap the child is stopped, never read further.
+MAX_STDOUT_BYTES = 4 * 1024 * 1024
+MAX_STDERR_BYTES = 1024 * 1024
 _REGISTRY = ".loopx/registry.json"
 # Goal and agent ids: a superset of LoopX's rules (goal ids ``[A-Za-z0-9][A-Za-z0-9_.-]*``,
 # agent ids ``[a-z][a-z0-9_.:@-]{0,79}``); LoopX refuses the finer cases itself.
@@ -155,10 +163,11 @@ class TransportFailure:
 @attrs.frozen
 class MalformedOutput:
     """An answer this client cannot trust; never retried. ``kind`` is ``not-json``,
-    ``ok-mismatch`` or ``schema`` (the typed methods' checks)."""
+    ``ok-mismatch``, ``schema`` (the typed methods' checks) or ``too-large`` (the output
+    passed its cap and the child was stopped)."""
 
     reason: str
-    kind: Literal["not-json", "ok-mismatch", "schema"] = "schema"
+    kind: Literal["not-json", "ok-mismatch", "schema", "too-large"] = "schema"
 
 
 LoopxResult = Union[LoopxOk, LoopxFailure, TransportFailure, MalformedOutput]
@@ -308,21 +317,6 @@ def _token_or_none(value: object) -> str | None:
 # -- The client -----------------------------------------------------------------------------
 
 
-async def run_child(
-    argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout: float
-) -> tuple[int, bytes] | Literal["timeout", "spawn"]:
-    """Run one child with fixed argv and no shell, in its own process group, inside the
-    caller's cancel scope (cancelled: the whole group is killed and waited for); its
-    output is captured and never shown. Returns (exit code, stdout)."""
-    try:
-        outcome = await process.run_child(argv, cwd=cwd, env=env, timeout=timeout, grace=_KILL_GRACE)
-    except OSError:
-        return "spawn"
-    if outcome == "timeout":
-        return "timeout"
-    return outcome.returncode, outcome.stdout
-
-
 class LoopxClient:
     """Runs the LoopX CLI for one project.
 
@@ -382,17 +376,30 @@ class LoopxClient:
             await trio.sleep(ATTEMPT_BACKOFF[number])
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _exec(self, argv: list[str]) -> tuple[int, bytes] | TransportFailure:
-        outcome = await run_child(argv, cwd=self.project, env=self.env, timeout=self.timeout)
-        if outcome == "spawn":
+    async def _exec(self, argv: list[str]) -> tuple[int, bytes] | TransportFailure | MalformedOutput:
+        """One child: (exit code, stdout); its stderr is never shown."""
+        try:
+            outcome = await process.run_child(
+                argv,
+                cwd=self.project,
+                env=self.env,
+                timeout=self.timeout,
+                max_stdout=MAX_STDOUT_BYTES,
+                max_stderr=MAX_STDERR_BYTES,
+                grace=_KILL_GRACE,
+            )
+        except OSError:
             return TransportFailure("could not start the loopx command", "spawn")
         if outcome == "timeout":
             return TransportFailure(f"timed out after {self.timeout:g}s", "timeout")
-        return outcome
+        if outcome.overflow is not None:
+            limit = MAX_STDOUT_BYTES if outcome.overflow == "stdout" else MAX_STDERR_BYTES
+            return MalformedOutput(f"{outcome.overflow} passed {limit} bytes; the command was stopped", "too-large")
+        return outcome.returncode, outcome.stdout
 
     async def _run_json(self, argv: list[str]) -> LoopxResult:
         outcome = await self._exec(argv)
-        if isinstance(outcome, TransportFailure):
+        if isinstance(outcome, (TransportFailure, MalformedOutput)):
             return outcome
         code, stdout = outcome
         payload = _json_object(stdout)
@@ -420,7 +427,7 @@ class LoopxClient:
 
         async def attempt() -> LoopxVersion | TransportFailure | MalformedOutput:
             outcome = await self._exec(argv)
-            if isinstance(outcome, TransportFailure):
+            if isinstance(outcome, (TransportFailure, MalformedOutput)):
                 return outcome
             code, stdout = outcome
             if code != 0:

@@ -354,8 +354,62 @@ async def test_shell_output_is_truncated_to_max_output(workdir: Path):
     with trio.fail_after(10):
         tool = shell_tool(policy("echo", max_output=10))
         out = await call(tool, workdir, command="echo " + "y" * 100)
+    assert out.startswith("killed: stdout passed its limit of 10 bytes, so the program was stopped\n")
     stdout = out.split("--- stdout ---\n", 1)[1].split("\n--- stderr ---", 1)[0]
-    assert stdout.startswith("y" * 10 + "\n[truncated: 91 more characters]")
+    assert stdout == "y" * 10 + "\n[truncated at 10 bytes]"
+
+
+async def test_shell_output_exactly_at_the_limit_is_not_truncated(workdir: Path):
+    with trio.fail_after(10):
+        out = await call(shell_tool(policy("echo", max_output=10)), workdir, command="echo " + "y" * 9)
+    assert out.startswith("exit code 0\n--- stdout ---\n" + "y" * 9 + "\n\n--- stderr ---")
+
+
+async def test_shell_truncation_never_splits_a_character(workdir: Path):
+    # "é" is two bytes: a limit of 4 keeps "aé" and drops the half "é" after it.
+    with trio.fail_after(10):
+        out = await call(shell_tool(policy("echo", max_output=4)), workdir, command="echo aéé")
+    stdout = out.split("--- stdout ---\n", 1)[1].split("\n--- stderr ---", 1)[0]
+    assert stdout == "aé\n[truncated at 4 bytes]"
+
+
+async def test_shell_stops_an_endless_producer_at_max_output(workdir: Path):
+    with trio.fail_after(20):  # the policy's timeout (60 s) would blow this
+        out = await call(shell_tool(policy("yes", max_output=50_000, timeout=60)), workdir, command="yes")
+    assert out.startswith("killed: stdout passed its limit of 50000 bytes, so the program was stopped\n")
+    stdout = out.split("--- stdout ---\n", 1)[1].split("\n--- stderr ---", 1)[0]
+    assert stdout == "y\n" * 25_000 + "\n[truncated at 50000 bytes]"
+
+
+def sleeping(marker: str) -> list[int]:
+    """Live processes whose command line holds ``marker`` (pids may be reused; markers not)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                found.append(int(entry))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "sh -c 'sleep {m} & echo started'",  # backgrounded
+        "setsid -f sleep {m}",  # a new session, forked
+        "sh -c '(setsid sleep {m} &)'",  # double-forked into a new session
+    ],
+    ids=["background", "setsid", "double-fork"],
+)
+async def test_shell_children_that_escape_the_process_group_do_not_survive(workdir: Path, command):
+    # Each escapee holds the output pipe, so before the launcher the call hung until its
+    # timeout; a unique fractional sleep marks it in /proc.
+    marker = f"1000.{os.getpid()}{id(command)}"
+    with trio.fail_after(20):
+        out = await call(shell_tool(policy("sh", "setsid", timeout=600)), workdir, command=command.format(m=marker))
+    assert out.startswith("exit code 0\n"), out
+    assert sleeping(marker) == []
 
 
 @pytest.mark.parametrize(
