@@ -26,6 +26,9 @@ One bounded sequence, shared by both entry points:
 At most one package install and one skill install run per execution. Cancellation is
 never swallowed: every child runs in the caller's cancel scope through the runtime's child
 runner (``runtime._process``), and it and everything it started are killed and waited for.
+Every child gets a LoopX child's environment (``runtime.loopx._client.loopx_env``),
+never the runtime's API keys; the package install also gets pip's settings, proxies and
+CA bundles.
 
 Everything an :class:`InitOutcome` says is built from fixed phrases, stage and kind tokens
 and a parsed version number: no subprocess output and no local paths reach a summary, a
@@ -46,7 +49,7 @@ import attrs
 import structlog
 
 from runtime._messages import Message, ProducerSource, TextBlock
-from runtime._process import Completed, run_child
+from runtime._process import Completed, pick_env, run_child
 from runtime.loopx._client import (
     MAX_STDERR_BYTES,
     MAX_STDOUT_BYTES,
@@ -56,6 +59,7 @@ from runtime.loopx._client import (
     MalformedOutput,
     SkillsResult,
     TransportFailure,
+    loopx_env,
 )
 
 from .._commands import Command, CommandContext, CommandResult
@@ -95,6 +99,16 @@ Stage = Literal["probe_cli", "install_cli", "resolve_cli", "install_skills", "re
 
 # How many interpreters the automatic Python selection may start, in all.
 _MAX_PYTHON_PROBES = 8
+# What pip needs on top of a LoopX child's environment to reach its index: its own
+# settings, proxies and CA bundles. Only the package install gets these.
+_PIP_ENV_NAMES = frozenset(
+    {
+        "http_proxy", "https_proxy", "no_proxy", "all_proxy",
+        "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
+        "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
+    }
+)
+_PIP_ENV_PREFIXES = ("PIP_",)
 _PYTHON_VERSION = re.compile(r"^(\d+)\.(\d+)$")
 _PLUGIN_DIR = ("runtime", "dsh-loopx-plugin")
 
@@ -117,10 +131,10 @@ class InitSettings:
 
     ``agents_home``: skills go to ``<agents_home>/skills``, the managed install to
     ``<agents_home>/runtime/dsh-loopx-plugin/site-packages`` with its launcher at
-    ``.../dsh-loopx-plugin/bin/loopx``. ``env`` is every child's whole environment
-    (``PATH`` decides which ``loopx`` and which Python are found). ``python_bin`` is
-    ``PYTHON_BIN``. ``project`` is the cwd of every call. ``timeout`` bounds each CLI call,
-    ``pip_timeout`` the package install.
+    ``.../dsh-loopx-plugin/bin/loopx``. ``env`` is where every child's environment is
+    picked from (``PATH`` decides which ``loopx`` and which Python are found).
+    ``python_bin`` is ``PYTHON_BIN``. ``project`` is the cwd of every call. ``timeout``
+    bounds each CLI call, ``pip_timeout`` the package install.
     """
 
     agents_home: Path = attrs.field(converter=Path)
@@ -257,7 +271,16 @@ async def _run(
 
 
 def _child_env(settings: InitSettings) -> dict[str, str]:
-    return {**settings.env, "LOOPX_USAGE_PING": "0", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    """A LoopX child's environment: never the runtime's API keys."""
+    return loopx_env(settings.env)
+
+
+def _pip_env(settings: InitSettings) -> dict[str, str]:
+    return {
+        **_child_env(settings),
+        **pick_env(settings.env, _PIP_ENV_NAMES, _PIP_ENV_PREFIXES),
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
 
 
 def _which(name: str, settings: InitSettings) -> str | None:
@@ -470,7 +493,7 @@ async def _initialize(settings: InitSettings, progress: _Progress) -> InitOutcom
             return _fail(progress, "launcher_failed")
         argv = [python, "-m", "pip", "install", "--upgrade", "--target", str(settings.site_packages), LOOPX_REQUIREMENT]
         log.info("loopx init installing the cli", reason=reason)
-        outcome = await _run(argv, _child_env(settings), settings.pip_timeout, settings.plugin_dir)
+        outcome = await _run(argv, _pip_env(settings), settings.pip_timeout, settings.plugin_dir)
         if outcome == "spawn":
             return _fail(progress, "python_unavailable")
         if outcome == "timeout":

@@ -10,9 +10,10 @@ Every call is ``[*command, --registry .loopx/registry.json, [--runtime-root R,]
 inside the caller's cancel scope. A per-attempt timeout is a ``trio.move_on_after``;
 cancellation (the timeout's or the caller's) terminates the child's process group, then
 kills everything it started -- loopx is a Python process that starts Node children -- and
-waits for all of it before returning. Its output is capped (``MAX_STDOUT_BYTES``,
-``MAX_STDERR_BYTES``): past a cap the child is stopped and the call is a
-:class:`MalformedOutput` of kind ``too-large``.
+waits for all of it before returning. The child sees only :func:`loopx_env` of the given
+environment (never the runtime's API keys), and its output is capped
+(``MAX_STDOUT_BYTES``, ``MAX_STDERR_BYTES``): past a cap the child is stopped and the
+call is a :class:`MalformedOutput` of kind ``too-large``.
 
 One call ends in exactly one of four results:
 
@@ -85,6 +86,7 @@ __all__ = [
     "LifecycleResult",
     "check_thread_id",
     "check_turn_id",
+    "loopx_env",
 ]
 
 #: The host surface of a visible, same-session DSH integration.
@@ -109,6 +111,18 @@ _KILL_GRACE = 2.0
 #: install) are tens of kilobytes; past a cap the child is stopped, never read further.
 MAX_STDOUT_BYTES = 4 * 1024 * 1024
 MAX_STDERR_BYTES = 1024 * 1024
+#: What a LoopX child sees of the environment it is given, beyond the base set every
+#: child gets (PATH, which must reach Node >= 22.22.3; HOME; the locale): LoopX's own
+#: settings, DSH's folders and the XDG folders. Never an API key or a token.
+LOOPX_ENV_NAMES = process.BASE_ENV | {
+    "DSH_HOME",
+    "DSH_AGENTS_HOME",
+    "XDG_CONFIG_HOME",
+    "XDG_STATE_HOME",
+    "XDG_DATA_HOME",
+    "XDG_CACHE_HOME",
+}
+LOOPX_ENV_PREFIXES = ("LOOPX_",)
 _REGISTRY = ".loopx/registry.json"
 # Goal and agent ids: a superset of LoopX's rules (goal ids ``[A-Za-z0-9][A-Za-z0-9_.-]*``,
 # agent ids ``[a-z][a-z0-9_.:@-]{0,79}``); LoopX refuses the finer cases itself.
@@ -317,12 +331,21 @@ def _token_or_none(value: object) -> str | None:
 # -- The client -----------------------------------------------------------------------------
 
 
+def loopx_env(source: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a LoopX child, picked from ``source``: ``LOOPX_ENV_NAMES``,
+    every ``LOOPX_*`` variable, and always ``LOOPX_USAGE_PING=0``."""
+    env = process.pick_env(source, LOOPX_ENV_NAMES, LOOPX_ENV_PREFIXES)
+    # LoopX pings a usage endpoint daily unless told not to; this runtime never lets it.
+    env["LOOPX_USAGE_PING"] = "0"
+    return env
+
+
 class LoopxClient:
     """Runs the LoopX CLI for one project.
 
     ``command`` is the argv prefix that starts the CLI (``["loopx"]``, or
-    ``[python, launcher]`` for a managed install); ``env`` is the child's whole environment
-    (``None``: this process's, as of construction), always with ``LOOPX_USAGE_PING=0``;
+    ``[python, launcher]`` for a managed install); ``env`` is where the child's environment
+    is picked from by :func:`loopx_env` (``None``: this process's, as of construction);
     ``timeout`` bounds each attempt in seconds; ``runtime_root`` is passed as
     ``--runtime-root`` when given.
     """
@@ -342,8 +365,7 @@ class LoopxClient:
             raise LoopxRequestError("timeout must be a positive number of seconds")
         self.command: tuple[str, ...] = tuple(command)
         self.project = Path(project)
-        # LoopX pings a usage endpoint daily unless told not to; this runtime never lets it.
-        self.env = {**(os.environ if env is None else env), "LOOPX_USAGE_PING": "0"}
+        self.env = loopx_env(os.environ if env is None else env)
         self.timeout = float(timeout)
         self.runtime_root = Path(runtime_root) if runtime_root is not None else None
 

@@ -437,6 +437,47 @@ async def test_missing_and_incompatible_cli_are_repaired_by_one_real_private_ins
     assert set(steps(old_log)) == {"version"}
 
 
+# -- What the children see ---------------------------------------------------------------------------
+
+# Logs its argv and the names in its environment; as `loopx` it is too old, as python
+# its pip fails: the initialisation runs exactly one of each.
+ENV_LOGGER = """
+import json, os, sys
+with open(LOG, "a") as f:
+    f.write(json.dumps({"argv": sys.argv[1:], "env": sorted(os.environ)}) + "\\n")
+if sys.argv[1:] == ["--version"]:
+    print("loopx 0.4.0")
+sys.exit(0 if sys.argv[1:] == ["--version"] else 1)
+"""
+
+
+async def test_children_get_loopx_s_environment_and_only_pip_gets_pip_s(tmp_path):
+    log = tmp_path / "env.jsonl"
+    bin_dir = tmp_path / "bin"
+    write_script(bin_dir / "loopx", f"LOG = {str(log)!r}\n{ENV_LOGGER}")
+    python = write_script(tmp_path / "py" / "python", f"LOG = {str(log)!r}\n{ENV_LOGGER}")
+    env = {
+        "PATH": os.pathsep.join([str(bin_dir), "/usr/bin", "/bin"]),
+        "HOME": str(tmp_path / "home"),
+        "DEEPSEEK_API_KEY": "sk-secret",
+        "BRIDGE_TOKEN": "secret",
+        "LOOPX_RUNTIME_ROOT": str(tmp_path / "rt"),
+        "PIP_INDEX_URL": "https://index.invalid/simple",
+        "https_proxy": "http://proxy.invalid:3128",
+    }
+    settings = make_settings(tmp_path / "agents", env, tmp_path, python_bin=str(python), timeout=FAST_TIMEOUT)
+    with trio.fail_after(60):
+        outcome = await initialize(settings)
+    assert (outcome.stage, outcome.kind) == ("install_cli", "pip_failed")
+    version, pip = read_log(log)
+    assert version["argv"] == ["--version"] and pip["argv"][:2] == ["-m", "pip"]
+    for call in (version, pip):
+        assert "DEEPSEEK_API_KEY" not in call["env"] and "BRIDGE_TOKEN" not in call["env"]
+        assert {"PATH", "HOME", "LOOPX_RUNTIME_ROOT", "LOOPX_USAGE_PING"} <= set(call["env"])
+    assert {"PIP_INDEX_URL", "https_proxy"} & set(version["env"]) == set()
+    assert {"PIP_INDEX_URL", "https_proxy", "PIP_DISABLE_PIP_VERSION_CHECK"} <= set(pip["env"])
+
+
 # -- Fault injection ------------------------------------------------------------------------------
 
 

@@ -25,6 +25,7 @@ from runtime.loopx import (
     ThreadBinding,
     TransportFailure,
 )
+from runtime.loopx._client import loopx_env
 
 # One Python script; what each attempt does comes from actions.json next to it (the last
 # action repeats). Every attempt logs its argv, cwd, env and start time to attempts.jsonl.
@@ -36,7 +37,8 @@ here = Path(__file__).resolve().parent
 start = time.time()
 with open(here / "attempts.jsonl", "a") as log:
     log.write(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "time": start,
-                          "pid": os.getpid(), "ping": os.environ.get("LOOPX_USAGE_PING")}) + "\n")
+                          "pid": os.getpid(), "ping": os.environ.get("LOOPX_USAGE_PING"),
+                          "env": sorted(os.environ)}) + "\n")
 number = sum(1 for _ in open(here / "attempts.jsonl"))
 actions = json.loads((here / "actions.json").read_text())
 action = actions[min(number, len(actions)) - 1]
@@ -146,6 +148,24 @@ async def test_the_usage_ping_is_always_off(standin, monkeypatch):
         await standin.client().run("status")  # inherited environment
         await standin.client(env={**os.environ}).run("status")  # explicit environment
     assert [a["ping"] for a in standin.attempts()] == ["0", "0"]
+
+
+async def test_the_child_sees_no_secret_only_what_loopx_needs(standin, monkeypatch):
+    for name in ("DEEPSEEK_API_KEY", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN"):
+        monkeypatch.setenv(name, "sk-secret")
+    monkeypatch.setenv("LOOPX_RUNTIME_ROOT", "/somewhere")
+    monkeypatch.setenv("XDG_CONFIG_HOME", "/xdg")
+    standin.plan(OK)
+    with trio.fail_after(30):
+        await standin.client().run("status")  # inherited environment
+        await standin.client(env={**os.environ, "LOOPX_EXTRA": "1"}).run("status")  # explicit
+    inherited, explicit = (set(a["env"]) for a in standin.attempts())
+    for names in (inherited, explicit):
+        assert not {n for n in names if "KEY" in n or "TOKEN" in n or "SECRET" in n}, names
+        assert {"PATH", "HOME", "LOOPX_USAGE_PING", "LOOPX_RUNTIME_ROOT", "XDG_CONFIG_HOME"} <= names
+    assert "LOOPX_EXTRA" in explicit
+    # Nothing else of this process's environment came along (Python may add LC_CTYPE).
+    assert inherited - {"LC_CTYPE"} <= set(loopx_env(os.environ))
 
 
 async def test_typed_refusal_is_authoritative_and_never_retried(standin):
