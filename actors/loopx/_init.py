@@ -16,10 +16,11 @@ One bounded sequence, shared by both entry points:
    Python >= 3.11. Never ``--break-system-packages``; never retried.
 3. ``resolve_cli``: probe the managed launcher again; fail if it is still unusable.
 4. ``install_skills``: ``workflow-skills --install --skills-dir <agents-home>/skills
-   --host-surface deepseek-harness-native`` (with ``--cli-bin <launcher>`` for a managed
-   install, so generated skill commands run the same CLI). Every packaged-skill status must
-   be ``created|updated|unchanged`` and the entry's ``created|updated|unchanged|
-   upgraded_legacy_managed``; anything missing or unknown fails closed. Never retried.
+   --host-surface deepseek-harness-native`` (with ``--cli-bin <launcher>``, shell-quoted,
+   for a managed install, so generated skill commands run the same CLI). Every
+   packaged-skill status must be ``created|updated|unchanged`` and the entry's
+   ``created|updated|unchanged|upgraded_legacy_managed``; anything missing or unknown
+   fails closed. Never retried.
 5. ``readback``: the read-only inspection must report the managed install ready with
    nothing left to install.
 
@@ -40,6 +41,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shlex
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -380,11 +382,13 @@ async def _probe(command: tuple[str, ...], cli_bin: str | None, settings: InitSe
 
 
 def _launcher_cli_bin(settings: InitSettings) -> str | None:
-    # Generated skill commands run the launcher through the shell; LoopX takes one word.
+    """The launcher as one shell word: LoopX pastes ``--cli-bin`` verbatim into the shell
+    commands of the skills it writes, so an agents home with a space is quoted. ``None``
+    (LoopX's plain ``loopx``) only for a path no shell word can carry."""
     text = str(settings.launcher)
-    if any(ch.isspace() or ord(ch) < 32 for ch in text):
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
         return None
-    return text
+    return shlex.quote(text)
 
 
 def _launcher_text(python: str, site_packages: Path) -> str:

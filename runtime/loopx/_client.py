@@ -53,6 +53,7 @@ import json
 import math
 import os
 import re
+import shlex
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, cast
@@ -706,8 +707,16 @@ class LoopxClient:
             args.append("--install")
         args += ["--skills-dir", str(skills_dir), "--host-surface", HOST_SURFACE]
         if cli_bin is not None:
-            if not isinstance(cli_bin, str) or not cli_bin or any(c.isspace() or ord(c) < 32 for c in cli_bin):
-                raise LoopxRequestError("cli_bin must be a non-empty string without whitespace")
+            # LoopX pastes it verbatim into the shell commands of the skills it writes:
+            # exactly one POSIX shell word (``shlex.quote`` a path with a space).
+            if not isinstance(cli_bin, str) or any(ord(c) < 32 or ord(c) == 127 for c in cli_bin):
+                raise LoopxRequestError("cli_bin must be one shell word without control characters")
+            try:
+                words = shlex.split(cli_bin)
+            except ValueError:
+                words = []
+            if len(words) != 1 or not words[0]:
+                raise LoopxRequestError("cli_bin must be one shell word (quote a path with spaces)")
             args += ["--cli-bin", cli_bin]
         if dry_run:
             args.append("--dry-run")

@@ -9,6 +9,7 @@ an old CLI, a failing pip, unknown skill statuses, a readback that is not ready,
 import json
 import os
 import re
+import shlex
 import stat
 import subprocess
 import sys
@@ -476,6 +477,46 @@ async def test_children_get_loopx_s_environment_and_only_pip_gets_pip_s(tmp_path
         assert {"PATH", "HOME", "LOOPX_RUNTIME_ROOT", "LOOPX_USAGE_PING"} <= set(call["env"])
     assert {"PIP_INDEX_URL", "https_proxy"} & set(version["env"]) == set()
     assert {"PIP_INDEX_URL", "https_proxy", "PIP_DISABLE_PIP_VERSION_CHECK"} <= set(pip["env"])
+
+
+# -- An agents home with a space ----------------------------------------------------------------------
+
+
+async def test_cli_bin_is_one_quoted_shell_word_when_the_agents_home_has_a_space(tmp_path):
+    # LoopX pastes --cli-bin verbatim into the shell commands of the skills it writes; it
+    # used to be dropped here (skills then named a plain `loopx` that is not installed).
+    agents = tmp_path / "my agents"
+    settings = make_settings(
+        agents, {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, tmp_path, python_bin=PY, timeout=FAST_TIMEOUT
+    )
+    log = tmp_path / "loopx.log"
+    loopx_standin(settings.launcher.parent, log)  # an earlier managed install, healthy
+    with trio.fail_after(60):
+        outcome = await initialize(settings)
+    assert outcome.ok and outcome.command == (PY, str(settings.launcher))
+    calls = [entry["argv"] for entry in read_log(log)]
+    assert steps(log) == ["version", "inspect", "install", "inspect"]
+    for argv in calls[1:]:
+        cli_bin = argv[argv.index("--cli-bin") + 1]
+        assert cli_bin == shlex.quote(str(settings.launcher)) and " " in cli_bin
+        assert shlex.split(f"{cli_bin} start-goal --guided")[0] == str(settings.launcher)
+
+
+async def test_real_loopx_writes_skills_that_run_the_launcher_from_a_home_with_a_space(
+    loopx_env, node22_bin, loopx_project, tmp_path
+):
+    agents = tmp_path / "my agents"
+    settings = make_settings(agents, child_env(loopx_env, node22_bin), loopx_project, python_bin=PY)
+    _init._write_launcher(PY, settings)  # a managed launcher; this interpreter has loopx
+    with trio.fail_after(REAL_TIMEOUT):
+        outcome = await initialize(settings)
+    assert (outcome.ok, outcome.installed_cli, outcome.command) == (True, False, (PY, str(settings.launcher)))
+    skill = (agents / "skills" / "loopx" / "SKILL.md").read_text()
+    commands = re.findall(r"`([^`]*start-goal[^`]*)`", skill)
+    assert commands, skill
+    for command in commands:
+        # What the model's shell call will parse: the launcher, whole, as the program.
+        assert shlex.split(command)[0] == str(settings.launcher)
 
 
 # -- Fault injection ------------------------------------------------------------------------------

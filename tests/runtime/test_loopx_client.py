@@ -297,6 +297,19 @@ async def test_mutations_are_never_retried(standin, tmp_path):
     assert len(standin.attempts()) == 3
 
 
+async def test_cli_bin_must_be_exactly_one_shell_word(standin, tmp_path):
+    standin.plan(OK)
+    quoted = "'/home/a b/.agents/runtime/dsh-loopx-plugin/bin/loopx'"
+    with trio.fail_after(30):
+        await standin.client().workflow_skills(tmp_path / "skills", install=False, cli_bin=quoted)
+    argv = standin.attempts()[0]["argv"]
+    assert argv[argv.index("--cli-bin") + 1] == quoted  # passed on as given, quotes and all
+    for bad in ["/home/a b/loopx", "", "loopx; rm -rf x", "'unbalanced", "loopx\nnext"]:
+        with pytest.raises(LoopxRequestError):
+            await standin.client().workflow_skills(tmp_path / "skills", install=False, cli_bin=bad)
+    assert len(standin.attempts()) == 1  # refused before any call
+
+
 # -- Timeouts and cancellation ---------------------------------------------------------------
 
 
