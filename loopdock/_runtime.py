@@ -49,6 +49,7 @@ from actors.dock import (
     parse_config,
 )
 from actors.loopx import LoopxIntegration, LoopxSettings
+from runtime._environ_block import hide_environment_block
 from runtime._events import SessionHeader
 from runtime._gc import GC_THRESHOLD
 from runtime._gc import gc_threshold as _gc_threshold
@@ -100,7 +101,13 @@ class Runtime:
         loopx: LoopxSettings | None = None,
         gc_threshold: tuple[int, int, int] | None = GC_THRESHOLD,
     ) -> AsyncIterator[Runtime]:
-        """Open the runtime on ``home`` (``$LOOPDOCK_HOME``, default ``./.loopdock``).
+        """Open the runtime on ``home`` (else ``$LOOPDOCK_HOME``, else
+        ``$XDG_DATA_HOME/loopdock``, i.e. ``~/.local/share/loopdock``).
+
+        The file tools refuse every path inside the home, wherever it is. Before anything
+        starts, the process's initial environment block is zeroed (all but ``PATH``,
+        ``HOME``, the locale and such), so that no program the runtime runs can read its
+        API keys from ``/proc/<pid>/environ``; ``os.environ`` and ``getenv`` still work.
 
         ``config`` is the loop dock's config: a DockConfig, a mapping, or a YAML file path.
         ``shell`` enables the shell tool under that policy (it is off by default).
@@ -119,6 +126,7 @@ class Runtime:
         history otherwise sets off a full collection every ~70,000 allocations) if the
         process still has CPython's default; ``None`` leaves the collector alone.
         """
+        hide_environment_block()
         dock_config = _dock_config(config)
         environ = env if env is not None else os.environ
         catalog = skills if skills is not None else SkillCatalog.from_env(Path.cwd(), environ)
