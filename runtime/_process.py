@@ -91,6 +91,15 @@ def _status(line: bytes) -> int:
     raise OSError("the launcher ended without reporting the program's status")
 
 
+def _kill_group(pgid: int) -> None:
+    """SIGKILL the launcher's process group: the last resort when the launcher cannot
+    sweep (a ``setsid`` escapee has left that group and survives it)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 @attrs.define
 class _Capture:
     """One output stream, read until EOF or until it passes ``limit`` bytes."""
@@ -151,7 +160,11 @@ class _Run:
                 if len(self.status) < _STATUS_LIMIT:
                     self.status += chunk
         except trio.BrokenResourceError:
-            pass  # the launcher died without a report: completed() says so
+            pass
+        if not self.status:
+            # The launcher died without sweeping (killed itself, e.g. by the OOM killer):
+            # kill what is left of its process group, which holds the output pipes.
+            _kill_group(self.process.pid)
 
     async def stop(self) -> None:
         """Ask the launcher to kill and reap the program's tree (idempotent)."""
@@ -176,10 +189,7 @@ class _Run:
                     await self.process.wait()
                 if self.process.returncode is None:
                     _log.warning("process.launcher_unresponsive", pid=self.process.pid)
-                    try:
-                        os.killpg(self.process.pid, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
+                    _kill_group(self.process.pid)
                     await self.process.wait()
         finally:
             await self.control.aclose()

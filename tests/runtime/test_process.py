@@ -302,6 +302,36 @@ async def test_a_stop_gives_sigterm_its_grace_before_the_kill(tmp_path, ready, g
     assert done.exists() == cleaned_up
 
 
+# The program tells the fifo its parent (the launcher) and sleeps.
+ORPHANED = r"""
+import os, sys, time
+with open(sys.argv[1], "w") as f:
+    f.write(str(os.getppid()))
+time.sleep(600)
+"""
+
+
+async def test_a_launcher_killed_outright_still_takes_its_process_group_along(tmp_path, ready):
+    # The OOM killer's case: no sweep. The runtime kills the launcher's group instead, so
+    # the call ends now, not at its timeout, and says the launcher did not report.
+    marker, _ = new_marker()
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+
+            async def call() -> None:
+                with pytest.raises(OSError, match="without reporting"):
+                    await run([PY, "-c", ORPHANED, str(ready.path), marker], tmp_path, timeout=600)
+
+            nursery.start_soon(call)
+            launcher = int(await ready.message())
+            running = marked(marker)  # the program, and the launcher (its argv holds the program's)
+            assert len(running) == 2 and launcher in running
+            [program] = [pid for pid in running if pid != launcher]
+            os.kill(launcher, signal.SIGKILL)
+        # Killed, though nobody of ours reaps it now (init does): wait for its exit itself.
+        await _gone(program)
+
+
 # -- the runtime's own death -------------------------------------------------------------------
 
 RUNTIME = r"""
