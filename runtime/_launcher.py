@@ -24,8 +24,7 @@ environment as ``KEY=VALUE\\0`` entries; later, EOF (or any byte) means "stop". 
 launcher answers with one line, ``exit N``, ``signal N`` or ``error ERRNO``, then closes.
 
 Only the standard library, imported lazily where it is heavy: this starts for every
-shell-tool call and every LoopX call. Linux only (``prctl``, ``pidfd_open``,
-``/proc/<pid>/task/<tid>/children``).
+shell-tool call and every LoopX call. Linux only (``prctl``, ``pidfd_open``, ``/proc``).
 """
 
 from __future__ import annotations
@@ -80,8 +79,20 @@ def _resolve(program: str, env: dict[bytes, bytes]) -> str:
 
 def _children() -> list[int]:
     pid = os.getpid()
-    with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
-        return [int(p) for p in f.read().split()]
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+            return [int(p) for p in f.read().split()]
+    except FileNotFoundError:  # a kernel without CONFIG_PROC_CHILDREN: ask every process
+        found = []
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    parent = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if parent == pid:
+                found.append(int(entry))
+        return found
 
 
 def _kill(pids: list[int], sig: int) -> None:
