@@ -1,6 +1,6 @@
 """The launcher: a small process between the runtime and every program it runs.
 
-Run as ``python -I -S _launcher.py GRACE -- PROGRAM ARG...`` with its stdin on a Unix
+Run as ``python -I -S _launcher.py GRACE ON_EXIT -- PROGRAM ARG...`` with its stdin on a Unix
 socket to the runtime (``runtime._process``), an empty environment, and stdout/stderr on
 the pipes the runtime reads. It exists so that a program cannot outlive its call:
 
@@ -12,7 +12,8 @@ the pipes the runtime reads. It exists so that a program cannot outlive its call
   reaps them until it has no child left; only then does it report the program's status
   on the socket and exit. Nothing else in the tree can survive that sweep: a descendant
   that is not its child has a living ancestor that is, and that ancestor's death hands it
-  over.
+  over. With ON_EXIT ``leave`` (a trusted program's own daemons, see ``runtime._process``)
+  a program's own exit sweeps nothing; a stop still sweeps everything.
 - The program's environment comes over the socket, not through the launcher's own, so
   ``/proc/<launcher>/environ`` shows nothing. The program's stdin is ``/dev/null``.
 
@@ -137,20 +138,25 @@ class _Launcher:
             pid, status = os.waitpid(self.program, 0)
             self._reaped(pid, status)
 
+    def reap(self) -> bool:
+        """Reap every child that has exited; False once no child is left at all."""
+        try:
+            while True:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+                if pid == 0:
+                    return True
+                self._reaped(pid, status)
+        except ChildProcessError:
+            return False
+
     def sweep(self) -> None:
         """Kill every child (the program, and each orphan handed to this subreaper) and
         reap until none is left; a killed child's own children come back here, and the
         next round kills them."""
         while True:
             _kill(_children(), signal.SIGKILL)
-            try:
-                while True:
-                    pid, status = os.waitpid(-1, os.WNOHANG)
-                    if pid == 0:
-                        break
-                    self._reaped(pid, status)
-            except ChildProcessError:
-                return  # no child left
+            if not self.reap():
+                return
             # Woken by SIGCHLD (the wakeup fd) or, at the latest, after _RESCAN.
             select.select([self.wakeup], [], [], _RESCAN)
             try:
@@ -174,10 +180,9 @@ def _status_line(status: int | None) -> str:
 
 
 def main(argv: list[str]) -> int:
-    grace = float(argv[1])
-    if argv[2] != "--" or len(argv) < 4:
-        raise SystemExit("usage: _launcher.py GRACE -- PROGRAM [ARG...]")
-    program_argv = argv[3:]
+    if len(argv) < 5 or argv[2] not in ("kill", "leave") or argv[3] != "--":
+        raise SystemExit("usage: _launcher.py GRACE kill|leave -- PROGRAM [ARG...]")
+    grace, on_exit, program_argv = float(argv[1]), argv[2], argv[4:]
 
     control = os.dup(0)  # non-inheritable: the program never sees the socket
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -215,9 +220,13 @@ def main(argv: list[str]) -> int:
     launcher.program = pid
     pidfd = os.pidfd_open(pid)
 
-    if not launcher.wait_program(pidfd) and grace > 0:
+    exited = launcher.wait_program(pidfd)
+    if not exited and grace > 0:
         launcher.grace(pidfd, grace)
-    launcher.sweep()
+    if exited and on_exit == "leave":
+        launcher.reap()  # what the program left running goes on, handed to init
+    else:
+        launcher.sweep()
     launcher.report(_status_line(launcher.status))
     return 0
 

@@ -73,9 +73,10 @@ def _env_block(env: Mapping[str, str]) -> bytes:
     return len(entries).to_bytes(8, "big") + entries
 
 
-def _launcher_argv(argv: list[str], grace: float) -> list[str]:
+def _launcher_argv(argv: list[str], grace: float, leave_on_exit: bool) -> list[str]:
     # -I: no PYTHON* variables, no user site, no cwd on sys.path; -S: no site-packages.
-    return [sys.executable, "-I", "-S", str(LAUNCHER), repr(float(grace)), "--", *argv]
+    on_exit = "leave" if leave_on_exit else "kill"
+    return [sys.executable, "-I", "-S", str(LAUNCHER), repr(float(grace)), on_exit, "--", *argv]
 
 
 def _status(line: bytes) -> int:
@@ -216,6 +217,7 @@ async def run_child(
     max_stdout: int,
     max_stderr: int,
     grace: float = 0.0,
+    leave_on_exit: bool = False,
 ) -> Completed | Literal["timeout"]:
     """Run ``argv`` in ``cwd`` with exactly ``env`` (a bare program name is looked up on
     ``env``'s PATH) and stdin from ``/dev/null``, for at most ``timeout`` seconds.
@@ -227,6 +229,11 @@ async def run_child(
     SIGKILLs every process in its tree; the program's own exit does the latter at once.
     Either way this returns (or raises ``Cancelled``) only after that tree is gone.
 
+    ``leave_on_exit``: for a trusted program that starts a daemon of its own on purpose
+    (LoopX's effect-runtime server, which later calls reuse): when the program exits by
+    itself, what it left running is left alone (a stop still kills everything). What is
+    left must not hold the program's stdout or stderr, or the call runs into its timeout.
+
     Raises OSError when the program cannot be started (missing, not executable, no such
     ``cwd``) or the launcher cannot be.
     """
@@ -234,7 +241,7 @@ async def run_child(
     try:
         with child:
             process = await trio.lowlevel.open_process(
-                _launcher_argv(argv, grace),
+                _launcher_argv(argv, grace, leave_on_exit),
                 stdin=child.fileno(),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

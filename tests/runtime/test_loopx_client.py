@@ -6,6 +6,7 @@ schemas); ``test_loopx_cli.py`` drives the real loopx end to end."""
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -42,6 +43,10 @@ with open(here / "attempts.jsonl", "a") as log:
 number = sum(1 for _ in open(here / "attempts.jsonl"))
 actions = json.loads((here / "actions.json").read_text())
 action = actions[min(number, len(actions)) - 1]
+if "daemon" in action:  # like LoopX's effect-runtime server: its own session and stdio
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    (here / f"daemon-{number}").write_text(str(server.pid))
 if "flood" in action:
     stream = getattr(sys, action["flood"])
     while True:
@@ -311,6 +316,19 @@ async def test_cli_bin_must_be_exactly_one_shell_word(standin, tmp_path):
 
 
 # -- Timeouts and cancellation ---------------------------------------------------------------
+
+
+async def test_loopx_s_own_daemon_outlives_a_call_that_ends_by_itself(standin):
+    # LoopX's effect-runtime server serves the next call; a stop (timeout, cancellation)
+    # still takes it (tests/runtime/test_process.py, leave_on_exit).
+    standin.plan({**OK, "daemon": True})
+    with trio.fail_after(30):
+        assert isinstance(await standin.client().run("status"), LoopxOk)
+    daemon = int((standin.root / "daemon-1").read_text())
+    try:
+        assert not gone(daemon)
+    finally:
+        os.kill(daemon, signal.SIGKILL)  # this test started it
 
 
 async def test_timeout_kills_the_child_and_its_children_and_waits(standin):

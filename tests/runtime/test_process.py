@@ -274,6 +274,33 @@ async def test_escapees_die_on_cancellation(tmp_path, escape, ready, mode):
     assert marked(marker) == []
 
 
+async def test_leave_on_exit_spares_a_daemon_only_when_the_program_exits_by_itself(tmp_path, escape, ready):
+    # LoopX's case: its effect-runtime server, detached from the call's output, is meant
+    # to serve the next call. A stop still takes everything.
+    marker, passed = new_marker()
+    with trio.fail_after(30):
+        result = await run([PY, str(escape), "double-fork", passed, str(ready.path), "exit"], tmp_path,
+                           leave_on_exit=True)
+        pid = int(await ready.message())
+    try:
+        assert result.returncode == 0 and marked(marker) == [pid]
+    finally:
+        os.kill(pid, signal.SIGKILL)  # ours to end: this test started it
+    await _gone(pid)
+
+    marker, passed = new_marker()
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(
+                run, [PY, str(escape), "double-fork", passed, str(ready.path), "sleep"], tmp_path,
+                timeout=600, leave_on_exit=True,
+            ))
+            pid = int(await ready.message())
+            assert marked(marker) == [pid]
+            nursery.cancel_scope.cancel()
+    assert marked(marker) == []
+
+
 # The program says it is ready on the fifo, then waits; on SIGTERM it writes a file and exits.
 TERMINABLE = r"""
 import signal, sys, time
