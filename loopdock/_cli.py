@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = commands.add_parser("run", help="run one task on one agent and print its transcript")
     run.add_argument("task")
     run.add_argument("--session-id", help="resume this session if it exists, else create it")
-    run.add_argument("--home", help="runtime home (default: $LOOPDOCK_HOME or ./.loopdock)")
+    run.add_argument("--home", help="runtime home (default: $LOOPDOCK_HOME, else $XDG_DATA_HOME/loopdock, i.e. ~/.local/share/loopdock)")
     run.add_argument("--provider", default="ping")
     run.add_argument("--model", default="ping-1")
     bench = commands.add_parser("bench", help="measure many agents, human priority, floor and peer (benchmarks/)")
@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     serve.add_argument("--port", type=int, default=0, help="port to listen on (default: any free port)")
     serve.add_argument("--host", help="address to bind (default: 127.0.0.1)")
-    serve.add_argument("--home", help="runtime home (default: $LOOPDOCK_HOME or ./.loopdock)")
+    serve.add_argument("--home", help="runtime home (default: $LOOPDOCK_HOME, else $XDG_DATA_HOME/loopdock, i.e. ~/.local/share/loopdock)")
     serve.add_argument(
         "--no-loopx", action="store_true",
         help="leave the LoopX integration off (it is on by default); the GoalBar then shows no bar (reason loopx-off)",
@@ -142,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     patch.add_argument("--dock", action="store_true", help="dock mode: the runtime selects every agent's loop")
     patch.add_argument("--drivers", default="default", help="dock drivers, comma separated (default: default)")
     patch.add_argument("--ping", action="store_true", help="register the offline ping model as DSH's default")
-    patch.add_argument("--home", help="runtime home holding bridge.token (default: $LOOPDOCK_HOME or ./.loopdock)")
+    patch.add_argument("--home", help="runtime home holding bridge.token (default: $LOOPDOCK_HOME, else $XDG_DATA_HOME/loopdock, i.e. ~/.local/share/loopdock)")
     args = parser.parse_args(argv)
     configure_logging(verbose=args.verbose)
     if args.command == "bench":

@@ -1,6 +1,6 @@
 """Runtime: the embedded entry point.
 
-    async with Runtime.open(home="./.loopdock") as rt:
+    async with Runtime.open() as rt:          # home: $LOOPDOCK_HOME or ~/.local/share/loopdock
         handle = await rt.create_agent(session_id="a1")
         handle.agent.followup("hello")
         await handle.agent.wait_idle()
@@ -52,6 +52,7 @@ from actors.dock import (
     parse_config,
 )
 from actors.loopx import LoopxIntegration, LoopxSettings
+from runtime._environ_block import hide_environment_block
 from runtime._errors import StoreUnusableError, safe_message
 from runtime._events import SessionHeader
 from runtime._gc import GC_THRESHOLD
@@ -105,7 +106,13 @@ class Runtime:
         loopx: LoopxSettings | None = None,
         gc_threshold: tuple[int, int, int] | None = GC_THRESHOLD,
     ) -> AsyncIterator[Runtime]:
-        """Open the runtime on ``home`` (``$LOOPDOCK_HOME``, default ``./.loopdock``).
+        """Open the runtime on ``home`` (else ``$LOOPDOCK_HOME``, else
+        ``$XDG_DATA_HOME/loopdock``, i.e. ``~/.local/share/loopdock``).
+
+        The file tools refuse every path inside the home, wherever it is. Before anything
+        starts, the process's initial environment block is zeroed (all but ``PATH``,
+        ``HOME``, the locale and such), so that no program the runtime runs can read its
+        API keys from ``/proc/<pid>/environ``; ``os.environ`` and ``getenv`` still work.
 
         The runtime holds the home until it closes: opening a home another runtime holds
         (in any process) raises HomeInUseError (``HOME_IN_USE``) at once. The home is
@@ -128,6 +135,7 @@ class Runtime:
         history otherwise sets off a full collection every ~70,000 allocations) if the
         process still has CPython's default; ``None`` leaves the collector alone.
         """
+        hide_environment_block()
         dock_config = _dock_config(config)
         environ = env if env is not None else os.environ
         catalog = skills if skills is not None else SkillCatalog.from_env(Path.cwd(), environ)
@@ -151,7 +159,7 @@ class Runtime:
         store = await trio.to_thread.run_sync(SessionStore.open, path / "sessions.db")
         try:
             tools = ToolRegistry()
-            for tool in builtin_tools():
+            for tool in builtin_tools(home=path):
                 tools.register(tool)
             if shell is not None:
                 tools.register(shell_tool(shell))

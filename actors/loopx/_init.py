@@ -16,16 +16,20 @@ One bounded sequence, shared by both entry points:
    Python >= 3.11. Never ``--break-system-packages``; never retried.
 3. ``resolve_cli``: probe the managed launcher again; fail if it is still unusable.
 4. ``install_skills``: ``workflow-skills --install --skills-dir <agents-home>/skills
-   --host-surface deepseek-harness-native`` (with ``--cli-bin <launcher>`` for a managed
-   install, so generated skill commands run the same CLI). Every packaged-skill status must
-   be ``created|updated|unchanged`` and the entry's ``created|updated|unchanged|
-   upgraded_legacy_managed``; anything missing or unknown fails closed. Never retried.
+   --host-surface deepseek-harness-native`` (with ``--cli-bin <launcher>``, shell-quoted,
+   for a managed install, so generated skill commands run the same CLI). Every
+   packaged-skill status must be ``created|updated|unchanged`` and the entry's
+   ``created|updated|unchanged|upgraded_legacy_managed``; anything missing or unknown
+   fails closed. Never retried.
 5. ``readback``: the read-only inspection must report the managed install ready with
    nothing left to install.
 
 At most one package install and one skill install run per execution. Cancellation is
-never swallowed: every child runs in the caller's cancel scope and is killed (its whole
-process group) and waited for.
+never swallowed: every child runs in the caller's cancel scope through the runtime's child
+runner (``runtime._process``), and it and everything it started are killed and waited for.
+Every child gets a LoopX child's environment (``runtime.loopx._client.loopx_env``),
+never the runtime's API keys; the package install also gets pip's settings, proxies and
+CA bundles.
 
 Everything an :class:`InitOutcome` says is built from fixed phrases, stage and kind tokens
 and a parsed version number: no subprocess output and no local paths reach a summary, a
@@ -37,6 +41,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shlex
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -46,14 +51,17 @@ import attrs
 import structlog
 
 from runtime._messages import Message, ProducerSource, TextBlock
+from runtime._process import Completed, pick_env, run_child
 from runtime.loopx._client import (
+    MAX_STDERR_BYTES,
+    MAX_STDOUT_BYTES,
     LoopxClient,
     LoopxFailure,
     LoopxVersion,
     MalformedOutput,
     SkillsResult,
     TransportFailure,
-    run_child,
+    loopx_env,
 )
 
 from .._commands import Command, CommandContext, CommandResult
@@ -93,6 +101,16 @@ Stage = Literal["probe_cli", "install_cli", "resolve_cli", "install_skills", "re
 
 # How many interpreters the automatic Python selection may start, in all.
 _MAX_PYTHON_PROBES = 8
+# What pip needs on top of a LoopX child's environment to reach its index: its own
+# settings, proxies and CA bundles. Only the package install gets these.
+_PIP_ENV_NAMES = frozenset(
+    {
+        "http_proxy", "https_proxy", "no_proxy", "all_proxy",
+        "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
+        "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
+    }
+)
+_PIP_ENV_PREFIXES = ("PIP_",)
 _PYTHON_VERSION = re.compile(r"^(\d+)\.(\d+)$")
 _PLUGIN_DIR = ("runtime", "dsh-loopx-plugin")
 
@@ -115,10 +133,10 @@ class InitSettings:
 
     ``agents_home``: skills go to ``<agents_home>/skills``, the managed install to
     ``<agents_home>/runtime/dsh-loopx-plugin/site-packages`` with its launcher at
-    ``.../dsh-loopx-plugin/bin/loopx``. ``env`` is every child's whole environment
-    (``PATH`` decides which ``loopx`` and which Python are found). ``python_bin`` is
-    ``PYTHON_BIN``. ``project`` is the cwd of every call. ``timeout`` bounds each CLI call,
-    ``pip_timeout`` the package install.
+    ``.../dsh-loopx-plugin/bin/loopx``. ``env`` is where every child's environment is
+    picked from (``PATH`` decides which ``loopx`` and which Python are found).
+    ``python_bin`` is ``PYTHON_BIN``. ``project`` is the cwd of every call. ``timeout``
+    bounds each CLI call, ``pip_timeout`` the package install.
     """
 
     agents_home: Path = attrs.field(converter=Path)
@@ -242,13 +260,29 @@ def _success_summary(version: str, installed_reason: str | None, skills_changed:
 
 
 async def _run(
-    argv: list[str], settings: InitSettings, timeout: float, cwd: Path
-) -> tuple[int, bytes] | Literal["timeout", "spawn"]:
-    return await run_child(argv, cwd=cwd, env=_child_env(settings), timeout=timeout)
+    argv: list[str], env: Mapping[str, str], timeout: float, cwd: Path
+) -> Completed | Literal["timeout", "spawn"]:
+    """One child through the runtime's child runner (its whole tree killed however it
+    ends, output capped like a LoopX call's)."""
+    try:
+        return await run_child(
+            argv, cwd=cwd, env=env, timeout=timeout, max_stdout=MAX_STDOUT_BYTES, max_stderr=MAX_STDERR_BYTES
+        )
+    except OSError:
+        return "spawn"
 
 
 def _child_env(settings: InitSettings) -> dict[str, str]:
-    return {**settings.env, "LOOPX_USAGE_PING": "0", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    """A LoopX child's environment: never the runtime's API keys."""
+    return loopx_env(settings.env)
+
+
+def _pip_env(settings: InitSettings) -> dict[str, str]:
+    return {
+        **_child_env(settings),
+        **pick_env(settings.env, _PIP_ENV_NAMES, _PIP_ENV_PREFIXES),
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
 
 
 def _which(name: str, settings: InitSettings) -> str | None:
@@ -270,13 +304,13 @@ def _candidates_on_path(name: str, settings: InitSettings) -> list[str]:
 async def _python_is_compatible(python: str, settings: InitSettings) -> bool:
     outcome = await _run(
         [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-        settings,
+        _child_env(settings),
         settings.timeout,
         settings.project,
     )
-    if isinstance(outcome, str) or outcome[0] != 0:
+    if isinstance(outcome, str) or outcome.returncode != 0 or outcome.overflow is not None:
         return False
-    lines = outcome[1].decode("utf-8", "replace").strip().splitlines()
+    lines = outcome.stdout.decode("utf-8", "replace").strip().splitlines()
     match = _PYTHON_VERSION.fullmatch(lines[-1].strip()) if lines else None
     return match is not None and (int(match[1]), int(match[2])) >= MIN_PYTHON
 
@@ -348,11 +382,13 @@ async def _probe(command: tuple[str, ...], cli_bin: str | None, settings: InitSe
 
 
 def _launcher_cli_bin(settings: InitSettings) -> str | None:
-    # Generated skill commands run the launcher through the shell; LoopX takes one word.
+    """The launcher as one shell word: LoopX pastes ``--cli-bin`` verbatim into the shell
+    commands of the skills it writes, so an agents home with a space is quoted. ``None``
+    (LoopX's plain ``loopx``) only for a path no shell word can carry."""
     text = str(settings.launcher)
-    if any(ch.isspace() or ord(ch) < 32 for ch in text):
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
         return None
-    return text
+    return shlex.quote(text)
 
 
 def _launcher_text(python: str, site_packages: Path) -> str:
@@ -461,13 +497,13 @@ async def _initialize(settings: InitSettings, progress: _Progress) -> InitOutcom
             return _fail(progress, "launcher_failed")
         argv = [python, "-m", "pip", "install", "--upgrade", "--target", str(settings.site_packages), LOOPX_REQUIREMENT]
         log.info("loopx init installing the cli", reason=reason)
-        outcome = await _run(argv, settings, settings.pip_timeout, settings.plugin_dir)
+        outcome = await _run(argv, _pip_env(settings), settings.pip_timeout, settings.plugin_dir)
         if outcome == "spawn":
             return _fail(progress, "python_unavailable")
         if outcome == "timeout":
             return _fail(progress, "timeout")
-        if outcome[0] != 0:
-            log.warning("loopx init pip install failed", returncode=outcome[0])
+        if outcome.returncode != 0 or outcome.overflow is not None:
+            log.warning("loopx init pip install failed", returncode=outcome.returncode, overflow=outcome.overflow)
             return _fail(progress, "pip_failed")
         try:
             _write_launcher(python, settings)

@@ -6,10 +6,15 @@ and answers listed below, checked against the real CLI by the tests) and turns e
 into a typed value. It never reads or writes ``.loopx/`` itself.
 
 Every call is ``[*command, --registry .loopx/registry.json, [--runtime-root R,]
---format json, SUB, ...]`` run with ``cwd=project`` through :func:`trio.run_process` inside
-the caller's cancel scope. A per-attempt timeout is a ``trio.move_on_after``; cancellation
-(the timeout's or the caller's) terminates the child's whole process group -- loopx is a
-Python process that starts Node children -- and waits for the child before returning.
+--format json, SUB, ...]`` run with ``cwd=project`` through :func:`runtime._process.run_child`
+inside the caller's cancel scope. A per-attempt timeout is a ``trio.move_on_after``;
+cancellation (the timeout's or the caller's) terminates the child's process group, then
+kills everything it started -- loopx is a Python process that starts Node children -- and
+waits for all of it before returning. A call that ends by itself leaves LoopX's own
+effect-runtime server running for the next call, as LoopX intends. The child sees only :func:`loopx_env` of the given
+environment (never the runtime's API keys), and its output is capped
+(``MAX_STDOUT_BYTES``, ``MAX_STDERR_BYTES``): past a cap the child is stopped and the
+call is a :class:`MalformedOutput` of kind ``too-large``.
 
 One call ends in exactly one of four results:
 
@@ -18,8 +23,9 @@ One call ends in exactly one of four results:
   typed answer: authoritative, never retried.
 - :class:`TransportFailure`: a timeout, a spawn failure, or a non-zero exit without a JSON
   object. The only result that is ever retried, and only when the call asked for it.
-- :class:`MalformedOutput`: exit 0 without a JSON object, or JSON whose ``ok`` disagrees with
-  the exit code; the typed command methods also return it when an answer breaks its
+- :class:`MalformedOutput`: exit 0 without a JSON object, JSON whose ``ok`` disagrees with
+  the exit code, or more output than the caps allow; the typed command methods also
+  return it when an answer breaks its
   schema (a wrong turn id, a task body without exactly one ``LOOPX_TURN``, ...). Never
   retried.
 
@@ -48,6 +54,7 @@ import json
 import math
 import os
 import re
+import shlex
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, cast
@@ -81,6 +88,7 @@ __all__ = [
     "LifecycleResult",
     "check_thread_id",
     "check_turn_id",
+    "loopx_env",
 ]
 
 #: The host surface of a visible, same-session DSH integration.
@@ -101,6 +109,22 @@ RECEIPT_STATUSES = frozenset({"committed", "replayed", "upgraded", "write_failed
 
 # After SIGTERM to the child's process group, how long before SIGKILL.
 _KILL_GRACE = 2.0
+#: The most output one call may produce. The largest real answers (a status, a skills
+#: install) are tens of kilobytes; past a cap the child is stopped, never read further.
+MAX_STDOUT_BYTES = 4 * 1024 * 1024
+MAX_STDERR_BYTES = 1024 * 1024
+#: What a LoopX child sees of the environment it is given, beyond the base set every
+#: child gets (PATH, which must reach Node >= 22.22.3; HOME; the locale): LoopX's own
+#: settings, DSH's folders and the XDG folders. Never an API key or a token.
+LOOPX_ENV_NAMES = process.BASE_ENV | {
+    "DSH_HOME",
+    "DSH_AGENTS_HOME",
+    "XDG_CONFIG_HOME",
+    "XDG_STATE_HOME",
+    "XDG_DATA_HOME",
+    "XDG_CACHE_HOME",
+}
+LOOPX_ENV_PREFIXES = ("LOOPX_",)
 _REGISTRY = ".loopx/registry.json"
 # Goal and agent ids: a superset of LoopX's rules (goal ids ``[A-Za-z0-9][A-Za-z0-9_.-]*``,
 # agent ids ``[a-z][a-z0-9_.:@-]{0,79}``); LoopX refuses the finer cases itself.
@@ -155,10 +179,11 @@ class TransportFailure:
 @attrs.frozen
 class MalformedOutput:
     """An answer this client cannot trust; never retried. ``kind`` is ``not-json``,
-    ``ok-mismatch`` or ``schema`` (the typed methods' checks)."""
+    ``ok-mismatch``, ``schema`` (the typed methods' checks) or ``too-large`` (the output
+    passed its cap and the child was stopped)."""
 
     reason: str
-    kind: Literal["not-json", "ok-mismatch", "schema"] = "schema"
+    kind: Literal["not-json", "ok-mismatch", "schema", "too-large"] = "schema"
 
 
 LoopxResult = Union[LoopxOk, LoopxFailure, TransportFailure, MalformedOutput]
@@ -308,27 +333,21 @@ def _token_or_none(value: object) -> str | None:
 # -- The client -----------------------------------------------------------------------------
 
 
-async def run_child(
-    argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout: float
-) -> tuple[int, bytes] | Literal["timeout", "spawn"]:
-    """Run one child with fixed argv and no shell, in its own process group, inside the
-    caller's cancel scope (cancelled: the whole group is killed and waited for); its
-    output is captured and never shown. Returns (exit code, stdout)."""
-    try:
-        outcome = await process.run_child(argv, cwd=cwd, env=env, timeout=timeout, grace=_KILL_GRACE)
-    except OSError:
-        return "spawn"
-    if outcome == "timeout":
-        return "timeout"
-    return outcome.returncode, outcome.stdout
+def loopx_env(source: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a LoopX child, picked from ``source``: ``LOOPX_ENV_NAMES``,
+    every ``LOOPX_*`` variable, and always ``LOOPX_USAGE_PING=0``."""
+    env = process.pick_env(source, LOOPX_ENV_NAMES, LOOPX_ENV_PREFIXES)
+    # LoopX pings a usage endpoint daily unless told not to; this runtime never lets it.
+    env["LOOPX_USAGE_PING"] = "0"
+    return env
 
 
 class LoopxClient:
     """Runs the LoopX CLI for one project.
 
     ``command`` is the argv prefix that starts the CLI (``["loopx"]``, or
-    ``[python, launcher]`` for a managed install); ``env`` is the child's whole environment
-    (``None``: this process's, as of construction), always with ``LOOPX_USAGE_PING=0``;
+    ``[python, launcher]`` for a managed install); ``env`` is where the child's environment
+    is picked from by :func:`loopx_env` (``None``: this process's, as of construction);
     ``timeout`` bounds each attempt in seconds; ``runtime_root`` is passed as
     ``--runtime-root`` when given.
     """
@@ -348,8 +367,7 @@ class LoopxClient:
             raise LoopxRequestError("timeout must be a positive number of seconds")
         self.command: tuple[str, ...] = tuple(command)
         self.project = Path(project)
-        # LoopX pings a usage endpoint daily unless told not to; this runtime never lets it.
-        self.env = {**(os.environ if env is None else env), "LOOPX_USAGE_PING": "0"}
+        self.env = loopx_env(os.environ if env is None else env)
         self.timeout = float(timeout)
         self.runtime_root = Path(runtime_root) if runtime_root is not None else None
 
@@ -382,17 +400,34 @@ class LoopxClient:
             await trio.sleep(ATTEMPT_BACKOFF[number])
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _exec(self, argv: list[str]) -> tuple[int, bytes] | TransportFailure:
-        outcome = await run_child(argv, cwd=self.project, env=self.env, timeout=self.timeout)
-        if outcome == "spawn":
+    async def _exec(self, argv: list[str]) -> tuple[int, bytes] | TransportFailure | MalformedOutput:
+        """One child: (exit code, stdout); its stderr is never shown."""
+        try:
+            outcome = await process.run_child(
+                argv,
+                cwd=self.project,
+                env=self.env,
+                timeout=self.timeout,
+                max_stdout=MAX_STDOUT_BYTES,
+                max_stderr=MAX_STDERR_BYTES,
+                grace=_KILL_GRACE,
+                # LoopX starts its effect-runtime server (Node) in a session of its own and
+                # reuses it across calls until it idles out; killing it after every call
+                # made each mutating call start and compile it again (2.5 times slower).
+                leave_on_exit=True,
+            )
+        except OSError:
             return TransportFailure("could not start the loopx command", "spawn")
         if outcome == "timeout":
             return TransportFailure(f"timed out after {self.timeout:g}s", "timeout")
-        return outcome
+        if outcome.overflow is not None:
+            limit = MAX_STDOUT_BYTES if outcome.overflow == "stdout" else MAX_STDERR_BYTES
+            return MalformedOutput(f"{outcome.overflow} passed {limit} bytes; the command was stopped", "too-large")
+        return outcome.returncode, outcome.stdout
 
     async def _run_json(self, argv: list[str]) -> LoopxResult:
         outcome = await self._exec(argv)
-        if isinstance(outcome, TransportFailure):
+        if isinstance(outcome, (TransportFailure, MalformedOutput)):
             return outcome
         code, stdout = outcome
         payload = _json_object(stdout)
@@ -420,7 +455,7 @@ class LoopxClient:
 
         async def attempt() -> LoopxVersion | TransportFailure | MalformedOutput:
             outcome = await self._exec(argv)
-            if isinstance(outcome, TransportFailure):
+            if isinstance(outcome, (TransportFailure, MalformedOutput)):
                 return outcome
             code, stdout = outcome
             if code != 0:
@@ -677,8 +712,16 @@ class LoopxClient:
             args.append("--install")
         args += ["--skills-dir", str(skills_dir), "--host-surface", HOST_SURFACE]
         if cli_bin is not None:
-            if not isinstance(cli_bin, str) or not cli_bin or any(c.isspace() or ord(c) < 32 for c in cli_bin):
-                raise LoopxRequestError("cli_bin must be a non-empty string without whitespace")
+            # LoopX pastes it verbatim into the shell commands of the skills it writes:
+            # exactly one POSIX shell word (``shlex.quote`` a path with a space).
+            if not isinstance(cli_bin, str) or any(ord(c) < 32 or ord(c) == 127 for c in cli_bin):
+                raise LoopxRequestError("cli_bin must be one shell word without control characters")
+            try:
+                words = shlex.split(cli_bin)
+            except ValueError:
+                words = []
+            if len(words) != 1 or not words[0]:
+                raise LoopxRequestError("cli_bin must be one shell word (quote a path with spaces)")
             args += ["--cli-bin", cli_bin]
         if dry_run:
             args.append("--dry-run")

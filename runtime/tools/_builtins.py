@@ -4,6 +4,10 @@ Every path argument is resolved against ``ToolContext.cwd`` with symlinks follow
 must stay inside it. Error messages show paths relative to cwd only, so a refusal never
 tells the model anything about the filesystem outside its directory.
 
+The runtime's home (its session database, every session's transcript, the bridge token)
+is refused too, wherever it is: a cwd may well contain it (a home under ``~`` and an agent
+working in ``~``), and one ``write_file`` over the database would lose every session.
+
 The confinement check and the file operation are two steps; a process that can swap a
 directory for a symlink between them (a race) is outside what this guards against.
 """
@@ -23,7 +27,7 @@ import structlog
 import trio
 
 from .._errors import ToolError
-from .._process import run_child
+from .._process import BASE_ENV, Completed, decode, pick_env, run_child
 from ._tool import Tool, ToolContext
 
 _log = structlog.get_logger(__name__)
@@ -75,7 +79,7 @@ class _Confined:
     shown: str  # relative to root, for messages
 
 
-def _confine(tool: str, ctx: ToolContext, raw: str) -> _Confined:
+def _confine(tool: str, ctx: ToolContext, raw: str, home: Path | None) -> _Confined:
     if "\x00" in raw:
         raise ToolError(f"{tool}: path contains a NUL byte")
     root = Path(ctx.cwd).resolve()
@@ -90,6 +94,12 @@ def _confine(tool: str, ctx: ToolContext, raw: str) -> _Confined:
         _log.warning("tools.path_refused", tool=tool, session_id=ctx.session_id)
         # Deliberately not echoing the path: it may name things outside cwd.
         raise ToolError(f"{tool}: path is outside the working directory; use a path inside it")
+    if home is not None and resolved.is_relative_to(home.resolve()):
+        _log.warning("tools.home_refused", tool=tool, session_id=ctx.session_id)
+        raise ToolError(
+            f"{tool}: path is inside the runtime's home (its session database and bridge "
+            "token), which agents may not read, list or change"
+        )
     shown = resolved.relative_to(root).as_posix() or "."
     return _Confined(resolved, shown)
 
@@ -159,13 +169,15 @@ def _read_lines(path: Path, offset: int, limit: int | None, max_chars: int) -> s
     return text
 
 
-def read_file() -> Tool:
+def read_file(*, home: Path | None = None) -> Tool:
+    """``home``: the runtime's home, refused whatever the cwd."""
+
     async def run(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
         _check_args("read_file", arguments, {"path", "offset", "limit"})
         raw = _str_arg("read_file", arguments, "path")
         offset = _int_arg("read_file", arguments, "offset", 0) or 0
         limit = _int_arg("read_file", arguments, "limit", 1)
-        target = _confine("read_file", ctx, raw)
+        target = _confine("read_file", ctx, raw, home)
         if target.path.is_dir():
             raise ToolError(f"read_file: {target.shown}: is a directory; use list_dir")
         if target.path.exists() and not target.path.is_file():
@@ -206,12 +218,14 @@ def _write(path: Path, data: bytes) -> None:
     path.write_bytes(data)
 
 
-def write_file() -> Tool:
+def write_file(*, home: Path | None = None) -> Tool:
+    """``home``: the runtime's home, refused whatever the cwd."""
+
     async def run(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
         _check_args("write_file", arguments, {"path", "content"})
         raw = _str_arg("write_file", arguments, "path")
         content = _str_arg("write_file", arguments, "content")
-        target = _confine("write_file", ctx, raw)
+        target = _confine("write_file", ctx, raw, home)
         if target.path.is_dir():
             raise ToolError(f"write_file: {target.shown}: is a directory")
         data = content.encode("utf-8")
@@ -255,11 +269,13 @@ def _list(path: Path) -> list[str]:
     return sorted(entries)
 
 
-def list_dir() -> Tool:
+def list_dir(*, home: Path | None = None) -> Tool:
+    """``home``: the runtime's home, refused whatever the cwd."""
+
     async def run(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
         _check_args("list_dir", arguments, {"path"})
         raw = _str_arg("list_dir", arguments, "path", default=".")
-        target = _confine("list_dir", ctx, raw)
+        target = _confine("list_dir", ctx, raw, home)
         try:
             entries = await trio.to_thread.run_sync(_list, target.path)
         except OSError as exc:
@@ -293,9 +309,10 @@ def list_dir() -> Tool:
     )
 
 
-def builtin_tools() -> tuple[Tool, ...]:
-    """The always-safe built-ins. ``shell`` is not among them: it needs a policy."""
-    return (read_file(), write_file(), list_dir())
+def builtin_tools(*, home: Path | None = None) -> tuple[Tool, ...]:
+    """The always-safe built-ins, refusing ``home`` (the runtime's). ``shell`` is not among
+    them: it needs a policy."""
+    return (read_file(home=home), write_file(home=home), list_dir(home=home))
 
 
 # -- shell ----------------------------------------------------------------------------
@@ -322,7 +339,7 @@ def _frozen_env(value: Mapping[str, str]) -> Mapping[str, str]:
 
 #: What a shell tool's child inherits from the runtime's environment by default: enough to
 #: find programs and run in the user's locale, none of the runtime's credentials.
-INHERITED_ENV = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM"})
+INHERITED_ENV = BASE_ENV
 
 
 @attrs.frozen
@@ -333,7 +350,10 @@ class ShellPolicy:
         default=frozenset(), converter=frozenset, validator=_basenames
     )
     timeout: float = attrs.field(default=30.0, validator=_positive)  # seconds, upper bound
-    max_output: int = attrs.field(default=64_000, validator=_positive)  # characters
+    #: bytes of stdout kept; one more and the program (with all it started) is killed
+    max_output: int = attrs.field(default=64_000, validator=_positive)
+    #: the same bound for stderr
+    max_stderr: int = attrs.field(default=16_000, validator=_positive)
     env: Mapping[str, str] = attrs.field(
         factory=dict, converter=_frozen_env, hash=False
     )  # set on top of the inherited variables below
@@ -369,24 +389,21 @@ def _parse_command(command: str) -> list[str]:
     return argv
 
 
-def _fit(stdout: str, stderr: str, budget: int) -> tuple[str, str]:
-    """Share ``budget`` characters between the streams; neither starves the other."""
-    if len(stdout) + len(stderr) <= budget:
-        return stdout, stderr
-    half = budget // 2
-    if len(stdout) <= half:
-        out_room, err_room = len(stdout), budget - len(stdout)
-    elif len(stderr) <= half:
-        out_room, err_room = budget - len(stderr), len(stderr)
+def _report(result: Completed, policy: ShellPolicy) -> str:
+    limits = {"stdout": policy.max_output, "stderr": policy.max_stderr}
+    if result.overflow is None:
+        head = f"exit code {result.returncode}"
     else:
-        out_room, err_room = half, budget - half
-
-    def cut(text: str, room: int) -> str:
-        if len(text) <= room:
-            return text
-        return text[:room] + f"\n[truncated: {len(text) - room} more characters]"
-
-    return cut(stdout, out_room), cut(stderr, err_room)
+        limit = limits[result.overflow]
+        head = f"killed: {result.overflow} passed its limit of {limit} bytes, so the program was stopped"
+    parts = [head]
+    for name, data in (("stdout", result.stdout), ("stderr", result.stderr)):
+        cut = result.overflow == name
+        text = decode(data, cut=cut) or "(empty)"
+        if cut:
+            text += f"\n[truncated at {limits[name]} bytes]"
+        parts += [f"--- {name} ---", text]
+    return "\n".join(parts)
 
 
 def shell_tool(policy: ShellPolicy) -> Tool:
@@ -409,8 +426,7 @@ def shell_tool(policy: ShellPolicy) -> Tool:
         if name not in policy.allow:
             raise ToolError(f"shell: {name!r} is not allowed; allowed: {allowed}")
 
-        inherited = {key: value for key, value in os.environ.items() if key in policy.inherit}
-        env = {**inherited, **policy.env, SESSION_ENV_VAR: ctx.session_id}
+        env = {**pick_env(os.environ, policy.inherit), **policy.env, SESSION_ENV_VAR: ctx.session_id}
         executable = shutil.which(name, path=env.get("PATH", os.defpath))
         # A relative PATH entry would resolve against our process cwd, not the agent's.
         if executable is None or not os.path.isabs(executable):
@@ -428,31 +444,29 @@ def shell_tool(policy: ShellPolicy) -> Tool:
         log = _log.bind(session_id=ctx.session_id, call_id=ctx.call_id, program=name)
         log.info("tools.shell.start")
         try:
-            # SIGKILL at once: a grandchild holding the output pipe would keep us waiting.
-            result = await run_child(argv, cwd=ctx.cwd, env=env, timeout=timeout)
+            # No grace: SIGKILL at once, whatever the program started goes with it.
+            result = await run_child(
+                argv,
+                cwd=ctx.cwd,
+                env=env,
+                timeout=timeout,
+                max_stdout=policy.max_output,
+                max_stderr=policy.max_stderr,
+            )
         except OSError as exc:
             raise ToolError(f"shell: cannot run {name!r}: {exc.strerror or type(exc).__name__}") from None
         if result == "timeout":
             log.info("tools.shell.timeout", timeout=timeout)
             raise ToolError(f"shell: {name!r} timed out after {timeout:g}s and was killed")
-
-        stdout, stderr = _fit(
-            result.stdout.decode("utf-8", errors="replace"),
-            result.stderr.decode("utf-8", errors="replace"),
-            policy.max_output,
-        )
-        log.info("tools.shell.exit", returncode=result.returncode)
-        return (
-            f"exit code {result.returncode}\n"
-            f"--- stdout ---\n{stdout or '(empty)'}\n"
-            f"--- stderr ---\n{stderr or '(empty)'}"
-        )
+        log.info("tools.shell.exit", returncode=result.returncode, overflow=result.overflow)
+        return _report(result, policy)
 
     return Tool(
         name="shell",
         description=(
             "Run one program (no shell: no pipes, redirections or ';') in the working "
-            f"directory. Allowed programs: {allowed}. At most {policy.timeout:g}s."
+            f"directory. Allowed programs: {allowed}. At most {policy.timeout:g}s; past "
+            f"{policy.max_output} bytes of output the program is stopped."
         ),
         parameters={
             "type": "object",

@@ -9,6 +9,7 @@ an old CLI, a failing pip, unknown skill statuses, a readback that is not ready,
 import json
 import os
 import re
+import shlex
 import stat
 import subprocess
 import sys
@@ -444,6 +445,87 @@ async def test_missing_and_incompatible_cli_are_repaired_by_one_real_private_ins
     assert "--break-system-packages" not in json.dumps(pips)
     # The old CLI was only ever asked its version: never used to install anything.
     assert set(steps(old_log)) == {"version"}
+
+
+# -- What the children see ---------------------------------------------------------------------------
+
+# Logs its argv and the names in its environment; as `loopx` it is too old, as python
+# its pip fails: the initialisation runs exactly one of each.
+ENV_LOGGER = """
+import json, os, sys
+with open(LOG, "a") as f:
+    f.write(json.dumps({"argv": sys.argv[1:], "env": sorted(os.environ)}) + "\\n")
+if sys.argv[1:] == ["--version"]:
+    print("loopx 0.4.0")
+sys.exit(0 if sys.argv[1:] == ["--version"] else 1)
+"""
+
+
+async def test_children_get_loopx_s_environment_and_only_pip_gets_pip_s(tmp_path):
+    log = tmp_path / "env.jsonl"
+    bin_dir = tmp_path / "bin"
+    write_script(bin_dir / "loopx", f"LOG = {str(log)!r}\n{ENV_LOGGER}")
+    python = write_script(tmp_path / "py" / "python", f"LOG = {str(log)!r}\n{ENV_LOGGER}")
+    env = {
+        "PATH": os.pathsep.join([str(bin_dir), "/usr/bin", "/bin"]),
+        "HOME": str(tmp_path / "home"),
+        "DEEPSEEK_API_KEY": "sk-secret",
+        "BRIDGE_TOKEN": "secret",
+        "LOOPX_RUNTIME_ROOT": str(tmp_path / "rt"),
+        "PIP_INDEX_URL": "https://index.invalid/simple",
+        "https_proxy": "http://proxy.invalid:3128",
+    }
+    settings = make_settings(tmp_path / "agents", env, tmp_path, python_bin=str(python), timeout=FAST_TIMEOUT)
+    with trio.fail_after(60):
+        outcome = await initialize(settings)
+    assert (outcome.stage, outcome.kind) == ("install_cli", "pip_failed")
+    version, pip = read_log(log)
+    assert version["argv"] == ["--version"] and pip["argv"][:2] == ["-m", "pip"]
+    for call in (version, pip):
+        assert "DEEPSEEK_API_KEY" not in call["env"] and "BRIDGE_TOKEN" not in call["env"]
+        assert {"PATH", "HOME", "LOOPX_RUNTIME_ROOT", "LOOPX_USAGE_PING"} <= set(call["env"])
+    assert {"PIP_INDEX_URL", "https_proxy"} & set(version["env"]) == set()
+    assert {"PIP_INDEX_URL", "https_proxy", "PIP_DISABLE_PIP_VERSION_CHECK"} <= set(pip["env"])
+
+
+# -- An agents home with a space ----------------------------------------------------------------------
+
+
+async def test_cli_bin_is_one_quoted_shell_word_when_the_agents_home_has_a_space(tmp_path):
+    # LoopX pastes --cli-bin verbatim into the shell commands of the skills it writes; it
+    # used to be dropped here (skills then named a plain `loopx` that is not installed).
+    agents = tmp_path / "my agents"
+    settings = make_settings(
+        agents, {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, tmp_path, python_bin=PY, timeout=FAST_TIMEOUT
+    )
+    log = tmp_path / "loopx.log"
+    loopx_standin(settings.launcher.parent, log)  # an earlier managed install, healthy
+    with trio.fail_after(60):
+        outcome = await initialize(settings)
+    assert outcome.ok and outcome.command == (PY, str(settings.launcher))
+    calls = [entry["argv"] for entry in read_log(log)]
+    assert steps(log) == ["version", "inspect", "install", "inspect"]
+    for argv in calls[1:]:
+        cli_bin = argv[argv.index("--cli-bin") + 1]
+        assert cli_bin == shlex.quote(str(settings.launcher)) and " " in cli_bin
+        assert shlex.split(f"{cli_bin} start-goal --guided")[0] == str(settings.launcher)
+
+
+async def test_real_loopx_writes_skills_that_run_the_launcher_from_a_home_with_a_space(
+    loopx_env, node22_bin, loopx_project, tmp_path
+):
+    agents = tmp_path / "my agents"
+    settings = make_settings(agents, child_env(loopx_env, node22_bin), loopx_project, python_bin=PY)
+    _init._write_launcher(PY, settings)  # a managed launcher; this interpreter has loopx
+    with trio.fail_after(REAL_TIMEOUT):
+        outcome = await initialize(settings)
+    assert (outcome.ok, outcome.installed_cli, outcome.command) == (True, False, (PY, str(settings.launcher)))
+    skill = (agents / "skills" / "loopx" / "SKILL.md").read_text()
+    commands = re.findall(r"`([^`]*start-goal[^`]*)`", skill)
+    assert commands, skill
+    for command in commands:
+        # What the model's shell call will parse: the launcher, whole, as the program.
+        assert shlex.split(command)[0] == str(settings.launcher)
 
 
 # -- Fault injection ------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ backoff's schedule is checked on a virtual clock; the stand-in's retries run bac
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from runtime.loopx import (
     TransportFailure,
 )
 from runtime.loopx import _client as loopx_client
+from runtime.loopx._client import loopx_env
 
 # One Python script; what each attempt does comes from actions.json next to it (the last
 # action repeats). Every attempt logs its argv, cwd, env and start time to attempts.jsonl.
@@ -46,10 +48,19 @@ here = Path(__file__).resolve().parent
 start = time.time()
 with open(here / "attempts.jsonl", "a") as log:
     log.write(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "time": start,
-                          "pid": os.getpid(), "ping": os.environ.get("LOOPX_USAGE_PING")}) + "\n")
+                          "pid": os.getpid(), "ping": os.environ.get("LOOPX_USAGE_PING"),
+                          "env": sorted(os.environ)}) + "\n")
 number = sum(1 for _ in open(here / "attempts.jsonl"))
 actions = json.loads((here / "actions.json").read_text())
 action = actions[min(number, len(actions)) - 1]
+if "daemon" in action:  # like LoopX's effect-runtime server: its own session and stdio
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    (here / f"daemon-{number}").write_text(str(server.pid))
+if "flood" in action:
+    stream = getattr(sys, action["flood"])
+    while True:
+        stream.write("x" * 65536)
 if "sleep" in action:
     import subprocess  # only here: it costs more to import than the rest of the script
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
@@ -211,6 +222,24 @@ async def test_the_usage_ping_is_always_off(standin, monkeypatch):
     assert [a["ping"] for a in standin.attempts()] == ["0", "0"]
 
 
+async def test_the_child_sees_no_secret_only_what_loopx_needs(standin, monkeypatch):
+    for name in ("DEEPSEEK_API_KEY", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN"):
+        monkeypatch.setenv(name, "sk-secret")
+    monkeypatch.setenv("LOOPX_RUNTIME_ROOT", "/somewhere")
+    monkeypatch.setenv("XDG_CONFIG_HOME", "/xdg")
+    standin.plan(OK)
+    with trio.fail_after(30):
+        await standin.client().run("status")  # inherited environment
+        await standin.client(env={**os.environ, "LOOPX_EXTRA": "1"}).run("status")  # explicit
+    inherited, explicit = (set(a["env"]) for a in standin.attempts())
+    for names in (inherited, explicit):
+        assert not {n for n in names if "KEY" in n or "TOKEN" in n or "SECRET" in n}, names
+        assert {"PATH", "HOME", "LOOPX_USAGE_PING", "LOOPX_RUNTIME_ROOT", "XDG_CONFIG_HOME"} <= names
+    assert "LOOPX_EXTRA" in explicit
+    # Nothing else of this process's environment came along (Python may add LC_CTYPE).
+    assert inherited - {"LC_CTYPE"} <= set(loopx_env(os.environ))
+
+
 async def test_typed_refusal_is_authoritative_and_never_retried(standin):
     standin.plan(REFUSED, OK)
     with trio.fail_after(30):
@@ -259,6 +288,17 @@ async def test_nonzero_exit_without_json_is_a_transport_failure_with_a_safe_reas
     assert result == TransportFailure("exit code 2 without JSON", "exit")
     assert safe(result.reason, standin)
     assert len(standin.attempts()) == 1  # retry=False by default
+
+
+@pytest.mark.parametrize("stream, limit", [("stdout", 4 * 1024 * 1024), ("stderr", 1024 * 1024)])
+async def test_endless_output_is_too_large_stopped_and_never_retried(standin, stream, limit):
+    standin.plan({"flood": stream}, OK)
+    with trio.fail_after(30):  # the call's own timeout (20 s) is not what ends it
+        result = await standin.client().run("status", retry=True)
+    assert result == MalformedOutput(f"{stream} passed {limit} bytes; the command was stopped", "too-large")
+    assert safe(result.reason, standin)
+    [attempt] = standin.attempts()
+    assert gone(attempt["pid"])
 
 
 async def test_spawn_failure_is_a_transport_failure_without_the_path(tmp_path, immediate_retries):
@@ -359,7 +399,33 @@ async def test_mutations_are_never_retried(standin, tmp_path, immediate_retries)
     assert len(standin.attempts()) == 3
 
 
+async def test_cli_bin_must_be_exactly_one_shell_word(standin, tmp_path):
+    standin.plan(OK)
+    quoted = "'/home/a b/.agents/runtime/dsh-loopx-plugin/bin/loopx'"
+    with trio.fail_after(30):
+        await standin.client().workflow_skills(tmp_path / "skills", install=False, cli_bin=quoted)
+    argv = standin.attempts()[0]["argv"]
+    assert argv[argv.index("--cli-bin") + 1] == quoted  # passed on as given, quotes and all
+    for bad in ["/home/a b/loopx", "", "loopx; rm -rf x", "'unbalanced", "loopx\nnext"]:
+        with pytest.raises(LoopxRequestError):
+            await standin.client().workflow_skills(tmp_path / "skills", install=False, cli_bin=bad)
+    assert len(standin.attempts()) == 1  # refused before any call
+
+
 # -- Timeouts and cancellation ---------------------------------------------------------------
+
+
+async def test_loopx_s_own_daemon_outlives_a_call_that_ends_by_itself(standin):
+    # LoopX's effect-runtime server serves the next call; a stop (timeout, cancellation)
+    # still takes it (tests/runtime/test_process.py, leave_on_exit).
+    standin.plan({**OK, "daemon": True})
+    with trio.fail_after(30):
+        assert isinstance(await standin.client().run("status"), LoopxOk)
+    daemon = int((standin.root / "daemon-1").read_text())
+    try:
+        assert not gone(daemon)
+    finally:
+        os.kill(daemon, signal.SIGKILL)  # this test started it
 
 
 async def test_timeout_kills_the_child_and_its_children_and_waits(standin, jump_clock):
@@ -370,13 +436,11 @@ async def test_timeout_kills_the_child_and_its_children_and_waits(standin, jump_
         async with trio.open_nursery() as nursery:
             nursery.start_soon(lambda: _append(results, client.run("quota", "should-run")))
             child, grandchild = await standin.started()
-            exits = Exits([grandchild])
             assert results == []  # still waiting for the hanging child
             jump_clock.jump(HANG_TIMEOUT)
         assert results == [TransportFailure(f"timed out after {HANG_TIMEOUT:g}s", "timeout")]
-        assert gone(child)  # run_process waited for it
-        with trio.fail_after(10):
-            await exits.wait()  # the whole process group was killed
+    # Both killed and reaped before the call returned: nothing to wait for.
+    assert gone(child) and gone(grandchild)
 
 
 async def test_a_timeout_is_retried_when_asked(standin, jump_clock, immediate_retries):
@@ -392,6 +456,7 @@ async def test_a_timeout_is_retried_when_asked(standin, jump_clock, immediate_re
             await exits.wait()
     assert [type(r) for r in results] == [LoopxOk]
     assert len(standin.attempts()) == 2
+    assert all(gone(pid) for pid in standin.pids(1))  # the first attempt's, before the second
 
 
 async def test_caller_cancellation_kills_the_child_and_propagates(standin):
@@ -403,13 +468,10 @@ async def test_caller_cancellation_kills_the_child_and_propagates(standin):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(lambda: _append(results, client.run("status", retry=True)))
                 child, grandchild = await standin.started()
-                exits = Exits([grandchild])
                 scope.cancel()
         assert scope.cancelled_caught and results == []  # no result: the Cancelled propagated
         assert len(standin.attempts()) == 1  # and no retry
-        assert gone(child)
-        with trio.fail_after(10):
-            await exits.wait()
+    assert gone(child) and gone(grandchild)  # killed and reaped before the Cancelled left
 
 
 async def _append(results, call):

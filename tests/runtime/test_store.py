@@ -370,7 +370,6 @@ def test_property_committed_batches_load_back_in_seq_order(tmp_path_factory, dat
         assert s.list_headers() == expected
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_property_a_refused_session_never_costs_another_its_write(tmp_path_factory, data):
     # Batches over a few sessions where some parts repeat a seq (already committed or

@@ -122,6 +122,32 @@ async def test_escapes_are_refused(workdir: Path, tool, extra, path):
     assert (workdir.parent / "secret.txt").read_text() == "top secret"
 
 
+@pytest.mark.parametrize(
+    "tool, extra",
+    [(read_file, {}), (write_file, {"content": "pwned"}), (list_dir, {})],
+    ids=["read_file", "write_file", "list_dir"],
+)
+@pytest.mark.parametrize("path", ["home", "home/bridge.token", "home/sessions.db", "./sub/../home/x", "ABSOLUTE"])
+async def test_the_runtimes_home_is_refused_even_inside_cwd(workdir: Path, tool, extra, path):
+    home = workdir / "home"
+    home.mkdir()
+    (home / "bridge.token").write_text("tok-SECRET")
+    (home / "sessions.db").write_text("db")
+    if path == "ABSOLUTE":
+        path = str(home / "sessions.db")
+    with pytest.raises(ToolError, match="inside the runtime's home") as info:
+        await call(tool(home=home), workdir, path=path, **extra)
+    assert "tok-SECRET" not in str(info.value) and str(home) not in str(info.value)
+    assert (home / "sessions.db").read_text() == "db" and sorted(os.listdir(home)) == ["bridge.token", "sessions.db"]
+
+
+async def test_only_the_home_is_refused_not_its_neighbours(workdir: Path):
+    (workdir / "home").mkdir()
+    (workdir / "homework.txt").write_text("mine")  # a prefix of the name is not the home
+    assert await call(read_file(home=workdir / "home"), workdir, path="homework.txt") == "mine"
+    assert await call(list_dir(home=workdir / "home"), workdir) == "home/\nhomework.txt"
+
+
 async def test_symlink_to_outside_file_is_refused(workdir: Path):
     (workdir / "link.txt").symlink_to(workdir.parent / "secret.txt")
     with pytest.raises(ToolError, match="outside") as info:
@@ -328,8 +354,62 @@ async def test_shell_output_is_truncated_to_max_output(workdir: Path):
     with trio.fail_after(10):
         tool = shell_tool(policy("echo", max_output=10))
         out = await call(tool, workdir, command="echo " + "y" * 100)
+    assert out.startswith("killed: stdout passed its limit of 10 bytes, so the program was stopped\n")
     stdout = out.split("--- stdout ---\n", 1)[1].split("\n--- stderr ---", 1)[0]
-    assert stdout.startswith("y" * 10 + "\n[truncated: 91 more characters]")
+    assert stdout == "y" * 10 + "\n[truncated at 10 bytes]"
+
+
+async def test_shell_output_exactly_at_the_limit_is_not_truncated(workdir: Path):
+    with trio.fail_after(10):
+        out = await call(shell_tool(policy("echo", max_output=10)), workdir, command="echo " + "y" * 9)
+    assert out.startswith("exit code 0\n--- stdout ---\n" + "y" * 9 + "\n\n--- stderr ---")
+
+
+async def test_shell_truncation_never_splits_a_character(workdir: Path):
+    # "é" is two bytes: a limit of 4 keeps "aé" and drops the half "é" after it.
+    with trio.fail_after(10):
+        out = await call(shell_tool(policy("echo", max_output=4)), workdir, command="echo aéé")
+    stdout = out.split("--- stdout ---\n", 1)[1].split("\n--- stderr ---", 1)[0]
+    assert stdout == "aé\n[truncated at 4 bytes]"
+
+
+async def test_shell_stops_an_endless_producer_at_max_output(workdir: Path):
+    with trio.fail_after(20):  # the policy's timeout (60 s) would blow this
+        out = await call(shell_tool(policy("yes", max_output=50_000, timeout=60)), workdir, command="yes")
+    assert out.startswith("killed: stdout passed its limit of 50000 bytes, so the program was stopped\n")
+    stdout = out.split("--- stdout ---\n", 1)[1].split("\n--- stderr ---", 1)[0]
+    assert stdout == "y\n" * 25_000 + "\n[truncated at 50000 bytes]"
+
+
+def sleeping(marker: str) -> list[int]:
+    """Live processes whose command line holds ``marker`` (pids may be reused; markers not)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                found.append(int(entry))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "sh -c 'sleep {m} & echo started'",  # backgrounded
+        "setsid -f sleep {m}",  # a new session, forked
+        "sh -c '(setsid sleep {m} &)'",  # double-forked into a new session
+    ],
+    ids=["background", "setsid", "double-fork"],
+)
+async def test_shell_children_that_escape_the_process_group_do_not_survive(workdir: Path, command):
+    # Each escapee holds the output pipe, so before the launcher the call hung until its
+    # timeout; a unique fractional sleep marks it in /proc.
+    marker = f"1000.{os.getpid()}{id(command)}"
+    with trio.fail_after(20):
+        out = await call(shell_tool(policy("sh", "setsid", timeout=600)), workdir, command=command.format(m=marker))
+    assert out.startswith("exit code 0\n"), out
+    assert sleeping(marker) == []
 
 
 @pytest.mark.parametrize(
