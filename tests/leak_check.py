@@ -21,12 +21,25 @@ from typing import Any
 import trio
 
 from actors._agent import AgentActor
+from actors._supervision import supervised
+from actors._supervisor import Supervisor
 
 
-def _runs_for(task: trio.lowlevel.Task) -> Any:
-    """The object whose method ``task`` runs (None for a plain function)."""
+def _runs_for(task: trio.lowlevel.Task, supervisor: Supervisor) -> Any:
+    """The object ``task`` runs for: the agent of ``Supervisor.run_agent``, the actor a
+    ``supervised`` wrapper runs, else the ``self`` of the bound method (None for a plain
+    function)."""
     frame = task.coro.cr_frame
-    return None if frame is None else frame.f_locals.get("self")
+    if frame is None:
+        return None
+    names = frame.f_locals
+    if names.get("self") is supervisor and isinstance(names.get("agent"), AgentActor):
+        return names["agent"]
+    if names.get("writer") is supervisor.writer:  # the runtime's closure around writer.run
+        return supervisor.writer
+    if frame.f_code is supervised.__code__:
+        return getattr(names["actor"], "__self__", None)
+    return names.get("self")
 
 
 def _companions_expected(runtime: Any, agent: AgentActor) -> int:
@@ -40,7 +53,7 @@ def assert_no_leaked_agent_tasks(runtime: Any) -> None:
     runs: dict[str, trio.lowlevel.Task] = {}
     writers, watchers, starters, unexpected = [], [], [], []
     for task in supervisor.nursery.child_tasks:
-        owner = _runs_for(task)
+        owner = _runs_for(task, supervisor)
         if isinstance(owner, AgentActor):
             assert live.get(owner.id) is owner, f"a task of agent {owner.id!r}, which is not live: {task.name}"
             assert owner.id not in runs, f"two tasks of agent {owner.id!r}: {runs[owner.id].name}, {task.name}"
