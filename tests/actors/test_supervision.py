@@ -133,6 +133,11 @@ async def test_a_failing_companion_is_recorded_and_restarted_and_its_agent_goes_
         await handle.agent.wait_idle()
         assert handle.agent.session.events[-1].data["reason"]["kind"] == "completed"
     assert _faults(b.agent.session) == []
+    # The restarted companion is the agent's, and leaves with it.
+    companions = a.agent._companions
+    assert companions is not None and len(companions.child_tasks) == 1
+    await a.dispose()
+    assert not companions.child_tasks
 
 
 async def test_a_companion_that_keeps_failing_is_stopped_and_the_runtime_closes_cleanly(tmp_path, autojump_clock):

@@ -19,6 +19,8 @@ import pytest
 import trio
 import trio.testing
 
+from runtime import _process as process
+from runtime._process import Completed
 from runtime.loopx import (
     ATTEMPT_BACKOFF,
     HOST_SURFACE,
@@ -54,6 +56,7 @@ number = sum(1 for _ in open(here / "attempts.jsonl"))
 actions = json.loads((here / "actions.json").read_text())
 action = actions[min(number, len(actions)) - 1]
 if "daemon" in action:  # like LoopX's effect-runtime server: its own session and stdio
+    import subprocess
     server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True,
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     (here / f"daemon-{number}").write_text(str(server.pid))
@@ -321,12 +324,13 @@ async def test_transport_failures_are_retried_after_the_backoff_and_never_after_
     outcomes = iter([(2, b""), (2, b""), (0, b'{"ok": true}')])
     started: list[float] = []
 
-    async def run_child(argv, *, cwd, env, timeout):
+    async def run_child(argv, *, cwd, env, timeout, **limits):
         started.append(trio.current_time())
         await trio.sleep(1.0)
-        return next(outcomes)
+        code, stdout = next(outcomes)
+        return Completed(code, stdout, b"")
 
-    monkeypatch.setattr(loopx_client, "run_child", run_child)
+    monkeypatch.setattr(process, "run_child", run_child)
     t0 = trio.current_time()
     with trio.fail_after(30):
         result = await standin.client().run("heartbeat-prompt", "--thin", retry=True)
