@@ -30,6 +30,7 @@ from runtime._names import camel
 
 from ._errors import ErrorCode, ProtocolError
 from ._messages import (
+    MAX_ID_LENGTH,
     MESSAGE_TYPES,
     Ack,
     Cancel,
@@ -260,9 +261,10 @@ def decode(text: str | bytes) -> Frame:
         raise ProtocolError(
             ErrorCode.BAD_ENVELOPE, f"unknown envelope keys: {', '.join(sorted(map(repr, extra)))[:200]}"
         )
+    # The ids first: every later error answers the frame's id, so it must be one a frame can carry.
     for key in ("id", "re"):
-        if key in raw and not isinstance(raw[key], str):
-            raise ProtocolError(ErrorCode.BAD_ENVELOPE, f"{key!r} must be a string")
+        if key in raw and not (isinstance(raw[key], str) and 0 < len(raw[key]) <= MAX_ID_LENGTH):
+            raise ProtocolError(ErrorCode.BAD_ENVELOPE, f"{key!r} must be a string of 1 to {MAX_ID_LENGTH} characters")
     request_id = raw.get("id")
     type_name = raw.get("type")
     if not isinstance(type_name, str):
