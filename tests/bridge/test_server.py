@@ -11,6 +11,7 @@ import math
 from contextlib import asynccontextmanager
 
 import pytest
+import structlog
 import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket
 
@@ -498,3 +499,27 @@ async def test_a_ping_from_the_runtime_is_ponged_by_a_client():
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(answer_one, ws, lambda r: wire("pong", {}, re=r["id"]))
                     assert await conn.request(Ping(), timeout=5) == Pong()
+
+
+# -- what gets logged -------------------------------------------------------------------------
+
+
+async def test_a_peers_errors_are_one_info_line_and_a_count_and_a_handler_bug_is_an_error():
+    handler = RecordingHandler()
+    handler.fail_next_events = True
+    event = {"sessionId": "s", "event": {"type": "turn/start", "seq": 0, "time": 1, "data": {"turn": 1}}}
+    with structlog.testing.capture_logs() as logs, trio.fail_after(TIMEOUT):
+        async with running_bridge(handler) as port:
+            async with client(port) as ws:
+                for bad in ("{", "[]", wire("teleport", {}, id="t"), b"\x00"):
+                    await ws.send_message(bad)
+                    assert (await receive(ws))["type"] == "error"
+                await ws.send_message(wire("events", {"items": [event]}))  # the handler's bug
+                assert (await receive(ws))["data"]["code"] == "INTERNAL_ERROR"
+            await handler.ended.receive()
+    peer = [e for e in logs if e["event"] == "bridge peer sent a frame the runtime refuses"]
+    assert [(e["log_level"], e["code"]) for e in peer] == [("info", "MALFORMED_JSON")]  # the first one only
+    [ended] = [e for e in logs if e["event"] == "bridge connection ended"]
+    assert (ended["log_level"], ended["peer_errors"]) == ("info", 4)
+    [bug] = [e for e in logs if e["log_level"] not in ("debug", "info")]
+    assert (bug["event"], bug["log_level"], bug["exc_info"]) == ("bridge handler failed", "error", True)
