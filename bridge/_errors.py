@@ -21,6 +21,8 @@ class ErrorCode(enum.StrEnum):
     BAD_DATA = "BAD_DATA"  # ``data`` does not fit its type (the message names the field)
     UNAUTHORIZED = "UNAUTHORIZED"  # anything but a hello with the right token and role first
     TOO_LARGE = "TOO_LARGE"  # an item too large for any frame the peer accepts
+    # a session (or agent) id the runtime's API refuses too (runtime._ids.check_session_id)
+    INVALID_SESSION_ID = "INVALID_SESSION_ID"
 
 
 class ProtocolError(LoopdockError):

@@ -274,6 +274,25 @@ async def test_pre_step_and_select_requests_are_answered_by_the_handler():
                 assert (error["type"], error["re"], error["data"]["code"]) == ("error", "h3", "LOOP_SWITCH")
 
 
+async def test_an_invalid_session_id_is_answered_and_never_reaches_the_handler():
+    handler = RecordingHandler()
+    handler.on_select = None  # a select reaching the handler would fail the test with INTERNAL_ERROR
+    good = {"sessionId": "s1", "event": {"type": "turn/start", "seq": 0, "time": 1, "data": {}}}
+    with trio.fail_after(TIMEOUT):
+        async with running_bridge(handler) as port:
+            async with client(port) as ws:
+                await ws.send_message(wire("select", {"op": "create", "sessionId": "../.."}, id="h1"))
+                error = await receive(ws)
+                assert (error["type"], error["re"], error["data"]["code"]) == ("error", "h1", "INVALID_SESSION_ID")
+                await ws.send_message(wire("events", {"items": [good, {**good, "sessionId": "x" * 100_000}]}))
+                assert (await receive(ws))["data"]["code"] == "INVALID_SESSION_ID"
+                await ws.send_message(wire("live", {"items": [{"type": "agent/status", "agentId": "", "data": {}}]}))
+                assert (await receive(ws))["data"]["code"] == "INVALID_SESSION_ID"
+                await ws.send_message(wire("ping", {}, id="sync"))
+                assert (await receive(ws))["re"] == "sync"
+    assert handler.events == [] and handler.live == []  # the whole frame is refused
+
+
 # -- what the runtime sends -----------------------------------------------------------------
 
 
