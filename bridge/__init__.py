@@ -22,6 +22,7 @@ from ._dsh_agent import DshAgent as DshAgent
 from ._dsh_agent import DshAgentMirror as DshAgentMirror
 from ._errors import BridgeClosedError as BridgeClosedError
 from ._errors import ErrorCode as ErrorCode
+from ._errors import LimitError as LimitError
 from ._errors import NotServedError as NotServedError
 from ._errors import ProtocolError as ProtocolError
 from ._errors import RemoteError as RemoteError

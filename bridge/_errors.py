@@ -65,6 +65,17 @@ class RemoteError(LoopdockError):
         self.code = code
 
 
+class LimitError(LoopdockError):
+    """Raised by a handler when what a peer sent would make the runtime keep more than one
+    of its caps allows: what needed room is not kept (the rest of the frame is), and the
+    peer gets an ``error`` frame with ``code`` (``TOO_MANY_SESSIONS``, ``TOO_MANY_AGENTS``,
+    ``INBOX_FULL``)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class NotServedError(LoopdockError):
     """Raised by a handler for a request it does not serve (``NullHandler`` and ``select``)."""
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import attrs
 import pytest
@@ -38,6 +39,7 @@ from loopdock._runtime import Runtime
 
 DSH = Path(sys.executable).parent / "dsh"
 TOKEN = "e2e-token-" + "x" * 20
+PEER = SimpleNamespace(id="c1")  # the connection a select came on (the handler counts what each one makes it keep)
 
 
 class RecordingHandler(DockSelectHandler):
@@ -302,33 +304,33 @@ async def test_the_select_handler_judges_a_resume_by_the_hosts_binding_first(tmp
         _alt(rt)
         handler = DockSelectHandler(rt.dock)
         # nothing anywhere: a session without a binding resumes on the default loop
-        assert (await handler.on_select(None, Select("resume", "s1"))).loop == "standard"
+        assert (await handler.on_select(PEER, Select("resume", "s1"))).loop == "standard"
         # the host's binding, with nothing in memory
         handler.bindings.clear()
-        resumed = await handler.on_select(None, Select("resume", "s2", binding=StoredBinding("loopx-alt", "alt")))
+        resumed = await handler.on_select(PEER, Select("resume", "s2", binding=StoredBinding("loopx-alt", "alt")))
         assert (resumed.loop, resumed.driver) == ("loopx-alt", "alt")
         assert handler.bindings["s2"] == Route("loopx-alt", "alt")
         # memory says standard, DSH's log says loopx-alt: the log wins
         handler.bindings["s3"] = Route("standard", "default")
-        resumed = await handler.on_select(None, Select("resume", "s3", binding=StoredBinding("loopx-alt", "alt")))
+        resumed = await handler.on_select(PEER, Select("resume", "s3", binding=StoredBinding("loopx-alt", "alt")))
         assert (resumed.loop, resumed.driver) == ("loopx-alt", "alt")
         assert handler.bindings["s3"] == Route("loopx-alt", "alt")
         with pytest.raises(DockError) as err:
-            await handler.on_select(None, Select("resume", "s3", {"loop": "standard"}, binding=StoredBinding("loopx-alt", "alt")))
+            await handler.on_select(PEER, Select("resume", "s3", {"loop": "standard"}, binding=StoredBinding("loopx-alt", "alt")))
         assert err.value.code == "LOOP_SWITCH"
         # no binding from the host: memory is the fallback
         handler.bindings["s4"] = Route("loopx-alt", "alt")
         with pytest.raises(DockError) as err:
-            await handler.on_select(None, Select("resume", "s4", {"loop": "standard"}))
+            await handler.on_select(PEER, Select("resume", "s4", {"loop": "standard"}))
         assert err.value.code == "LOOP_SWITCH"
         # a binding outside the dock's id grammar counts as none (memory, then nothing)
         handler.bindings["s5"] = Route("loopx-alt", "alt")
-        resumed = await handler.on_select(None, Select("resume", "s5", binding=StoredBinding("Not A Loop")))
+        resumed = await handler.on_select(PEER, Select("resume", "s5", binding=StoredBinding("Not A Loop")))
         assert (resumed.loop, resumed.driver) == ("loopx-alt", "alt")
-        resumed = await handler.on_select(None, Select("resume", "s6", binding=StoredBinding("loopx-alt", "BAD DRIVER")))
+        resumed = await handler.on_select(PEER, Select("resume", "s6", binding=StoredBinding("loopx-alt", "BAD DRIVER")))
         assert (resumed.loop, resumed.driver) == ("standard", "default")
         # a create never looks at memory or a binding
         handler.bindings["s7"] = Route("loopx-alt", "alt")
-        created = await handler.on_select(None, Select("create", "s7"))
+        created = await handler.on_select(PEER, Select("create", "s7"))
         assert (created.loop, created.driver) == ("standard", "default")
         assert handler.bindings["s7"] == Route("standard", "default")

@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -16,6 +17,8 @@ from actors.dock import DockError, Route, StrategyLoop
 from bridge import DockSelectHandler, Select
 from bridge._patch import PLUGIN_PATH, patch_rows, write_patch
 from loopdock._runtime import Runtime
+
+PEER = SimpleNamespace(id="c1")  # the connection a select came on (the handler counts what each one makes it keep)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -96,11 +99,11 @@ async def test_decide_and_the_select_handler_follow_the_dock_rules(tmp_path):
 
         handler = DockSelectHandler(rt.dock)
         # DSH's own option keys are not the dock's business
-        selection = await handler.on_select(None, Select("create", "s-b", {"provider": "ping", "dshOnly": 1}))
+        selection = await handler.on_select(PEER, Select("create", "s-b", {"provider": "ping", "dshOnly": 1}))
         assert (selection.loop, selection.driver, selection.parts.model) == ("alt-loop", "alt", "pinned")
         assert handler.bindings["s-b"] == Route("alt-loop", "alt")
-        resumed = await handler.on_select(None, Select("resume", "s-b"))
+        resumed = await handler.on_select(PEER, Select("resume", "s-b"))
         assert (resumed.loop, resumed.driver) == ("alt-loop", "alt")
         with pytest.raises(DockError) as err:
-            await handler.on_select(None, Select("resume", "s-b", {"loop": "standard"}))
+            await handler.on_select(PEER, Select("resume", "s-b", {"loop": "standard"}))
         assert err.value.code == "LOOP_SWITCH"
