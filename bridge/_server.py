@@ -139,7 +139,12 @@ async def _abort(ws: WebSocketConnection) -> None:
         await ws.aclose()
 
 
-def _address(endpoint: Endpoint | str) -> str:
+def _remote(ws: WebSocketConnection) -> str:
+    """The peer's address, as far as it is still known."""
+    try:
+        endpoint = ws.remote
+    except OSError:  # the peer is already gone (getpeername fails once it reset the connection)
+        return "gone"
     return f"{endpoint.address}:{endpoint.port}" if isinstance(endpoint, Endpoint) else endpoint
 
 
@@ -516,7 +521,7 @@ async def serve_bridge(
             role,
             token,
             served,
-            remote=_address(ws.remote),
+            remote=_remote(ws),
             outbox_size=outbox_size,
             max_message_size=max_message_size,
         )

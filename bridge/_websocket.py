@@ -24,7 +24,7 @@ version installed.
 from __future__ import annotations
 
 import trio
-from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest
+from trio_websocket import CloseReason, ConnectionClosed, WebSocketConnection, WebSocketRequest
 from wsproto import ConnectionType, WSConnection
 from wsproto.connection import ConnectionState
 from wsproto.events import BytesMessage, CloseConnection, Ping, TextMessage
@@ -47,7 +47,11 @@ class _ServerWebSocket(WebSocketConnection):
         if self._wsproto.state is ConnectionState.OPEN:
             # A close frame from the peer would have moved wsproto on to REMOTE_CLOSING:
             # this is wsproto failing to parse the peer's data, so we fail the connection
-            # with the code it found. A peer already gone has nothing to be told.
+            # with the code it found. The reason is set first, as trio-websocket does
+            # before its own close frames: while the frame goes out, a sender must get
+            # ConnectionClosed, not wsproto's error for a message after a close frame. A
+            # peer already gone has nothing to be told.
+            self._close_reason = CloseReason(event.code, event.reason)
             try:
                 await self._send(CloseConnection(code=event.code, reason=event.reason))
             except ConnectionClosed:

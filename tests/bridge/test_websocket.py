@@ -196,6 +196,21 @@ async def test_text_that_is_not_utf8_is_closed_with_1007(greet):
             await still_serves(port)
 
 
+async def test_a_reply_racing_the_1007_close_frame_is_not_sent_after_it():
+    # The bad hello and the bad text arrive together: the server answers the first while
+    # its close frame for the second is going out. Its answer must stop there, not after.
+    with trio.fail_after(TIMEOUT):
+        async with running_bridge() as port:
+            for _ in range(10):
+                async with raw_client(port) as client:
+                    await client.until(AcceptConnection)
+                    await client.send(TextMessage("not a hello"))
+                    await client.send_frame(Opcode.TEXT, b"\xff")
+                    close = await client.until(CloseConnection)
+                    assert close is not None and close.code == CLOSE_INVALID_DATA
+            await still_serves(port)
+
+
 async def test_a_reserved_opcode_is_closed_with_1002():
     with trio.fail_after(TIMEOUT):
         async with running_bridge() as port:
