@@ -59,8 +59,11 @@ from ._messages import Wake as Wake
 from ._messages import Welcome as Welcome
 from ._outbox import BATCH_BYTES as BATCH_BYTES
 from ._outbox import BATCH_ITEMS as BATCH_ITEMS
+from ._outbox import OUTBOX_BUDGET as OUTBOX_BUDGET
+from ._outbox import OUTBOX_BYTES as OUTBOX_BYTES
 from ._outbox import OUTBOX_SIZE as OUTBOX_SIZE
 from ._outbox import Outbox as Outbox
+from ._outbox import OutboxBudget as OutboxBudget
 from ._protocol import PROTOCOL_VERSION as PROTOCOL_VERSION
 from ._protocol import decode as decode
 from ._protocol import encode as encode

@@ -80,7 +80,7 @@ from ._messages import (
     SessionEvent,
     Verdict,
 )
-from ._outbox import OUTBOX_SIZE, Outbox
+from ._outbox import OUTBOX_BUDGET, OUTBOX_BYTES, OUTBOX_SIZE, Outbox, OutboxBudget
 from ._protocol import encode, encode_item
 from ._websocket import wrap_server_stream
 
@@ -172,6 +172,8 @@ class BridgeConnection:
         *,
         remote: str,
         outbox_size: int,
+        outbox_bytes: int,
+        budget: OutboxBudget,
         max_message_size: int,
     ) -> None:
         self.id = secrets.token_hex(6)
@@ -181,7 +183,8 @@ class BridgeConnection:
         self.closed: Disconnect | None = None
         self._protocol = Connection(role, token, connection_id=self.id)
         self._handler = handler
-        self._outbox = Outbox(max_items=outbox_size)
+        self._outbox = Outbox(max_items=outbox_size, max_bytes=outbox_bytes, budget=budget)
+        self._outbox.on_evicted = self._evicted
         self._max_item = max_message_size - _BATCH_OVERHEAD
         self._ready = trio.Event()
         self._finishing = False
@@ -264,13 +267,19 @@ class BridgeConnection:
         return True
 
     def _drop_slow_peer(self) -> None:
+        self._drop(
+            f"its outgoing queue is full ({len(self._outbox)} frames and items, {self._outbox.size} bytes unsent)"
+        )
+
+    def _evicted(self) -> None:
+        self._drop("the server's outgoing budget for all peers is used up, and this peer's queue held the most of it")
+
+    def _drop(self, detail: str) -> None:
         if self._dropped is None:
             # Logged once, at info, with the connection's end: a slow peer is its own doing.
-            self._dropped = Disconnect(
-                "slow-peer",
-                f"its outgoing queue is full ({len(self._outbox)} frames and items, "
-                f"{self._outbox.size} characters unsent)",
-            )
+            self._dropped = Disconnect("slow-peer", detail)
+            # It is aborted, not flushed: what it has queued is let go of at once.
+            self._outbox.close()
             self._scope.cancel()
 
     # -- requests to the peer ----------------------------------------------------------
@@ -344,6 +353,7 @@ class BridgeConnection:
     def _finish(self, ending: Disconnect) -> None:
         self.closed = ending
         self._protocol.close()
+        self._outbox.close()
         for waiter in self._waiters.values():
             waiter.fail(BridgeClosedError(f"bridge connection {self.id} closed: {ending.kind}"))
         self._log.info("bridge connection ended", kind=ending.kind, detail=ending.detail, peer_errors=self._peer_errors)
@@ -496,19 +506,24 @@ async def serve_bridge(
     port: int = 0,
     max_message_size: int = MAX_MESSAGE_SIZE,
     outbox_size: int = OUTBOX_SIZE,
+    outbox_bytes: int = OUTBOX_BYTES,
+    outbox_budget: int = OUTBOX_BUDGET,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the bridge on ``host:port`` (port 0: any free port) until cancelled.
 
     With ``await nursery.start(...)`` it returns the bound port once connections are
     accepted. ``token`` is the shared secret a peer's hello must carry. ``handler``
-    (default: a ``NullHandler``) is called for every connection. ``outbox_size`` is the
-    number of frames and event items queued for a peer before it is dropped as too slow.
+    (default: a ``NullHandler``) is called for every connection. ``outbox_size`` and
+    ``outbox_bytes`` are the frames and event items, and the bytes, queued for a peer
+    before it is dropped as too slow; ``outbox_budget`` is the bytes queued for all peers
+    together: past it, the peer whose queue holds the most is dropped (see ``Outbox``).
     Bind one address (the default loopback one): the port of several listeners is ambiguous.
     """
     if not token:
         raise ValueError("the bridge token must not be empty")
     served: BridgeHandler = handler if handler is not None else NullHandler()
+    budget = OutboxBudget(outbox_budget)
 
     async def accept(request: WebSocketRequest) -> None:
         path = _path(request.path)
@@ -523,6 +538,8 @@ async def serve_bridge(
             served,
             remote=_remote(ws),
             outbox_size=outbox_size,
+            outbox_bytes=outbox_bytes,
+            budget=budget,
             max_message_size=max_message_size,
         )
         await conn._run(ws)
