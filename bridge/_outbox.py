@@ -95,6 +95,9 @@ class Outbox:
         #: Called when the shared budget emptied this outbox to make room for another's
         #: put (its peer held the most): the owner drops the peer.
         self.on_evicted: Callable[[], None] | None = None
+        #: Whether the last refused put was refused by the shared budget (this outbox would
+        #: have held the most), not by this outbox's own limits.
+        self.refused_by_budget = False
         self._batch_items = batch_items
         self._batch_bytes = batch_bytes
         self._frames: deque[str] = deque()
@@ -119,6 +122,7 @@ class Outbox:
             return False
         if self._budget is not None:
             if not self._budget._make_room(self, cost):
+                self.refused_by_budget = True
                 return False
             self._budget.used += cost
         self._size += cost

@@ -267,12 +267,14 @@ class BridgeConnection:
         return True
 
     def _drop_slow_peer(self) -> None:
-        self._drop(
-            f"its outgoing queue is full ({len(self._outbox)} frames and items, {self._outbox.size} bytes unsent)"
-        )
+        unsent = f"{len(self._outbox)} frames and items, {self._outbox.size} bytes unsent"
+        if self._outbox.refused_by_budget:
+            self._drop(f"the server's outgoing budget for all peers is used up, and its queue would hold the most ({unsent})")
+        else:
+            self._drop(f"its outgoing queue is full ({unsent})")
 
     def _evicted(self) -> None:
-        self._drop("the server's outgoing budget for all peers is used up, and this peer's queue held the most of it")
+        self._drop("the server's outgoing budget for all peers is used up, and its queue held the most of it")
 
     def _drop(self, detail: str) -> None:
         if self._dropped is None:

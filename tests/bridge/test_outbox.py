@@ -123,7 +123,9 @@ def test_an_outbox_that_would_hold_the_most_is_refused_itself():
         box.on_evicted = lambda box=box: evicted.append(box)
     assert first.put_frame("x" * 4000)
     assert second.put_frame("x" * 4000)
+    assert not second.refused_by_budget
     assert not second.put_frame("x" * 3000)  # it would hold 7000: the offender is itself
+    assert second.refused_by_budget
     assert not first.put_frame("x" * 20_000)  # more than the whole budget: evicts nobody
     assert evicted == [] and budget.used == first.size + second.size
 
