@@ -159,7 +159,7 @@ class HostHandler(HandlerLayer):
         self.agents: dict[str, HostAgent] = {}
         #: session id -> its events, in seq order
         self.sessions: dict[str, list[Event]] = {}
-        #: every seq jump seen, in arrival order
+        #: the newest ``RETAINED_GAPS`` seq jumps seen, in arrival order
         self.gaps: list[Gap] = []
         #: events dropped as already mirrored (at or below their session's last seq)
         self.repeats = 0
@@ -224,7 +224,7 @@ class HostHandler(HandlerLayer):
                 "TOO_MANY_SESSIONS",
                 f"{len(refused)} new session(s) not mirrored (the first: {next(iter(refused))!r}): the runtime "
                 f"mirrors at most {MAX_SESSIONS_PER_CONNECTION} sessions per connection and {MAX_SESSIONS} "
-                "in all, and each of those has a live agent",
+                "in all, and none it mirrors could be let go of (each has a live agent)",
             )
 
     def _admit_session(self, conn: Peer, session_id: str) -> bool:
