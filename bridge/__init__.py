@@ -6,6 +6,7 @@ peers send to a ``BridgeHandler``.
 """
 
 from ._connection import CAPABILITIES as CAPABILITIES
+from ._connection import CLOSE_INVALID_DATA as CLOSE_INVALID_DATA
 from ._connection import CLOSE_POLICY_VIOLATION as CLOSE_POLICY_VIOLATION
 from ._connection import CLOSE_PROTOCOL_ERROR as CLOSE_PROTOCOL_ERROR
 from ._connection import CLOSE_TOO_LARGE as CLOSE_TOO_LARGE
@@ -21,6 +22,7 @@ from ._dsh_agent import DshAgent as DshAgent
 from ._dsh_agent import DshAgentMirror as DshAgentMirror
 from ._errors import BridgeClosedError as BridgeClosedError
 from ._errors import ErrorCode as ErrorCode
+from ._errors import LimitError as LimitError
 from ._errors import NotServedError as NotServedError
 from ._errors import ProtocolError as ProtocolError
 from ._errors import RemoteError as RemoteError
@@ -57,8 +59,11 @@ from ._messages import Wake as Wake
 from ._messages import Welcome as Welcome
 from ._outbox import BATCH_BYTES as BATCH_BYTES
 from ._outbox import BATCH_ITEMS as BATCH_ITEMS
+from ._outbox import OUTBOX_BUDGET as OUTBOX_BUDGET
+from ._outbox import OUTBOX_BYTES as OUTBOX_BYTES
 from ._outbox import OUTBOX_SIZE as OUTBOX_SIZE
 from ._outbox import Outbox as Outbox
+from ._outbox import OutboxBudget as OutboxBudget
 from ._protocol import PROTOCOL_VERSION as PROTOCOL_VERSION
 from ._protocol import decode as decode
 from ._protocol import encode as encode

@@ -12,6 +12,10 @@ handler decided earlier, kept in memory, is only a fallback for a host that sent
 durable record (the binding is written there once and never overwritten), and memory can
 be stale, e.g. after the session was resumed through another runtime. A binding that does
 not follow the dock's id grammar counts as none, as a malformed one in a log does.
+
+Being a fallback, the memory is capped rather than refused: past ``MAX_BINDINGS_PER_CONNECTION``
+bindings decided for one connection, that connection's oldest is forgotten, and past
+``MAX_BINDINGS`` in all (those of connections that ended included) the oldest of all.
 """
 
 from __future__ import annotations
@@ -26,8 +30,13 @@ from actors.dock._selection import parse_binding
 from runtime._names import snake
 from runtime._options import AgentOptions
 
-from ._handler import BridgeHandler, HandlerLayer, Peer
+from ._handler import BridgeHandler, Disconnect, HandlerLayer, Peer
+from ._ledger import Ledger
 from ._messages import Select, Selection, SelectionParts
+
+#: Bindings remembered in all, and per connection (those decided for its selects).
+MAX_BINDINGS = 4096
+MAX_BINDINGS_PER_CONNECTION = 1024
 
 _OPTION_NAMES = frozenset(f.name for f in attrs.fields(AgentOptions))
 
@@ -47,6 +56,11 @@ class DockSelectHandler(HandlerLayer):
         #: session id -> the binding decided for it, or the durable one the host sent on a
         #: resume (in memory: a fallback only, see the module docstring)
         self.bindings: dict[str, Route] = {}
+        self._ledger = Ledger()  # which connection's select decided each binding
+
+    def disconnected(self, conn: Peer, reason: Disconnect) -> None:
+        super().disconnected(conn, reason)
+        self._ledger.release(conn.id)
 
     async def on_select(self, conn: Peer, request: Select) -> Selection:
         options = _known_options(request.agent_options)
@@ -54,12 +68,27 @@ class DockSelectHandler(HandlerLayer):
         choice = self.dock.decide(
             request.op, request.session_id, options, request.agent_preset, persisted=persisted
         )
-        self.bindings[request.session_id] = Route(choice.loop, choice.driver)
+        self._remember(conn, request.session_id, Route(choice.loop, choice.driver))
         return Selection(
             choice.loop,
             choice.driver,
             SelectionParts(provider=choice.provider, model=choice.model),
         )
+
+    def _remember(self, conn: Peer, session_id: str, route: Route) -> None:
+        ledger = self._ledger
+        if session_id not in ledger:
+            if ledger.held_by(conn.id) >= MAX_BINDINGS_PER_CONNECTION:
+                self._forget(ledger.oldest(lambda sid: ledger.owner(sid) == conn.id))
+            if len(ledger) >= MAX_BINDINGS:
+                self._forget(ledger.oldest(lambda sid: True))
+        ledger.add(session_id, conn.id)
+        self.bindings[session_id] = route
+
+    def _forget(self, session_id: str | None) -> None:
+        if session_id is not None:
+            self._ledger.discard(session_id)
+            self.bindings.pop(session_id, None)
 
     def persisted(self, request: Select) -> Route | None:
         """The binding a resume is judged against: the host's (from DSH's log) if it sent

@@ -21,6 +21,8 @@ class ErrorCode(enum.StrEnum):
     BAD_DATA = "BAD_DATA"  # ``data`` does not fit its type (the message names the field)
     UNAUTHORIZED = "UNAUTHORIZED"  # anything but a hello with the right token and role first
     TOO_LARGE = "TOO_LARGE"  # an item too large for any frame the peer accepts
+    # a session (or agent) id the runtime's API refuses too (runtime._ids.check_session_id)
+    INVALID_SESSION_ID = "INVALID_SESSION_ID"
 
 
 class ProtocolError(LoopdockError):
@@ -57,6 +59,17 @@ class RequestTimeoutError(LoopdockError):
 class RemoteError(LoopdockError):
     """Raised by ``BridgeConnection.request`` when the peer answered with an ``error`` frame;
     ``code`` is the peer's code (e.g. ``BAD_DATA``, or one of its own)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class LimitError(LoopdockError):
+    """Raised by a handler when what a peer sent would make the runtime keep more than one
+    of its caps allows: what needed room is not kept (the rest of the frame is), and the
+    peer gets an ``error`` frame with ``code`` (``TOO_MANY_SESSIONS``, ``TOO_MANY_AGENTS``,
+    ``INBOX_FULL``)."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)

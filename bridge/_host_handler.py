@@ -12,7 +12,8 @@ It keeps
   reaches (``mirrored``) and sends each session from the next seq on, so repeats are rare:
   an older host, or a host whose question failed, sends every log from 0 again. The
   mirror of a session whose agents were all disposed is kept for the last
-  ``RETAINED_CLOSED_SESSIONS`` such sessions only (DSH's own log is the record);
+  ``RETAINED_CLOSED_SESSIONS`` such sessions only (DSH's own log is the record), and only
+  the last ``RETAINED_GAPS`` gaps are kept;
 - a registry of pre-step gates: ``gate(agent_id, callback)`` answers DSH's pre-step
   verdict requests for that agent with ``callback(PreStep)`` (a ``Verdict`` or an
   awaitable of one); an agent without a gate enters. A callback that raises, or does not
@@ -27,6 +28,16 @@ The plugin does not announce its agents again after a reconnect, so ``agents`` o
 connection; an agent leaves it with ``agent/disposed`` only (a host process that died
 without saying so leaves its agents behind: ``HostAgent.connection_id`` tells which
 connection announced each one).
+
+What hosts can make it keep is capped, per connection (what that connection brought in)
+and in all: mirrored sessions (``MAX_SESSIONS_PER_CONNECTION``, ``MAX_SESSIONS``), live
+agents (``MAX_AGENTS_PER_CONNECTION``, ``MAX_AGENTS``) and the messages of one agent's
+inbox (``MAX_INBOX``). At a cap, room is made by letting go of the oldest session no live
+agent belongs to (of that connection, at its own cap), or of the oldest agent left behind
+by a connection that ended; when there is none, the items that needed room are not kept
+(the rest of the frame is) and the host gets an ``error`` frame: ``TOO_MANY_SESSIONS``,
+``TOO_MANY_AGENTS`` or ``INBOX_FULL`` (``LimitError``). So what a peer that went away left
+behind is bounded by the caps in all.
 """
 
 from __future__ import annotations
@@ -41,11 +52,14 @@ import attrs
 from actors import LiveEvent, Placement
 from actors.dock import LoopDock
 from runtime._changes import Changes
-from runtime._errors import LoopdockError
+from runtime._errors import InvalidSessionIdError, LoopdockError
 from runtime._events import Event
+from runtime._ids import check_session_id
 
 from ._dock_select import DockSelectHandler
+from ._errors import LimitError
 from ._handler import Disconnect, HandlerLayer, Peer
+from ._ledger import Ledger
 from ._messages import (
     Ack,
     Cancel,
@@ -61,6 +75,24 @@ from ._server import REQUEST_TIMEOUT
 
 #: How many closed sessions (every agent disposed) keep their mirror, newest first.
 RETAINED_CLOSED_SESSIONS = 100
+#: How many of the newest gaps ``gaps`` keeps.
+RETAINED_GAPS = 1000
+#: Sessions mirrored in all, and per connection (those it brought in that are still kept).
+MAX_SESSIONS = 4096
+MAX_SESSIONS_PER_CONNECTION = 1024
+#: Live agents kept in all, and per connection (those it announced that are still kept).
+MAX_AGENTS = 4096
+MAX_AGENTS_PER_CONNECTION = 1024
+#: Messages kept of one agent's inbox (inserted and not yet claimed or discarded).
+MAX_INBOX = 1024
+
+def _session_id(value: object) -> str | None:
+    """``value`` if it is a session id the runtime's API accepts, else None."""
+    try:
+        return check_session_id(value)
+    except InvalidSessionIdError:
+        return None
+
 
 #: ``callback(PreStep) -> Verdict | Awaitable[Verdict]``
 Gate = Callable[[PreStep], "Verdict | Awaitable[Verdict]"]
@@ -127,11 +159,13 @@ class HostHandler(HandlerLayer):
         self.agents: dict[str, HostAgent] = {}
         #: session id -> its events, in seq order
         self.sessions: dict[str, list[Event]] = {}
-        #: every seq jump seen, in arrival order
+        #: the newest ``RETAINED_GAPS`` seq jumps seen, in arrival order
         self.gaps: list[Gap] = []
         #: events dropped as already mirrored (at or below their session's last seq)
         self.repeats = 0
         self._closed_sessions: dict[str, None] = {}  # oldest first: mirrors to let go of
+        self._session_ledger = Ledger()  # who brought in each session of ``sessions``
+        self._agent_ledger = Ledger()  # who announced each agent of ``agents``
         self._gates: dict[str, Gate] = {}
         self._changes = Changes()
 
@@ -156,6 +190,8 @@ class HostHandler(HandlerLayer):
 
     def disconnected(self, conn: Peer, reason: Disconnect) -> None:
         super().disconnected(conn, reason)
+        self._session_ledger.release(conn.id)
+        self._agent_ledger.release(conn.id)
         if self.host is conn:
             self.host = None
             self.poke()
@@ -164,8 +200,14 @@ class HostHandler(HandlerLayer):
 
     async def on_events(self, conn: Peer, items: Sequence[SessionEvent]) -> None:
         await super().on_events(conn, items)
+        refused: dict[str, None] = {}
         for item in items:
-            log = self.sessions.setdefault(item.session_id, [])
+            log = self.sessions.get(item.session_id)
+            if log is None:
+                if item.session_id in refused or not self._admit_session(conn, item.session_id):
+                    refused[item.session_id] = None
+                    continue
+                log = self.sessions[item.session_id] = []
             expected = log[-1].seq + 1 if log else 0
             seq = item.event.seq
             if seq < expected:
@@ -173,8 +215,56 @@ class HostHandler(HandlerLayer):
                 continue
             if seq > expected:
                 self.gaps.append(Gap(item.session_id, expected, seq))
+                if len(self.gaps) > RETAINED_GAPS:
+                    del self.gaps[0]
             log.append(item.event)
         self.poke()
+        if refused:
+            raise LimitError(
+                "TOO_MANY_SESSIONS",
+                f"{len(refused)} new session(s) not mirrored (the first: {next(iter(refused))!r}): the runtime "
+                f"mirrors at most {MAX_SESSIONS_PER_CONNECTION} sessions per connection and {MAX_SESSIONS} "
+                "in all, and none it mirrors could be let go of (each has a live agent)",
+            )
+
+    def _admit_session(self, conn: Peer, session_id: str) -> bool:
+        """Make room to mirror one more session, brought in by ``conn``; False if none can be made."""
+        ledger = self._session_ledger
+        if ledger.held_by(conn.id) >= MAX_SESSIONS_PER_CONNECTION:
+            victim = self._spare_session(lambda sid: ledger.owner(sid) == conn.id)
+            if victim is None:
+                return False
+            self._forget_session(victim)
+        if len(ledger) >= MAX_SESSIONS:
+            victim = self._spare_session(lambda sid: True)
+            if victim is None:
+                return False
+            self._forget_session(victim)
+        ledger.add(session_id, conn.id)
+        return True
+
+    def _spare_session(self, among: Callable[[str], bool]) -> str | None:
+        """The session (of those ``among`` accepts) to let go of: the oldest no agent belongs
+        to, else the oldest whose agents were all left behind by connections that ended."""
+        holders: dict[str, list[str]] = {}
+        for agent in self.agents.values():
+            holders.setdefault(agent.session_id, []).append(agent.id)
+        ledger = self._session_ledger
+        spare = ledger.oldest(lambda sid: sid not in holders and among(sid))
+        if spare is None:
+            spare = ledger.oldest(
+                lambda sid: among(sid) and all(self._agent_ledger.owner(aid) is None for aid in holders[sid])
+            )
+        return spare
+
+    def _forget_session(self, session_id: str) -> None:
+        """Let go of a session's mirror, and of the agents left behind on it."""
+        for agent_id in [agent.id for agent in self.agents.values() if agent.session_id == session_id]:
+            del self.agents[agent_id]
+            self._agent_ledger.discard(agent_id)
+        self.sessions.pop(session_id, None)
+        self._closed_sessions.pop(session_id, None)
+        self._session_ledger.discard(session_id)
 
     async def on_mirrored(self, conn: Peer, request: Mirrored) -> MirroredSeqs:
         """The last seq mirrored of each asked-for session this mirror holds."""
@@ -184,35 +274,66 @@ class HostHandler(HandlerLayer):
 
     async def on_live(self, conn: Peer, items: Sequence[LiveEvent]) -> None:
         await super().on_live(conn, items)
+        refused: LimitError | None = None
         for item in items:
-            self._apply_live(conn, item)
+            try:
+                self._apply_live(conn, item)
+            except LimitError as exc:
+                refused = refused or exc  # the others are still taken; the first says why
         self.poke()
+        if refused is not None:
+            raise refused
+
+    def _new_agent(self, conn: Peer, agent_id: str) -> HostAgent:
+        """A new ``HostAgent`` announced by ``conn``, kept if there is room (LimitError if not)."""
+        ledger = self._agent_ledger
+        if agent_id not in ledger:
+            if ledger.held_by(conn.id) >= MAX_AGENTS_PER_CONNECTION:
+                raise LimitError(
+                    "TOO_MANY_AGENTS", f"agent {agent_id!r} not kept: at most {MAX_AGENTS_PER_CONNECTION} live "
+                    "agents per connection",
+                )
+            if len(ledger) >= MAX_AGENTS:
+                # Room goes to a live connection before agents a connection that ended left behind.
+                victim = ledger.oldest(lambda aid: ledger.owner(aid) is None)
+                if victim is None:
+                    raise LimitError(
+                        "TOO_MANY_AGENTS", f"agent {agent_id!r} not kept: at most {MAX_AGENTS} live agents in all",
+                    )
+                self._drop_agent(victim)
+        ledger.add(agent_id, conn.id)
+        agent = self.agents[agent_id] = HostAgent(agent_id, agent_id, None, conn.id)
+        return agent
+
+    def _drop_agent(self, agent_id: str) -> None:
+        gone = self.agents.pop(agent_id, None)
+        self._agent_ledger.discard(agent_id)
+        if gone is not None:
+            self._session_closed(gone.session_id)
 
     def _apply_live(self, conn: Peer, item: LiveEvent) -> None:
         data = item.data
         if item.type == "agent/created":
             source = data.get("source")
-            session_id = data.get("sessionId")
+            session_id = _session_id(data.get("sessionId"))
             cwd, inherited = data.get("cwd"), data.get("inheritedEvents")
             known = self.agents.get(item.agent_id)
             if known is None or known.source is not None or known.connection_id != conn.id:
-                known = self.agents[item.agent_id] = HostAgent(item.agent_id, item.agent_id, None, conn.id)
+                known = self._new_agent(conn, item.agent_id)
             # (else: learned from its status or inbox a moment ago, the same live agent)
             known.source = source if isinstance(source, str) else None
-            known.session_id = session_id if isinstance(session_id, str) else item.agent_id
+            known.session_id = session_id if session_id is not None else item.agent_id
             self._closed_sessions.pop(known.session_id, None)
             known.cwd = cwd if isinstance(cwd, str) and os.path.isabs(cwd) else None
             valid = isinstance(inherited, int) and not isinstance(inherited, bool) and inherited >= 0
             known.inherited_events = inherited if valid else None
             return
         if item.type == "agent/disposed":
-            gone = self.agents.pop(item.agent_id, None)
-            if gone is not None:
-                self._session_closed(gone.session_id)
+            self._drop_agent(item.agent_id)
             return
         agent = self.agents.get(item.agent_id)
         if agent is None:  # announced before this runtime listened: learn it now
-            agent = self.agents[item.agent_id] = HostAgent(item.agent_id, item.agent_id, None, conn.id)
+            agent = self._new_agent(conn, item.agent_id)
         if item.type == "agent/status":
             status = data.get("status")
             status = status if isinstance(status, str) else None
@@ -225,6 +346,11 @@ class HostHandler(HandlerLayer):
             if not isinstance(message_id, str):
                 return
             if item.type == "agent/inbox/inserted" and isinstance(message, Mapping):
+                if len(agent.inbox) >= MAX_INBOX and message_id not in agent.inbox:
+                    raise LimitError(
+                        "INBOX_FULL", f"message {message_id[:100]!r} of agent {agent.id!r} not kept: at most "
+                        f"{MAX_INBOX} messages of one inbox are",
+                    )
                 agent.inbox[message_id] = message
             elif item.type in ("agent/inbox/claimed", "agent/inbox/discarded"):
                 agent.inbox.pop(message_id, None)
@@ -234,9 +360,7 @@ class HostHandler(HandlerLayer):
             return
         self._closed_sessions[session_id] = None
         while len(self._closed_sessions) > RETAINED_CLOSED_SESSIONS:
-            oldest = next(iter(self._closed_sessions))
-            del self._closed_sessions[oldest]
-            self.sessions.pop(oldest, None)
+            self._forget_session(next(iter(self._closed_sessions)))
 
     # -- pre-step gates ---------------------------------------------------------------------
 

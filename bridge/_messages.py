@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import attrs
 
@@ -47,6 +47,11 @@ Role = Literal["dsh-host", "goalbar"]
 
 #: Longest ``id``/``re`` accepted: ids are correlation handles, not payload.
 MAX_ID_LENGTH = 128
+
+#: A session id from a host (agent id == session id on DSH): decoding checks it as the
+#: runtime's API does (``runtime._ids.check_session_id``), so that nothing is ever kept
+#: under an id the runtime would refuse (error INVALID_SESSION_ID).
+SessionId = Annotated[str, "session id"]
 
 
 # -- handshake and errors -------------------------------------------------------------
@@ -92,7 +97,7 @@ class SessionEvent:
     tolerated (and dropped), ``data`` is kept as it came.
     """
 
-    session_id: str
+    session_id: SessionId
     event: Event
 
 
@@ -155,8 +160,8 @@ class PreStep:
     ``step`` of turn ``turn``. The host asks only for messages whose source kind the
     runtime owns, with a deadline, and rejects if no verdict arrives in time."""
 
-    agent_id: str
-    session_id: str
+    agent_id: SessionId
+    session_id: SessionId
     turn: int
     step: int
     messages: tuple[Mapping[str, Any], ...]
@@ -186,7 +191,7 @@ class Select:
     record the dock judges the resume against."""
 
     op: Literal["create", "resume"]
-    session_id: str
+    session_id: SessionId
     agent_options: Mapping[str, Any] = attrs.field(factory=dict)
     agent_preset: str | None = None
     binding: StoredBinding | None = None
@@ -220,7 +225,7 @@ class Mirrored:
     after the answer's (from 0 for a session the answer leaves out, and for every session
     if the request fails), instead of every log from 0."""
 
-    session_ids: tuple[str, ...]
+    session_ids: tuple[SessionId, ...]
 
 
 #: session id -> the last seq mirrored (a non-negative integer)

@@ -25,11 +25,14 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, overrid
 from cattrs.v import format_exception, transform_error
 
 from actors import LiveEvent
+from runtime._errors import InvalidSessionIdError
 from runtime._events import Event
+from runtime._ids import check_session_id
 from runtime._names import camel
 
 from ._errors import ErrorCode, ProtocolError
 from ._messages import (
+    MAX_ID_LENGTH,
     MESSAGE_TYPES,
     Ack,
     Cancel,
@@ -56,6 +59,7 @@ from ._messages import (
     SelectionParts,
     SeqMap,
     SessionEvent,
+    SessionId,
     StoredBinding,
     Verdict,
     Wake,
@@ -103,6 +107,13 @@ def _make_converter() -> cattrs.Converter:
         return hook
 
     conv.register_structure_hook(str, strict(str, "a string"))
+
+    def session_id(value: Any, _: Any) -> str:
+        if not isinstance(value, str):
+            raise _WrongType(f"expected a string, got {_json_kind(value)}")
+        return check_session_id(value)
+
+    conv.register_structure_hook_func(lambda tp: tp == SessionId, session_id)
     conv.register_structure_hook(int, strict(int, "an integer"))
     conv.register_structure_hook(bool, strict(bool, "a boolean"))
     # Opaque JSON objects (DSH's data, messages, agent options): checked to be objects only.
@@ -163,6 +174,8 @@ def _make_converter() -> cattrs.Converter:
         renames: dict[str, Any] = {
             f.name: override(rename=camel(f.name)) for f in attrs.fields(cls) if "_" in f.name
         }
+        if cls is LiveEvent:  # the actors' class: its agent id is a session id on DSH
+            renames["agent_id"] = override(rename="agentId", struct_hook=session_id)
         structure: Callable[[Any, Any], Any] = make_dict_structure_fn(
             cls, conv, _cattrs_forbid_extra_keys=cls not in _TOLERANT, **renames
         )
@@ -195,9 +208,16 @@ _CONVERTER = _make_converter()
 
 
 def _format(exc: BaseException, tp: Any) -> str:
-    if isinstance(exc, _WrongType):
+    if isinstance(exc, (_WrongType, InvalidSessionIdError)):
         return str(exc)
     return format_exception(exc, tp)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The failures at the bottom of cattrs' error tree."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
 
 
 def _describe(exc: BaseException) -> str:
@@ -260,9 +280,10 @@ def decode(text: str | bytes) -> Frame:
         raise ProtocolError(
             ErrorCode.BAD_ENVELOPE, f"unknown envelope keys: {', '.join(sorted(map(repr, extra)))[:200]}"
         )
+    # The ids first: every later error answers the frame's id, so it must be one a frame can carry.
     for key in ("id", "re"):
-        if key in raw and not isinstance(raw[key], str):
-            raise ProtocolError(ErrorCode.BAD_ENVELOPE, f"{key!r} must be a string")
+        if key in raw and not (isinstance(raw[key], str) and 0 < len(raw[key]) <= MAX_ID_LENGTH):
+            raise ProtocolError(ErrorCode.BAD_ENVELOPE, f"{key!r} must be a string of 1 to {MAX_ID_LENGTH} characters")
     request_id = raw.get("id")
     type_name = raw.get("type")
     if not isinstance(type_name, str):
@@ -282,9 +303,12 @@ def decode(text: str | bytes) -> Frame:
     try:
         message = _CONVERTER.structure(data, cls)
     except Exception as exc:  # cattrs reports every structuring failure as some exception
-        raise ProtocolError(
-            ErrorCode.BAD_DATA, f"{type_name}: {_describe(exc)}"[:1000], request_id=request_id
-        ) from None
+        code = (
+            ErrorCode.INVALID_SESSION_ID
+            if any(isinstance(leaf, InvalidSessionIdError) for leaf in _leaves(exc))
+            else ErrorCode.BAD_DATA
+        )
+        raise ProtocolError(code, f"{type_name}: {_describe(exc)}"[:1000], request_id=request_id) from None
     return Frame(message, id=request_id, re=raw.get("re"))
 
 

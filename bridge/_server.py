@@ -11,6 +11,12 @@ Each connection is an actor with its own nursery: a receiver (decode, answer pro
 errors, hand events and requests to the handler), a sender draining a bounded outbox
 (event traffic batched), and one task per request from the peer. Everything is cancelled
 with the server's nursery.
+
+Nothing a peer sends ends the server or another connection: what a peer can cause ends
+at most its own connection, with one info-level line (``bridge connection ended``, its
+``kind`` and ``detail``, and the count of its protocol errors, the first of which is
+logged as it happens). A bug, ours or a library's, is logged at error level with its
+traceback and costs the one connection too.
 """
 
 from __future__ import annotations
@@ -26,20 +32,16 @@ from urllib.parse import urlsplit
 
 import structlog
 import trio
-from trio_websocket import (
-    ConnectionClosed,
-    Endpoint,
-    WebSocketConnection,
-    WebSocketRequest,
-    wrap_server_stream,
-)
+from trio_websocket import ConnectionClosed, Endpoint, WebSocketConnection, WebSocketRequest
 
 from actors import LiveEvent
 from runtime._errors import LoopdockError
 from runtime._events import Event
 
 from ._connection import (
+    CLOSE_INVALID_DATA,
     CLOSE_POLICY_VIOLATION,
+    CLOSE_PROTOCOL_ERROR,
     CLOSE_TOO_LARGE,
     Answered,
     Close,
@@ -78,8 +80,9 @@ from ._messages import (
     SessionEvent,
     Verdict,
 )
-from ._outbox import OUTBOX_SIZE, Outbox
+from ._outbox import OUTBOX_BUDGET, OUTBOX_BYTES, OUTBOX_SIZE, Outbox, OutboxBudget
 from ._protocol import encode, encode_item
+from ._websocket import wrap_server_stream
 
 log = structlog.get_logger(__name__)
 
@@ -101,6 +104,8 @@ ENDPOINTS: Mapping[str, Role] = MappingProxyType({"/dsh": "dsh-host", "/goalbar"
 
 # Room for the envelope of a batch frame around one item.
 _BATCH_OVERHEAD = 64
+# How much of a peer's own text (an error it reports) goes into a log line.
+_LOGGED_TEXT = 200
 
 
 class _Waiter:
@@ -134,8 +139,21 @@ async def _abort(ws: WebSocketConnection) -> None:
         await ws.aclose()
 
 
-def _address(endpoint: Endpoint | str) -> str:
+def _remote(ws: WebSocketConnection) -> str:
+    """The peer's address, as far as it is still known."""
+    try:
+        endpoint = ws.remote
+    except OSError:  # the peer is already gone (getpeername fails once it reset the connection)
+        return "gone"
     return f"{endpoint.address}:{endpoint.port}" if isinstance(endpoint, Endpoint) else endpoint
+
+
+def _path(target: str) -> str:
+    """The path of an HTTP request target; "" for one ``urlsplit`` cannot read (``//[``)."""
+    try:
+        return urlsplit(target).path
+    except ValueError:
+        return ""
 
 
 @final
@@ -154,6 +172,8 @@ class BridgeConnection:
         *,
         remote: str,
         outbox_size: int,
+        outbox_bytes: int,
+        budget: OutboxBudget,
         max_message_size: int,
     ) -> None:
         self.id = secrets.token_hex(6)
@@ -163,7 +183,8 @@ class BridgeConnection:
         self.closed: Disconnect | None = None
         self._protocol = Connection(role, token, connection_id=self.id)
         self._handler = handler
-        self._outbox = Outbox(max_items=outbox_size)
+        self._outbox = Outbox(max_items=outbox_size, max_bytes=outbox_bytes, budget=budget)
+        self._outbox.on_evicted = self._evicted
         self._max_item = max_message_size - _BATCH_OVERHEAD
         self._ready = trio.Event()
         self._finishing = False
@@ -174,6 +195,7 @@ class BridgeConnection:
         self._opened = False
         self._request_slots = trio.Semaphore(MAX_CONCURRENT_REQUESTS)
         self._nursery: trio.Nursery | None = None
+        self._peer_errors = 0
         self._log = log.bind(connection_id=self.id, role=role, remote=remote)
 
     @property
@@ -245,13 +267,21 @@ class BridgeConnection:
         return True
 
     def _drop_slow_peer(self) -> None:
+        unsent = f"{len(self._outbox)} frames and items, {self._outbox.size} bytes unsent"
+        if self._outbox.refused_by_budget:
+            self._drop(f"the server's outgoing budget for all peers is used up, and its queue would hold the most ({unsent})")
+        else:
+            self._drop(f"its outgoing queue is full ({unsent})")
+
+    def _evicted(self) -> None:
+        self._drop("the server's outgoing budget for all peers is used up, and its queue held the most of it")
+
+    def _drop(self, detail: str) -> None:
         if self._dropped is None:
-            self._dropped = Disconnect(
-                "slow-peer",
-                f"its outgoing queue is full ({len(self._outbox)} frames and items, "
-                f"{self._outbox.size} characters unsent)",
-            )
-            self._log.warning("dropping a slow bridge peer", detail=self._dropped.detail)
+            # Logged once, at info, with the connection's end: a slow peer is its own doing.
+            self._dropped = Disconnect("slow-peer", detail)
+            # It is aborted, not flushed: what it has queued is let go of at once.
+            self._outbox.close()
             self._scope.cancel()
 
     # -- requests to the peer ----------------------------------------------------------
@@ -325,9 +355,10 @@ class BridgeConnection:
     def _finish(self, ending: Disconnect) -> None:
         self.closed = ending
         self._protocol.close()
+        self._outbox.close()
         for waiter in self._waiters.values():
             waiter.fail(BridgeClosedError(f"bridge connection {self.id} closed: {ending.kind}"))
-        self._log.info("bridge connection ended", kind=ending.kind, detail=ending.detail)
+        self._log.info("bridge connection ended", kind=ending.kind, detail=ending.detail, peer_errors=self._peer_errors)
         if self._opened:
             self._call(self._handler.disconnected, self, ending)
 
@@ -376,8 +407,19 @@ class BridgeConnection:
             if reason is not None and reason.code == CLOSE_TOO_LARGE:
                 return Disconnect("too-large", reason.reason or "a frame over the size limit"), None
             code = reason.code if reason is not None else None
-            return Disconnect("peer-closed", f"close code {code}: {reason.reason if reason else ''}"), None
+            detail = f"close code {code}: {reason.reason if reason else ''}"
+            if code in (CLOSE_PROTOCOL_ERROR, CLOSE_INVALID_DATA):
+                return Disconnect("bad-frame", detail), None
+            return Disconnect("peer-closed", detail), None
         return await self._apply(self._protocol.receive(data))
+
+    def _peer_error(self, event: str, code: str, detail: str) -> None:
+        """Count an error on the peer's side of the protocol. Only the first one is
+        logged as it happens (the count goes out with the connection's end line): a peer
+        sending nothing but bad frames must not be able to fill the log."""
+        self._peer_errors += 1
+        if self._peer_errors == 1:
+            self._log.info(event, code=code[:_LOGGED_TEXT], detail=detail[:_LOGGED_TEXT])
 
     async def _apply(self, outputs: list[Output]) -> tuple[Disconnect, Close | None] | None:
         why = ""
@@ -385,6 +427,8 @@ class BridgeConnection:
             if isinstance(out, SendFrame):
                 if isinstance(out.frame.message, ErrorNotice):
                     why = out.frame.message.message
+                    if self._opened and self._protocol.state is ConnectionState.OPEN:
+                        self._peer_error("bridge peer sent a frame the runtime refuses", out.frame.message.code, why)
                 self._send(out.frame)
             elif isinstance(out, Close):
                 kind: DisconnectKind = "unauthorized" if out.code == CLOSE_POLICY_VIOLATION else "bad-version"
@@ -409,7 +453,7 @@ class BridgeConnection:
         elif isinstance(message, Live):
             await self._notify(self._handler.on_live, message.items)
         elif isinstance(message, ErrorNotice):
-            self._log.warning("bridge peer reported an error", code=message.code, message=message.message)
+            self._peer_error("bridge peer reported an error", message.code, message.message)
         else:
             # Acquired here, not in the task: a peer flooding requests stops being read.
             await self._request_slots.acquire()
@@ -420,6 +464,8 @@ class BridgeConnection:
         try:
             await fn(self, items)
         except LoopdockError as exc:
+            # The handler refused what the peer sent (an invalid or untracked session, ...).
+            self._peer_error("bridge peer sent items the runtime refuses", str(exc.code), str(exc))
             self._send(Frame(ErrorNotice(str(exc.code), str(exc))))
         except Exception:
             self._log.exception("bridge handler failed", callback=fn.__name__)
@@ -462,22 +508,27 @@ async def serve_bridge(
     port: int = 0,
     max_message_size: int = MAX_MESSAGE_SIZE,
     outbox_size: int = OUTBOX_SIZE,
+    outbox_bytes: int = OUTBOX_BYTES,
+    outbox_budget: int = OUTBOX_BUDGET,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the bridge on ``host:port`` (port 0: any free port) until cancelled.
 
     With ``await nursery.start(...)`` it returns the bound port once connections are
     accepted. ``token`` is the shared secret a peer's hello must carry. ``handler``
-    (default: a ``NullHandler``) is called for every connection. ``outbox_size`` is the
-    number of frames and event items queued for a peer before it is dropped as too slow.
+    (default: a ``NullHandler``) is called for every connection. ``outbox_size`` and
+    ``outbox_bytes`` are the frames and event items, and the bytes, queued for a peer
+    before it is dropped as too slow; ``outbox_budget`` is the bytes queued for all peers
+    together: past it, the peer whose queue holds the most is dropped (see ``Outbox``).
     Bind one address (the default loopback one): the port of several listeners is ambiguous.
     """
     if not token:
         raise ValueError("the bridge token must not be empty")
     served: BridgeHandler = handler if handler is not None else NullHandler()
+    budget = OutboxBudget(outbox_budget)
 
     async def accept(request: WebSocketRequest) -> None:
-        path = urlsplit(request.path).path
+        path = _path(request.path)
         role = ENDPOINTS.get(path)
         if role is None:
             await request.reject(404, body=f"no bridge endpoint {path[:100]!r}: use /dsh or /goalbar".encode())
@@ -487,13 +538,15 @@ async def serve_bridge(
             role,
             token,
             served,
-            remote=_address(ws.remote),
+            remote=_remote(ws),
             outbox_size=outbox_size,
+            outbox_bytes=outbox_bytes,
+            budget=budget,
             max_message_size=max_message_size,
         )
         await conn._run(ws)
 
-    async def connection(stream: trio.SocketStream) -> None:
+    async def serve_stream(stream: trio.SocketStream) -> None:
         # A browser's plain GET of a page is answered here; everything else (the
         # websocket handshakes) goes to trio-websocket untouched.
         if await _serve_page(stream):
@@ -507,10 +560,23 @@ async def serve_bridge(
                 return
             try:
                 await accept(request)
+            except ConnectionClosed:
+                pass  # the peer left before its handshake was answered: nobody to serve
             finally:
                 with trio.move_on_after(CLOSE_TIMEOUT):
                     await request._connection.aclose()
             nursery.cancel_scope.cancel()
+
+    async def connection(stream: trio.SocketStream) -> None:
+        # serve_tcp runs this in the server's own nursery: what escapes here would end the
+        # server and every connection. What a peer can cause is handled on the way (and
+        # logged at info at most); anything reaching this point is a bug, ours or a
+        # library's, and costs this connection only.
+        try:
+            await serve_stream(stream)
+        except* Exception:
+            log.exception("bridge connection failed")
+            await trio.aclose_forcefully(stream)
 
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(functools.partial(trio.serve_tcp, connection, port, host=host))
@@ -528,7 +594,16 @@ _HEAD_LIMIT = 16384
 async def _serve_page(stream: trio.SocketStream) -> bool:
     """If the request waiting on ``stream`` is a plain HTTP GET (no websocket upgrade),
     answer it (a page of :data:`PAGES`, or 404) and return True; leave the stream unread
-    and return False otherwise. The request head is peeked, not consumed."""
+    and return False otherwise. The request head is peeked, not consumed. A peer that
+    breaks the connection meanwhile is closed here too (True)."""
+    try:
+        return await _answer_page(stream)
+    except OSError:  # e.g. reset by the peer: nothing to answer
+        await stream.aclose()
+        return True
+
+
+async def _answer_page(stream: trio.SocketStream) -> bool:
     head = b""
     with trio.move_on_after(HELLO_TIMEOUT):
         for _ in range(100):
@@ -545,7 +620,7 @@ async def _serve_page(stream: trio.SocketStream) -> bool:
         return False
     await stream.socket.recv(len(head.split(b"\r\n\r\n", 1)[0]) + 4)  # consume the head
     parts = lines[0].split(" ")
-    path = urlsplit(parts[1]).path if len(parts) == 3 else ""
+    path = _path(parts[1]) if len(parts) == 3 else ""
     page = PAGES.get(path)
     if page is None:
         status, ctype, body = "404 Not Found", "text/plain; charset=utf-8", f"no page {path[:100]!r}".encode()

@@ -3,6 +3,8 @@
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bridge import (
     CLOSE_POLICY_VIOLATION,
@@ -27,8 +29,10 @@ from bridge import (
     Verdict,
     Wake,
     Welcome,
+    decode,
     encode,
 )
+from bridge._messages import MAX_ID_LENGTH, MESSAGE_TYPES
 
 TOKEN = "tok-0123456789"
 
@@ -264,3 +268,77 @@ def test_nothing_can_be_sent_before_the_welcome_or_after_the_close():
     with pytest.raises(BridgeClosedError):
         conn.request(Ping())
     assert conn.receive(wire("pong", {}, re=pending.id)) == []
+
+
+# -- the contract: receive never raises ------------------------------------------------------
+
+json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8)
+json_values = st.recursive(
+    json_scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+# Ids a frame may carry, ids it may not (empty, one too long, not strings), and the id of
+# the request each run has pending (so that replies reach their matching, too).
+wild_ids = st.one_of(
+    st.just("r1"),
+    st.text(max_size=3),
+    st.text(min_size=MAX_ID_LENGTH, max_size=MAX_ID_LENGTH + 1),
+    st.integers(),
+    st.none(),
+)
+envelopes = st.fixed_dictionaries(
+    {
+        "v": st.sampled_from([1, 1, 1, 2, 0, "1", True]),
+        "type": st.sampled_from(sorted(MESSAGE_TYPES)) | st.text(max_size=8),
+        "data": st.dictionaries(st.sampled_from(["sessionId", "agentId", "items", "op", "token", "x"]), json_values)
+        | json_values,
+    },
+    optional={"id": wild_ids, "re": wild_ids},
+)
+peer_frames = st.one_of(
+    st.text(),
+    st.binary(),
+    envelopes.map(json.dumps),
+    st.just(hello()),
+    st.just(wire("ping", {}, id="p")),
+    st.just(wire("ack", {"ok": True}, re="r1")),
+    st.just(json.dumps({"v": 1, "type": "nope", "id": "", "data": {}})),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.booleans(), st.lists(peer_frames, max_size=10))
+def test_receive_never_raises_and_only_answers_with_frames_the_codec_can_write(greet, frames):
+    conn = Connection("dsh-host", TOKEN, connection_id="c1")
+    if greet:
+        conn.receive(hello())
+        assert conn.request(Wake("a1")).id == "r1"
+    for data in frames:
+        was_closed = conn.state is ConnectionState.CLOSED
+        outputs = conn.receive(data)
+        if was_closed:
+            assert outputs == []
+        for out in outputs:
+            assert isinstance(out, (SendFrame, Close, Opened, Received, Answered))
+            if isinstance(out, SendFrame):
+                assert decode(encode(out.frame)) == out.frame
+        if any(isinstance(out, Close) for out in outputs):
+            assert isinstance(outputs[-1], Close) and conn.state is ConnectionState.CLOSED
+
+
+@pytest.mark.parametrize("bad_id", ["", "x" * (MAX_ID_LENGTH + 1)])
+@pytest.mark.parametrize(
+    "envelope",
+    [
+        {"type": "teleport", "data": {}},  # UNKNOWN_TYPE
+        {"type": "preStep", "data": {}},  # BAD_DATA
+        {"type": "ping", "data": []},  # BAD_ENVELOPE (data)
+    ],
+)
+def test_an_id_no_frame_may_carry_is_answered_without_re(bad_id, envelope):
+    # The error cannot answer that id: it answers nothing, and says why.
+    conn = open_connection()
+    error = only_error(conn.receive(json.dumps({"v": 1, "id": bad_id, **envelope})))
+    assert error.re is None
+    assert (error.message.code, error.message.message) == (ErrorCode.BAD_ENVELOPE, "'id' must be a string of 1 to 128 characters")
+    assert conn.state is ConnectionState.OPEN

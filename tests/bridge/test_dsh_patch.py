@@ -4,6 +4,7 @@ without a DSH (tests/bridge/test_dsh_dock_e2e.py runs them against the real one)
 from __future__ import annotations
 
 import stat
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -13,6 +14,8 @@ from bridge import DockSelectHandler, Select
 from bridge._messages import StoredBinding
 from bridge._patch import PLUGIN_PATH, patch_rows, write_patch
 from loopdock._runtime import Runtime
+
+PEER = SimpleNamespace(id="c1")  # the connection a select came on (the handler counts what each one makes it keep)
 
 
 def test_the_plugin_file_ships_beside_the_patch_writer():
@@ -89,13 +92,13 @@ async def test_decide_and_the_select_handler_follow_the_dock_rules(tmp_path):
 
         handler = DockSelectHandler(rt.dock)
         # DSH's own option keys are not the dock's business
-        selection = await handler.on_select(None, Select("create", "s-b", {"provider": "ping", "dshOnly": 1}))
+        selection = await handler.on_select(PEER, Select("create", "s-b", {"provider": "ping", "dshOnly": 1}))
         assert (selection.loop, selection.driver, selection.parts.model) == ("alt-loop", "alt", "pinned")
         assert handler.bindings["s-b"] == Route("alt-loop", "alt")
-        resumed = await handler.on_select(None, Select("resume", "s-b"))
+        resumed = await handler.on_select(PEER, Select("resume", "s-b"))
         assert (resumed.loop, resumed.driver) == ("alt-loop", "alt")
         with pytest.raises(DockError) as err:
-            await handler.on_select(None, Select("resume", "s-b", {"loop": "standard"}))
+            await handler.on_select(PEER, Select("resume", "s-b", {"loop": "standard"}))
         assert err.value.code == "LOOP_SWITCH"
 
 
@@ -105,33 +108,33 @@ async def test_the_select_handler_judges_a_resume_by_the_hosts_binding_first(tmp
         rt.register_driver("alt", _Placeholder())
         handler = DockSelectHandler(rt.dock)
         # nothing anywhere: a session without a binding resumes on the default loop
-        assert (await handler.on_select(None, Select("resume", "s1"))).loop == "standard"
+        assert (await handler.on_select(PEER, Select("resume", "s1"))).loop == "standard"
         # the host's binding, with nothing in memory
         handler.bindings.clear()
-        resumed = await handler.on_select(None, Select("resume", "s2", binding=StoredBinding("loopx-alt", "alt")))
+        resumed = await handler.on_select(PEER, Select("resume", "s2", binding=StoredBinding("loopx-alt", "alt")))
         assert (resumed.loop, resumed.driver) == ("loopx-alt", "alt")
         assert handler.bindings["s2"] == Route("loopx-alt", "alt")
         # memory says standard, DSH's log says loopx-alt: the log wins
         handler.bindings["s3"] = Route("standard", "default")
-        resumed = await handler.on_select(None, Select("resume", "s3", binding=StoredBinding("loopx-alt", "alt")))
+        resumed = await handler.on_select(PEER, Select("resume", "s3", binding=StoredBinding("loopx-alt", "alt")))
         assert (resumed.loop, resumed.driver) == ("loopx-alt", "alt")
         assert handler.bindings["s3"] == Route("loopx-alt", "alt")
         with pytest.raises(DockError) as err:
-            await handler.on_select(None, Select("resume", "s3", {"loop": "standard"}, binding=StoredBinding("loopx-alt", "alt")))
+            await handler.on_select(PEER, Select("resume", "s3", {"loop": "standard"}, binding=StoredBinding("loopx-alt", "alt")))
         assert err.value.code == "LOOP_SWITCH"
         # no binding from the host: memory is the fallback
         handler.bindings["s4"] = Route("loopx-alt", "alt")
         with pytest.raises(DockError) as err:
-            await handler.on_select(None, Select("resume", "s4", {"loop": "standard"}))
+            await handler.on_select(PEER, Select("resume", "s4", {"loop": "standard"}))
         assert err.value.code == "LOOP_SWITCH"
         # a binding outside the dock's id grammar counts as none (memory, then nothing)
         handler.bindings["s5"] = Route("loopx-alt", "alt")
-        resumed = await handler.on_select(None, Select("resume", "s5", binding=StoredBinding("Not A Loop")))
+        resumed = await handler.on_select(PEER, Select("resume", "s5", binding=StoredBinding("Not A Loop")))
         assert (resumed.loop, resumed.driver) == ("loopx-alt", "alt")
-        resumed = await handler.on_select(None, Select("resume", "s6", binding=StoredBinding("loopx-alt", "BAD DRIVER")))
+        resumed = await handler.on_select(PEER, Select("resume", "s6", binding=StoredBinding("loopx-alt", "BAD DRIVER")))
         assert (resumed.loop, resumed.driver) == ("standard", "default")
         # a create never looks at memory or a binding
         handler.bindings["s7"] = Route("loopx-alt", "alt")
-        created = await handler.on_select(None, Select("create", "s7"))
+        created = await handler.on_select(PEER, Select("create", "s7"))
         assert (created.loop, created.driver) == ("standard", "default")
         assert handler.bindings["s7"] == Route("standard", "default")

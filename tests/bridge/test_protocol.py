@@ -282,6 +282,34 @@ def test_bad_data_names_the_wire_field(type_, data, field, problem):
     assert error.request_id == ids.get("id")
 
 
+EVENT_ITEM = {"type": "t", "seq": 0, "time": 1, "data": {}}
+
+
+@pytest.mark.parametrize("bad", ["", "../..", "a\x00b", "a b", "-leading-dash", "x" * 129, "x" * 100_000])
+@pytest.mark.parametrize(
+    ("type_", "data", "field"),
+    [
+        ("events", lambda sid: {"items": [{"sessionId": "ok", "event": EVENT_ITEM}, {"sessionId": sid, "event": EVENT_ITEM}]}, "data.items[1].sessionId"),
+        ("live", lambda sid: {"items": [{"type": "agent/status", "agentId": sid, "data": {}}]}, "data.items[0].agentId"),
+        ("select", lambda sid: {"op": "create", "sessionId": sid}, "data.sessionId"),
+        ("mirrored", lambda sid: {"sessionIds": ["ok", sid]}, "data.sessionIds[1]"),
+        ("preStep", lambda sid: {"agentId": sid, "sessionId": "ok", "turn": 1, "step": 0, "messages": []}, "data.agentId"),
+        ("preStep", lambda sid: {"agentId": "ok", "sessionId": sid, "turn": 1, "step": 0, "messages": []}, "data.sessionId"),
+    ],
+)
+def test_a_session_id_the_api_refuses_is_refused_on_the_wire(bad, type_, data, field):
+    ids = {"id": "q1"} if MESSAGE_TYPES[type_] in REPLY_TYPES else {}
+    error = error_of(wire(type_, data(bad), **ids))
+    assert error.code is ErrorCode.INVALID_SESSION_ID
+    assert error.request_id == ids.get("id")
+    assert str(error).endswith(f"@ {field}") and len(str(error)) < 400
+
+
+def test_every_session_id_the_api_accepts_passes_the_wire():
+    for sid in ("s1", "0", "dsh-session-goalbar-1", "a.b_c:d@e+f-g", "x" * 128, "2f1c4e3a-8b7d-4c2e-9a1f-0b3c5d7e9f11"):
+        assert decode(wire("select", {"op": "create", "sessionId": sid}, id="1")).message.session_id == sid
+
+
 def test_unknown_keys_are_tolerated_only_where_a_newer_peer_needs_them():
     hello = decode(wire("hello", {"token": "t", "role": "goalbar", "protocol": 1, "locale": "fr"})).message
     assert hello == Hello("t", "goalbar", 1)
@@ -324,6 +352,8 @@ def test_a_frame_that_breaks_the_id_rules_cannot_be_built():
 # -- fuzzing -----------------------------------------------------------------------------
 
 names = st.text(max_size=12)
+# What runtime._ids.check_session_id accepts (the wire checks every session id it carries).
+session_ids = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,15}", fullmatch=True)
 ids = st.text(min_size=1, max_size=MAX_ID_LENGTH)
 json_scalars = (
     st.none()
@@ -347,19 +377,19 @@ messages = st.one_of(
     st.builds(Hello, token=names, role=st.sampled_from(["dsh-host", "goalbar"]), protocol=st.integers(-3, 3), capabilities=string_tuples),
     st.builds(Welcome, protocol=st.integers(-3, 3), capabilities=string_tuples, connection_id=names),
     error_notices,
-    st.builds(Events, items=st.lists(st.builds(SessionEvent, session_id=names, event=events), max_size=4).map(tuple)),
-    st.builds(Live, items=st.lists(st.builds(LiveEvent, type=names, agent_id=names, data=json_objects), max_size=4).map(tuple)),
+    st.builds(Events, items=st.lists(st.builds(SessionEvent, session_id=session_ids, event=events), max_size=4).map(tuple)),
+    st.builds(Live, items=st.lists(st.builds(LiveEvent, type=names, agent_id=session_ids, data=json_objects), max_size=4).map(tuple)),
     st.builds(Followup, agent_id=names, message=json_objects, placement=st.sampled_from(["followup", "steer", "inject"])),
     st.builds(Wake, agent_id=names),
     st.builds(Cancel, agent_id=names, cause=names, keep_inbox=st.booleans()),
     st.builds(Ack, ok=st.booleans(), error=st.none() | error_notices),
     st.builds(
-        PreStep, agent_id=names, session_id=names, turn=st.integers(0, 10**6), step=st.integers(0, 10**6),
+        PreStep, agent_id=session_ids, session_id=session_ids, turn=st.integers(0, 10**6), step=st.integers(0, 10**6),
         messages=st.lists(json_objects, max_size=3).map(tuple),
     ),
     st.builds(Verdict, kind=st.sampled_from(["enter", "reject"]), reason=optional_names),
     st.builds(
-        Select, op=st.sampled_from(["create", "resume"]), session_id=names, agent_options=json_objects,
+        Select, op=st.sampled_from(["create", "resume"]), session_id=session_ids, agent_options=json_objects,
         agent_preset=optional_names, binding=st.none() | st.builds(StoredBinding, loop=names, driver=optional_names),
     ),
     st.builds(
@@ -369,7 +399,7 @@ messages = st.one_of(
             deny_tools=st.none() | string_tuples, provider=optional_names, model=optional_names,
         ),
     ),
-    st.builds(Mirrored, session_ids=string_tuples),
+    st.builds(Mirrored, session_ids=st.lists(session_ids, max_size=4).map(tuple)),
     st.builds(MirroredSeqs, seqs=st.dictionaries(names, st.integers(0, 2**53), max_size=4)),
     st.just(Ping()),
     st.just(Pong()),

@@ -11,6 +11,7 @@ import math
 from contextlib import asynccontextmanager
 
 import pytest
+import structlog
 import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket
 
@@ -273,6 +274,25 @@ async def test_pre_step_and_select_requests_are_answered_by_the_handler():
                 assert (error["type"], error["re"], error["data"]["code"]) == ("error", "h3", "LOOP_SWITCH")
 
 
+async def test_an_invalid_session_id_is_answered_and_never_reaches_the_handler():
+    handler = RecordingHandler()
+    handler.on_select = None  # a select reaching the handler would fail the test with INTERNAL_ERROR
+    good = {"sessionId": "s1", "event": {"type": "turn/start", "seq": 0, "time": 1, "data": {}}}
+    with trio.fail_after(TIMEOUT):
+        async with running_bridge(handler) as port:
+            async with client(port) as ws:
+                await ws.send_message(wire("select", {"op": "create", "sessionId": "../.."}, id="h1"))
+                error = await receive(ws)
+                assert (error["type"], error["re"], error["data"]["code"]) == ("error", "h1", "INVALID_SESSION_ID")
+                await ws.send_message(wire("events", {"items": [good, {**good, "sessionId": "x" * 100_000}]}))
+                assert (await receive(ws))["data"]["code"] == "INVALID_SESSION_ID"
+                await ws.send_message(wire("live", {"items": [{"type": "agent/status", "agentId": "", "data": {}}]}))
+                assert (await receive(ws))["data"]["code"] == "INVALID_SESSION_ID"
+                await ws.send_message(wire("ping", {}, id="sync"))
+                assert (await receive(ws))["re"] == "sync"
+    assert handler.events == [] and handler.live == []  # the whole frame is refused
+
+
 # -- what the runtime sends -----------------------------------------------------------------
 
 
@@ -498,3 +518,27 @@ async def test_a_ping_from_the_runtime_is_ponged_by_a_client():
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(answer_one, ws, lambda r: wire("pong", {}, re=r["id"]))
                     assert await conn.request(Ping(), timeout=5) == Pong()
+
+
+# -- what gets logged -------------------------------------------------------------------------
+
+
+async def test_a_peers_errors_are_one_info_line_and_a_count_and_a_handler_bug_is_an_error():
+    handler = RecordingHandler()
+    handler.fail_next_events = True
+    event = {"sessionId": "s", "event": {"type": "turn/start", "seq": 0, "time": 1, "data": {"turn": 1}}}
+    with structlog.testing.capture_logs() as logs, trio.fail_after(TIMEOUT):
+        async with running_bridge(handler) as port:
+            async with client(port) as ws:
+                for bad in ("{", "[]", wire("teleport", {}, id="t"), b"\x00"):
+                    await ws.send_message(bad)
+                    assert (await receive(ws))["type"] == "error"
+                await ws.send_message(wire("events", {"items": [event]}))  # the handler's bug
+                assert (await receive(ws))["data"]["code"] == "INTERNAL_ERROR"
+            await handler.ended.receive()
+    peer = [e for e in logs if e["event"] == "bridge peer sent a frame the runtime refuses"]
+    assert [(e["log_level"], e["code"]) for e in peer] == [("info", "MALFORMED_JSON")]  # the first one only
+    [ended] = [e for e in logs if e["event"] == "bridge connection ended"]
+    assert (ended["log_level"], ended["peer_errors"]) == ("info", 4)
+    [bug] = [e for e in logs if e["log_level"] not in ("debug", "info")]
+    assert (bug["event"], bug["log_level"], bug["exc_info"]) == ("bridge handler failed", "error", True)
