@@ -1,9 +1,11 @@
 """The LoopX integration's actors: the per-agent continuation, ``/loopx-init`` and the
 start-up initialisation, and the switch that attaches them to a runtime."""
 
-from ._continuation import CONTINUATION_KIND as CONTINUATION_KIND
+from ._continuation import ContinuationStatus as ContinuationStatus
 from ._continuation import ContinuedAgent as ContinuedAgent
 from ._continuation import LoopxContinuation as LoopxContinuation
+from ._history import CONTINUATION_KIND as CONTINUATION_KIND
+from ._history import ContinuationHistory as ContinuationHistory
 from ._init import INIT_SOURCE_KIND as INIT_SOURCE_KIND
 from ._init import InitOutcome as InitOutcome
 from ._init import InitSettings as InitSettings

@@ -16,6 +16,7 @@ import attrs
 import structlog
 import trio
 
+from runtime._changes import Changes
 from runtime.loopx import LoopxClient
 
 from .._commands import CommandContext, CommandRegistry
@@ -48,9 +49,17 @@ class LoopxIntegration:
         self.command: tuple[str, ...] = settings.command
         self.startup: InitOutcome | None = None
         self.continuations: dict[str, LoopxContinuation] = {}  # agent id -> its live one
+        #: one change per continuation status change, and when one starts or stops
+        self.changes = Changes()
 
     def client_for(self, project: Path) -> LoopxClient:
+        """A client on the CLI as it is now: every caller asks again for each use, so a
+        repair (``/loopx-init``) reaches continuations that started before it."""
         return LoopxClient(self.command, project=project, env=self.env, timeout=self.settings.timeout)
+
+    def continuation(self, session_id: str) -> LoopxContinuation | None:
+        """The live continuation of the agent with this id (agent id == session id)."""
+        return self.continuations.get(session_id)
 
     def init_settings(self, project: Path) -> InitSettings:
         return InitSettings.from_env(self.env, project, timeout=self.settings.timeout)
@@ -79,14 +88,20 @@ class LoopxIntegration:
         """Attach a continuation to ``agent`` as its companion: every runtime agent gets
         one at start; a bridge proxy of a DSH agent (``bridge.DshAgent``, the same
         interface) gets one the same way."""
-        continuation = LoopxContinuation(agent, self.client_for(agent.cwd))
+        continuation = LoopxContinuation(
+            agent, lambda: self.client_for(agent.cwd), on_change=self.changes.notify
+        )
         self.continuations[agent.id] = continuation
+        self.changes.notify()
 
         async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             try:
                 await continuation.run(task_status=task_status)
+            except Exception as exc:  # contained: it must never take its agent down
+                log.warning("loopx continuation ended by a failure", agent_id=agent.id, error=repr(exc))
             finally:
                 if self.continuations.get(agent.id) is continuation:
                     del self.continuations[agent.id]
+                self.changes.notify()
 
         await agent.start_companion(run)
