@@ -61,6 +61,7 @@ from ._handler import BridgeHandler, Disconnect, DisconnectKind, NullHandler
 from ._messages import (
     GOALBAR_REQUESTS,
     BridgeMessage,
+    CommandDone,
     ErrorNotice,
     Events,
     Frame,
@@ -73,6 +74,7 @@ from ._messages import (
     MirroredSeqs,
     PreStep,
     Role,
+    RunCommand,
     Select,
     Selection,
     SessionEvent,
@@ -438,6 +440,9 @@ class BridgeConnection:
             elif isinstance(message, Mirrored):
                 reply = await self._handler.on_mirrored(self, message)
                 expected = MirroredSeqs
+            elif isinstance(message, RunCommand):
+                reply = await self._handler.on_command(self, message)
+                expected = CommandDone
             else:
                 assert isinstance(message, Select)
                 reply = await self._handler.on_select(self, message)

@@ -19,10 +19,10 @@ import trio
 from runtime._changes import Changes
 from runtime.loopx import LoopxClient
 
-from .._commands import CommandContext, CommandRegistry
+from .._commands import CommandContext, CommandRegistry, CommandResult
 from .._supervisor import Supervisor
 from ._continuation import ContinuedAgent, LoopxContinuation
-from ._init import InitOutcome, InitSettings, loopx_init_command, startup_initialize
+from ._init import InitOutcome, InitSettings, InitTarget, loopx_init_command, run_loopx_init, startup_initialize
 
 log = structlog.get_logger(__name__)
 
@@ -68,6 +68,12 @@ class LoopxIntegration:
         """Use the CLI an initialisation found or installed for every later call."""
         if outcome.ok and outcome.command:
             self.command = tuple(outcome.command)
+
+    async def run_init(self, target: InitTarget, project: Path, args: str = "") -> CommandResult:
+        """``/loopx-init`` for an agent that is not the runtime's own (a DSH agent's proxy,
+        when a DSH user runs the command through the plugin): the same sequence, adopted
+        the same way."""
+        return await run_loopx_init(target, args, lambda: self.init_settings(project), on_success=self.adopt)
 
     async def start(self, supervisor: Supervisor, commands: CommandRegistry, project: Path) -> None:
         """Attach the continuations, register ``/loopx-init``, and (if asked) initialise once,
