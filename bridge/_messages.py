@@ -268,7 +268,11 @@ class GoalbarView:
     """The bar for one session as the page shows it (``bridge._goalbar``'s states,
     flattened): ``hidden`` with a ``reason`` (and a safe ``detail``), or ``visible`` with
     the bound goal, its lifecycle state and the agent lane's progress; ``pending`` while a
-    Start/Pause runs, ``error`` when the last one failed or was not verified."""
+    Start/Pause runs, ``error`` when the last one failed or was not verified;
+    ``continuation`` (a state: ``armed``, ``queued``, ``working``, ``waiting``, ``quiet``,
+    ``paused``, ``stopped``, ``needs-person``, ``failed``, ``inactive``) and
+    ``continuation_reason`` say what the session's LoopX continuation does and why;
+    ``agent_running``: the session's agent is in a turn (Start waits for it)."""
 
     kind: Literal["hidden", "visible"]
     session_id: str
@@ -283,6 +287,9 @@ class GoalbarView:
     total: int | None = None
     pending: bool = False
     error: str | None = None
+    continuation: str | None = None
+    continuation_reason: str | None = None
+    agent_running: bool | None = None
 
 
 @attrs.frozen

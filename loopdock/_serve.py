@@ -58,12 +58,14 @@ def dsh_loopx_init(loopx: LoopxIntegration) -> HostCommand:
 async def goalbar_service(rt: Runtime) -> AsyncIterator[GoalBarService | None]:
     """The GoalBar service on the runtime's LoopX integration: its clients come from
     ``rt.loopx.client_for`` (the integration's environment and the CLI command start-up
-    found or installed, followed after a ``/loopx-init`` repair). ``None`` when the runtime
-    runs without LoopX: the handler then answers every page ``hidden``/``loopx-off``."""
+    found or installed, followed after a ``/loopx-init`` repair), and it shows and controls
+    the continuations of ``rt.loopx`` (the runtime's agents and the DSH agents' proxies).
+    ``None`` when the runtime runs without LoopX: the handler then answers every page
+    ``hidden``/``loopx-off``."""
     if rt.loopx is None:
         yield None
         return
-    async with GoalBarService.open(rt.loopx.client_for) as service:
+    async with GoalBarService.open(rt.loopx.client_for, continuations=rt.loopx) as service:
         yield service
 
 

@@ -236,11 +236,13 @@ class LoopxContinuation:
                 task_status.started()
                 while not self.agent.closed:
                     await self.agent.wait_idle()
+                    self._changed()  # the agent's status is shown with ours
                     seen = self.agent.status_version
                     await self.checkpoint()
                     self._idle_seen = seen
                     self._checked.notify()
                     await self.agent.wait_status_change(seen)
+                    self._changed()
                 nursery.cancel_scope.cancel()
         finally:
             self._closed = True
@@ -460,8 +462,11 @@ class LoopxContinuation:
         status = ContinuationStatus(state, reason, turn_id)
         if status != self.status:
             self.status = status
-            if self._on_change is not None:
-                self._on_change()
+            self._changed()
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change()
 
     def _stop(self, state: State, reason: str, *, turn_id: str | None = None) -> None:
         self.stopped = reason

@@ -153,6 +153,12 @@ WIRE_SHAPES = [
         Frame(Goalbar(GoalbarView("visible", "s1", goal_id="g", agent_id="a", lifecycle_state="active", processed=1, remaining=2, total=3, pending=True))),
         {"type": "goalbar", "data": {"state": {"kind": "visible", "sessionId": "s1", "goalId": "g", "agentId": "a", "lifecycleState": "active", "processed": 1, "remaining": 2, "total": 3, "pending": True}}},
     ),
+    (
+        Frame(Goalbar(GoalbarView("visible", "s1", goal_id="g", agent_id="a", lifecycle_state="active", processed=0, remaining=1, total=1,
+                                  continuation="quiet", continuation_reason="the last turn was cancelled", agent_running=False))),
+        {"type": "goalbar", "data": {"state": {"kind": "visible", "sessionId": "s1", "goalId": "g", "agentId": "a", "lifecycleState": "active", "processed": 0, "remaining": 1, "total": 1, "pending": False,
+                                               "continuation": "quiet", "continuationReason": "the last turn was cancelled", "agentRunning": False}}},
+    ),
 ]
 
 
