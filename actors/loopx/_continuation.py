@@ -267,7 +267,9 @@ class LoopxContinuation:
             version = self.agent.status_version
             await self._checked.wait_until(lambda: self._idle_seen >= version or self._closed)
             if self.agent.status_version == version and self.agent.status == "idle":
-                return
+                if self.pending is None:
+                    return
+                await self.agent.wait_status_change(version)  # the one it queued runs first
 
     def request(self) -> int:
         """Ask for an evaluation; every request made before one starts is served by it."""
@@ -351,6 +353,8 @@ class LoopxContinuation:
             return self._set("inactive")
         if self.status.state == "inactive":
             self._set("armed")
+        if self.pending is not None and self.pending.reservation.state != "pending":
+            self._settled(self.pending)
         if self.pending is not None or agent.closed:
             return
         if self._holds:
@@ -440,9 +444,16 @@ class LoopxContinuation:
         self._nursery.start_soon(self._settle, self.pending)
 
     async def _settle(self, pending: Pending) -> None:
-        state = await pending.reservation.wait()
-        if self.pending is pending:
-            self.pending = None
+        await pending.reservation.wait()
+        self._settled(pending)
+
+    def _settled(self, pending: Pending) -> None:
+        """Take in how ``pending`` settled, once (its watcher, or an evaluation that runs
+        before the watcher did)."""
+        if self.pending is not pending:
+            return
+        self.pending = None
+        state = pending.reservation.state
         if state == "admitted":
             self.admitted.append(pending.turn_id)
             if self._open_turn is not None and self._open_turn[2] == pending.turn_id:
