@@ -355,7 +355,6 @@ class _GoalWatch:
         self._hashes: tuple[str | None, str | None] | None = None
         self._last_forced: tuple[str | None, str | None] | None = None
         self._source_goal: str | None = None
-        self._nursery: trio.Nursery | None = None
         self._in_flight: dict[tuple[Operation, tuple[str, str] | None], _Mutation] = {}
 
     @property
@@ -373,7 +372,6 @@ class _GoalWatch:
     async def run(self) -> None:
         try:
             async with trio.open_nursery() as nursery:
-                self._nursery = nursery
                 nursery.start_soon(self._reader)
                 nursery.start_soon(self._source_poller)
                 nursery.start_soon(self._follow_continuation)
@@ -484,11 +482,11 @@ class _GoalWatch:
         key = (operation, expected)
         mutation = self._in_flight.get(key)
         if mutation is None:
-            if self._nursery is None or self.closed:
+            if self.closed:
                 raise trio.ClosedResourceError("the GoalBar service is closed")
             mutation = self._in_flight[key] = _Mutation(key)
             self.mutations += 1
-            self._nursery.start_soon(self._run_mutation, mutation)
+            self.service._nursery.start_soon(self._run_mutation, mutation)
         await mutation.done.wait()
         if mutation.result is None:
             raise trio.ClosedResourceError("the GoalBar service closed during the action")

@@ -218,6 +218,7 @@ class LoopxContinuation:
         self._last_fault: str | None = None
         self._closed = False
         self._idle_seen = -1  # the agent's status version at the last idle checkpoint evaluated
+        self._revoked: tuple[str, str] | None = None  # (message id, why) of a revoked reservation
         self.log = log.bind(agent_id=agent.id, session_id=agent.id)
 
     @property
@@ -519,9 +520,16 @@ class LoopxContinuation:
             self.timer = None
 
     def _invalidate(self, reason: str) -> None:
+        """Disarm the timer and revoke the pending reservation: withdrawn if still queued,
+        and if it was already claimed (on its way through pre-step) it may not enter
+        either. Its turn is offered again later under its own id."""
         self._cancel_timer()
-        if self.pending is not None:
-            self.agent.withdraw(self.pending.reservation, reason)
+        pending = self.pending
+        if pending is not None:
+            self.pending = None
+            self._revoked = (pending.reservation.message.id, reason)
+            self._open_turn = (pending.goal_id, pending.agent_id, pending.turn_id)
+            self.agent.withdraw(pending.reservation, reason)
 
     # -- the pre-step gate ---------------------------------------------------------------
 
@@ -548,6 +556,8 @@ class LoopxContinuation:
         return verdict
 
     def _exact(self, pre: PreStep, mine: list[Message]) -> str | None:
+        if self._revoked is not None and any(m.id == self._revoked[0] for m in mine):
+            return self._revoked[1]
         pending = self.pending
         if pending is None:
             return "no reservation is pending"
