@@ -564,10 +564,7 @@ class LoopxClient:
         should, decision = payload.get("should_run"), payload.get("decision")
         if not isinstance(should, bool) or not isinstance(decision, str):
             return MalformedOutput("should-run answer without should_run/decision")
-        identity_of = payload.get("agent_identity")
-        if payload.get("goal_id") != goal_id or not (
-            isinstance(identity_of, Mapping) and identity_of.get("agent_id") == agent_id
-        ):
+        if not _names_only(payload, goal_id, agent_id):
             return MalformedOutput("should-run answer is for another goal or agent")
         receipt = payload.get("heartbeat_receipt")
         if not isinstance(receipt, Mapping) or receipt.get("turn_instance_id") != turn_id:
@@ -783,6 +780,16 @@ class LoopxClient:
             ready=ready if isinstance(ready, bool) else None,
             payload=payload,
         )
+
+
+def _names_only(payload: Mapping[str, Any], goal_id: str, agent_id: str) -> bool:
+    """A should-run answer must name the goal and the agent it was asked about, and no
+    other: 2.1.1 names them as ``goal_id`` and ``agent_identity.agent_id`` (a failure as
+    ``agent_id``); the receipt's settlement identity names them too (checked with it)."""
+    identity = payload.get("agent_identity")
+    named = [payload.get("agent_id"), identity.get("agent_id") if isinstance(identity, Mapping) else None]
+    agents = [a for a in named if a is not None]
+    return payload.get("goal_id") == goal_id and bool(agents) and all(a == agent_id for a in agents)
 
 
 def _recovery(value: object) -> Recovery | MalformedOutput | None:
