@@ -187,7 +187,7 @@ async def test_pause_start_serialized_with_verified_readback(client, loopx_proje
 
     active = GoalBarVisible(SESSION, goal, agent, "active", processed=0, remaining=1, total=1,
                             goal_text=f"Test goal {goal}")
-    with trio.fail_after(3 * PHASE):
+    with trio.fail_after(6 * PHASE):
         async with service(client) as bar:
             assert await bar.read(SESSION, loopx_project) == active
 

@@ -87,13 +87,13 @@ async def test_the_page_shows_the_bar_and_pause_start_change_loopx(
 
     browser = await trio.to_thread.run_sync(chromium, tmp_path / "chromium-profile")
     try:
-        with trio.fail_after(4 * PHASE):
+        with trio.fail_after(8 * PHASE):
             async with GoalBarService.open(lambda project: client) as bar, trio.open_nursery() as nursery:
                 handler = GoalBarHandler(bar, lambda session_id: loopx_project, nursery)
                 port = await nursery.start(functools.partial(serve_bridge, handler, token=TOKEN))
                 base = f"http://127.0.0.1:{port}/goalbar"
 
-                def wait_for(predicate, timeout=60):
+                def wait_for(predicate, timeout=PHASE):
                     return WebDriverWait(browser, timeout, poll_frequency=0.1).until(lambda d: predicate(d))
 
                 def text(element_id):
