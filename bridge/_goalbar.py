@@ -782,6 +782,8 @@ class GoalBarHandler(HandlerLayer):
                     async for state in states:
                         if not conn.publish_goalbar(state_to_view(state)):
                             return
+        except Exception as exc:  # contained: this page's pushes end, the bridge goes on
+            log.warning("goalbar push failed", session_id=session_id, error=repr(exc))
         finally:
             scopes = self._watches.get(conn)
             if scopes is not None and scope in scopes:

@@ -135,18 +135,21 @@ async def test_the_page_shows_the_bar_and_pause_start_change_loopx(
                 }
 
                 # Pause from the keyboard: the verified state shows, and Start instead of Pause.
+                def settled(d):  # the click was answered (the pushed state may come first)
+                    return d.find_element(By.TAG_NAME, "body").get_attribute("data-status") == "visible"
+
                 def pause():
                     browser.find_element(By.ID, "pause").send_keys(" ")  # a focused button activates on space
-                    wait_for(lambda d: text("lifecycle") == "stopped" and text("start") == "Start"
-                             and not d.find_element(By.ID, "pause").is_displayed())
-                    return browser.find_element(By.TAG_NAME, "body").get_attribute("data-status")
-                assert await trio.to_thread.run_sync(pause) == "visible"
+                    wait_for(lambda d: text("lifecycle") == "stopped" and settled(d))
+                    return text("start"), browser.find_element(By.ID, "pause").is_displayed()
+                assert await trio.to_thread.run_sync(pause) == ("Start", False)
                 assert await lifecycle_state(client, goal) == "stopped"
 
                 # A double click is one Start, and then one Pause: one mutation each.
                 def double_click(button, state):
                     ActionChains(browser).double_click(browser.find_element(By.ID, button)).perform()
-                    wait_for(lambda d: text("lifecycle") == state and not d.find_element(By.ID, button).is_displayed())
+                    wait_for(lambda d: text("lifecycle") == state and settled(d)
+                             and not d.find_element(By.ID, button).is_displayed())
                 await trio.to_thread.run_sync(double_click, "start", "active")
                 assert await lifecycle_state(client, goal) == "active"
                 await trio.to_thread.run_sync(double_click, "pause", "stopped")
