@@ -54,8 +54,8 @@ integration) too:
 - under the lock the binding is resolved again; if it is not exactly the goal/agent the
   bar showed (or the caller passed as ``expected``), the click is refused
   (``stale-binding``) and the bar is re-read;
-- Pause on a goal LoopX already has stopped is refused (``already-paused``). Otherwise the
-  continuation is *held* first -- its queued continuation withdrawn, its timer disarmed,
+- Pause on a goal LoopX already has stopped is refused (``already-paused``: LoopX's own
+  answer to the stop says it changed nothing). Otherwise the continuation is *held* first -- its queued continuation withdrawn, its timer disarmed,
   a running evaluation cancelled -- and stays held until LoopX confirmed the stop, so no
   continuation enters after a confirmed Pause (LoopX's should-run says the goal is
   stopped from then on, which the continuation obeys even for a recovery turn);
@@ -519,24 +519,18 @@ class _GoalWatch:
             if not (isinstance(binding, ThreadBinding) and binding.status == "bound"
                     and (binding.goal_id, binding.agent_id) == expected):
                 return GoalBarActionResult("refused", await self.read(), "stale-binding")
-            preview = await client.goal_lifecycle(goal_id, operation, execute=False)
-            if not isinstance(preview, LifecycleResult):
-                return await self._failed(goal_id, f"{operation} failed: {preview.reason}")
             continuation = self.continuation
             if operation == "stop":
-                if preview.before_state == "stopped":
-                    return GoalBarActionResult("refused", await self.read(), "already-paused")
                 return await self._pause(client, goal_id, continuation)
             if continuation is not None and continuation.agent.status == "running":
                 return GoalBarActionResult("refused", await self.read(), "agent-running")
-            if preview.before_state == "active" and (
-                continuation is None or not continuation.activation.active
-            ):
+            # LoopX's own answer says whether the goal was stopped: resuming an active goal
+            # changes nothing (and is verified all the same).
+            result = await self._execute(client, goal_id, "resume")
+            if isinstance(result, str):
+                return await self._failed(goal_id, result)
+            if not result.changed and (continuation is None or not continuation.activation.active):
                 return GoalBarActionResult("refused", await self.read(), "nothing-to-start")
-            if preview.before_state != "active":
-                error = await self._execute(client, goal_id, "resume")
-                if error is not None:
-                    return await self._failed(goal_id, error)
             if continuation is not None:
                 await continuation.start()
             return GoalBarActionResult("done", await self.read())
@@ -545,20 +539,22 @@ class _GoalWatch:
         self, client: LoopxClient, goal_id: str, continuation: LoopxContinuation | None
     ) -> GoalBarActionResult:
         if continuation is None:
-            error = await self._execute(client, goal_id, "stop")
+            result = await self._execute(client, goal_id, "stop")
         else:
             async with continuation.hold():
-                error = await self._execute(client, goal_id, "stop")
-                if error is None:
+                result = await self._execute(client, goal_id, "stop")
+                if not isinstance(result, str):
                     continuation.paused("the goal is paused")
-            if error is not None:
+            if isinstance(result, str):
                 continuation.request()  # not paused after all: it may go on
-        if error is not None:
-            return await self._failed(goal_id, error)
+        if isinstance(result, str):
+            return await self._failed(goal_id, result)
+        if not result.changed:
+            return GoalBarActionResult("refused", await self.read(), "already-paused")
         return GoalBarActionResult("done", await self.read())
 
-    async def _execute(self, client: LoopxClient, goal_id: str, operation: Operation) -> str | None:
-        """The lifecycle mutation with its readback: ``None`` when LoopX verified it."""
+    async def _execute(self, client: LoopxClient, goal_id: str, operation: Operation) -> LifecycleResult | str:
+        """The lifecycle mutation with its readback: LoopX's verified result, or why not."""
         self._error = None
         self._pending = True
         self._publish()
@@ -571,7 +567,7 @@ class _GoalWatch:
             return f"{operation} failed: {result.reason}"
         if not result.readback_verified:
             return f"{operation} was not verified by LoopX"
-        return None
+        return result
 
     async def _failed(self, goal_id: str, error: str) -> GoalBarActionResult:
         self._error = (goal_id, error)

@@ -93,7 +93,7 @@ async def test_the_page_shows_the_bar_and_pause_start_change_loopx(
                 port = await nursery.start(functools.partial(serve_bridge, handler, token=TOKEN))
                 base = f"http://127.0.0.1:{port}/goalbar"
 
-                def wait_for(predicate, timeout=PHASE):
+                def wait_for(predicate, timeout=3 * PHASE):
                     return WebDriverWait(browser, timeout, poll_frequency=0.1).until(lambda d: predicate(d))
 
                 def text(element_id):

@@ -131,8 +131,9 @@ async def test_start_and_pause_control_the_continuation(tmp_path, loopx_env, loo
                     for _ in range(2):
                         nursery.start_soon(click, results, bar.pause, loopx_project)
                 assert bar.actor_stats(SESSION, loopx_project)["mutations"] == 1  # the second click joined
-                again = await bar.pause(SESSION, loopx_project)
-            assert [r.outcome for r in results] == ["done", "done"] and client.executed == ["stop"]
+                assert client.executed == ["stop"]
+                again = await bar.pause(SESSION, loopx_project)  # LoopX: a stop that changes nothing
+            assert [r.outcome for r in results] == ["done", "done"]
             assert (again.outcome, again.reason) == ("refused", "already-paused")
             assert results[0].state.lifecycle_state == "stopped" and results[0].state.continuation == "paused"
             assert len(bar.locks) == 0
@@ -156,7 +157,7 @@ async def test_start_and_pause_control_the_continuation(tmp_path, loopx_env, loo
                 await driver.wait_quiescent()
             assert started.outcome == "done" and started.state.lifecycle_state == "active"
             assert started.state.continuation in ("queued", "working")  # within that one checkpoint
-            assert client.executed == ["stop", "resume"]
+            assert client.executed == ["stop", "stop", "resume"]
             assert continuations(agent) == [failed, failed]
 
             # 5. A continuation on its way into a step when Pause is clicked never enters.
