@@ -40,6 +40,7 @@ from ._messages import MESSAGE_TYPES as MESSAGE_TYPES
 from ._messages import Ack as Ack
 from ._messages import BridgeMessage as BridgeMessage
 from ._messages import Cancel as Cancel
+from ._messages import CommandDone as CommandDone
 from ._messages import ErrorNotice as ErrorNotice
 from ._messages import Events as Events
 from ._messages import Followup as Followup
@@ -50,6 +51,7 @@ from ._messages import Ping as Ping
 from ._messages import Pong as Pong
 from ._messages import PreStep as PreStep
 from ._messages import Role as Role
+from ._messages import RunCommand as RunCommand
 from ._messages import Select as Select
 from ._messages import Selection as Selection
 from ._messages import SelectionParts as SelectionParts

@@ -49,6 +49,7 @@ from ._messages import (
     Pong,
     PreStep,
     Role,
+    RunCommand,
     Select,
     Wake,
     Welcome,
@@ -74,7 +75,7 @@ CAPABILITIES: Mapping[str, tuple[str, ...]] = MappingProxyType(
 # What each role may send us besides hello, replies and errors.
 _ACCEPTED: Mapping[str, frozenset[type[Any]]] = MappingProxyType(
     {
-        "dsh-host": frozenset({Events, Live, PreStep, Select, Mirrored, Ping}),
+        "dsh-host": frozenset({Events, Live, PreStep, Select, Mirrored, RunCommand, Ping}),
         "goalbar": frozenset({Ping, *GOALBAR_REQUESTS}),
     }
 )

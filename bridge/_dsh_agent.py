@@ -14,7 +14,11 @@ continuation driver in particular) and carries it out on the real agent over the
   request with its own ``pre_step`` waterfall (``admitted`` on enter, ``rejected`` on
   reject); a command the host refuses settles it ``cancelled``;
 - ``withdraw``: settles a pending reservation ``cancelled``; if its message still reaches
-  a pre-step it is rejected there (it never enters a model step);
+  a pre-step it is rejected there (it never enters a model step); DSH discarding the
+  message from the agent's inbox (a cancel that drops the inbox, a replaced session)
+  settles it ``cancelled`` too (``discarded``), so its driver goes on;
+- ``followup``: an ordinary message the runtime queues for the agent's next turn (e.g.
+  the ``/loopx-init`` start and result messages), no reservation;
 - ``pre_step``: a waterfall like the agent's; a verdict request for messages of an owned
   kind that are not this proxy's pending reservations is rejected before it runs;
 - ``start_companion``: an actor that lives exactly as long as the proxy.
@@ -25,13 +29,15 @@ a proxy's state dies with it (a resume announces a new agent: a new proxy).
 
 ``DshAgentMirror`` starts a proxy for every agent the host announces and hands it to
 ``on_agent`` (e.g. ``rt.loopx.start_continuation``); a proxy stops when its agent is disposed or
-announced again.
+announced again. It is also the handler layer in front of the ``HostHandler`` that tells
+proxies about discarded messages and runs the commands a DSH user starts in an agent on
+the runtime's behalf (``command``: ``/loopx-init``, which the plugin registers in DSH).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +48,10 @@ import trio
 from actors import (
     COMPANION_POLICY,
     Action,
+    CommandResult,
     Enter,
     InvalidReservationError,
+    LiveEvent,
     Placement,
     PreStep,
     Reject,
@@ -53,6 +61,7 @@ from actors import (
     enter,
     supervised,
 )
+from runtime._changes import Changes
 from runtime._errors import LoopdockError, safe_message
 from runtime._events import Event
 from runtime._messages import (
@@ -65,6 +74,8 @@ from runtime._serde import message_from_wire, message_to_wire
 from runtime._waterfall import Waterfall
 
 from . import _messages as wire
+from ._errors import NotServedError
+from ._handler import HandlerLayer, Peer
 from ._host_handler import HostAgent, HostHandler
 
 log = structlog.get_logger(__name__)
@@ -140,6 +151,11 @@ class DshAgent:
         return self._stopped or self._handler.agents.get(self.id) is not self.live
 
     @property
+    def running(self) -> bool:
+        """The proxy's actor runs (it can send and reserve) and its agent is live."""
+        return self._nursery is not None and not self.closed
+
+    @property
     def status(self) -> str:
         return self.live.status or "idle"
 
@@ -189,6 +205,27 @@ class DshAgent:
         del self._reservations[reservation.message.id]
         return reservation.settle("cancelled", reason)
 
+    def discarded(self, message_id: str) -> bool:
+        """DSH discarded ``message_id`` from the agent's inbox: a reservation for it can
+        never enter a model step, so it settles ``cancelled``. True if one was pending."""
+        reservation = self._reservations.get(message_id)
+        if reservation is None:
+            return False
+        self._settle(reservation, "cancelled", "discarded by the host")
+        return True
+
+    def followup(self, message: Message) -> Message:
+        """Queue ``message`` for the agent's next turn on the host (an ordinary message,
+        not a reservation: its source kind must be one the bridge does not own, or DSH
+        would ask for a verdict nobody can give). Sent in the background; a host that
+        refuses it is logged, never retried."""
+        if isinstance(message.source, ProducerSource) and message.source.kind in self._owned:
+            raise InvalidReservationError(f"source kind {message.source.kind!r} is owned: reserve it")
+        if self.closed or self._nursery is None:
+            raise DshAgentClosedError(f"DSH agent {self.id} is not live")
+        self._nursery.start_soon(self._send_plain, message)
+        return message
+
     async def start_companion(
         self, actor: Callable[..., Awaitable[Any]], *args: Any, name: str = "companion"
     ) -> None:
@@ -228,6 +265,12 @@ class DshAgent:
         except LoopdockError as exc:
             self._settle(reservation, "cancelled", f"the host did not take it: {exc.code}")
             self.log.info("reservation not sent", code=exc.code)
+
+    async def _send_plain(self, message: Message) -> None:
+        try:
+            await self._handler.followup(self.id, message_to_wire(message))
+        except LoopdockError as exc:
+            self.log.info("followup not taken by the host", code=exc.code)
 
     def _settle(self, reservation: Reservation, state: ReservationState, reason: str | None = None) -> None:
         if self._reservations.get(reservation.message.id) is reservation:
@@ -294,12 +337,23 @@ class DshAgentClosedError(LoopdockError):
     code = "AGENT_CLOSED"
 
 
-class DshAgentMirror:
+#: How long a command waits for the proxy of an agent the host just announced.
+PROXY_WAIT = 5.0
+#: A command a DSH user runs in an agent that the runtime carries out for its proxy.
+HostCommand = Callable[[DshAgent, str], Awaitable[CommandResult]]
+
+
+class DshAgentMirror(HandlerLayer):
     """Starts a ``DshAgent`` for every live agent ``handler`` learns about and passes it to
     ``on_agent`` (awaited inside the proxy's life, e.g. to start a driver as its
     companion). An agent's working directory (its LoopX project) is the one its session
     header names (the plugin sends it), else ``cwd_for(session_id)``; ``owned_kinds`` are
-    the source kinds the plugin asks the runtime about."""
+    the source kinds the plugin asks the runtime about.
+
+    As a handler layer in front of ``handler`` (serve the mirror, not the host handler):
+    a live ``agent/inbox/discarded`` settles the proxy's reservation for that message, and
+    a ``command`` request runs ``commands[name](proxy, args)`` (a command it does not know
+    is answered ``NOT_SERVED``; one that raises is a failed ``commandDone``)."""
 
     def __init__(
         self,
@@ -307,13 +361,53 @@ class DshAgentMirror:
         on_agent: Callable[[DshAgent], Awaitable[None]],
         cwd_for: Callable[[str], Path],
         owned_kinds: frozenset[str],
+        commands: Mapping[str, HostCommand] | None = None,
     ) -> None:
+        super().__init__(handler)
         self.handler = handler
         self.on_agent = on_agent
         self.cwd_for = cwd_for
         self.owned_kinds = owned_kinds
+        self.commands = dict(commands or {})
         #: agent id -> its live proxy
         self.proxies: dict[str, DshAgent] = {}
+        self._started = Changes()  # one change per proxy started
+
+    async def on_live(self, conn: Peer, items: Sequence[LiveEvent]) -> None:
+        await super().on_live(conn, items)
+        for item in items:
+            if item.type != "agent/inbox/discarded":
+                continue
+            message = item.data.get("message")
+            message_id = message.get("id") if isinstance(message, Mapping) else None
+            proxy = self.proxies.get(item.agent_id)
+            if proxy is not None and isinstance(message_id, str):
+                proxy.discarded(message_id)
+
+    async def _proxy_for(self, agent_id: str) -> DshAgent | None:
+        """The live proxy of ``agent_id``; a command may arrive just before the proxy of an
+        agent the host announced a moment ago is started, so it waits for it, briefly."""
+        with trio.move_on_after(PROXY_WAIT):
+            await self._started.wait_until(
+                lambda: (proxy := self.proxies.get(agent_id)) is not None and proxy.running
+                or agent_id not in self.handler.agents
+            )
+        proxy = self.proxies.get(agent_id)
+        return proxy if proxy is not None and proxy.running else None
+
+    async def on_command(self, conn: Peer, request: wire.RunCommand) -> wire.CommandDone:
+        command = self.commands.get(request.name)
+        if command is None:
+            raise NotServedError(f"this runtime runs no /{request.name[:64]} for DSH hosts")
+        proxy = await self._proxy_for(request.agent_id)
+        if proxy is None:
+            raise DshAgentClosedError(f"no live DSH agent {request.agent_id[:128]!r} is mirrored")
+        try:
+            result = await command(proxy, request.args)
+        except Exception as exc:  # contained: the command fails, the mirror goes on
+            proxy.log.warning("host command failed", command=request.name, error=repr(exc))
+            return wire.CommandDone(False, f"/{request.name} failed: {safe_message(exc)}")
+        return wire.CommandDone(result.ok, result.message, dict(result.data))
 
     def _unmirrored(self) -> list[HostAgent]:
         return [
@@ -336,6 +430,7 @@ class DshAgentMirror:
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(proxy.run)
+                self._started.notify()
                 try:
                     await self.on_agent(proxy)
                 except Exception as exc:  # one agent's driver must not take the mirror down

@@ -41,18 +41,36 @@ burst of wakes costs one re-read:
 Wakes and the source poll only concern watched actors (``watch``); an actor that nobody
 watches is only read on request. Actors live as long as the service.
 
-Start/Pause are ``goal-lifecycle --operation resume|stop --actor-kind owner --execute``:
+Start/Pause are ``goal-lifecycle --operation resume|stop --actor-kind owner --execute``,
+and they control the session's LoopX continuation (``continuations``: the runtime's LoopX
+integration) too:
 
-- serialized per ``(project, goal)`` by a :class:`trio.Lock`: a click while another
-  mutation of the same goal runs *waits* for it (trio's lock is fair: clicks run in
-  arrival order), and each runs its own binding check, mutation and readback;
+- each runs to completion as a task of the service, whatever happens to the page that
+  asked: a page that closes or reloads only stops waiting for the answer. A second click
+  of the same action while it runs joins it (a double click is one mutation);
+- serialized per ``(project, goal)`` by a lock that exists only while someone holds or
+  waits for it (trio's lock is fair: clicks run in arrival order), and each runs its own
+  binding check, mutation and readback;
 - under the lock the binding is resolved again; if it is not exactly the goal/agent the
   bar showed (or the caller passed as ``expected``), the click is refused
   (``stale-binding``) and the bar is re-read;
+- Pause on a goal LoopX already has stopped is refused (``already-paused``: LoopX's own
+  answer to the stop says it changed nothing). Otherwise the continuation is *held* first -- its queued continuation withdrawn, its timer disarmed,
+  a running evaluation cancelled -- and stays held until LoopX confirmed the stop, so no
+  continuation enters after a confirmed Pause (LoopX's should-run says the goal is
+  stopped from then on, which the continuation obeys even for a recovery turn);
+- Start while the session's agent is running is refused (``agent-running``). Otherwise a
+  stopped goal is resumed, then the continuation is re-armed (a latch cleared, a
+  recovery that needs a person given the go-ahead) and evaluated at once: an idle,
+  activated agent continues within that one checkpoint. Start on an active goal with
+  nothing to continue is refused (``nothing-to-start``);
 - while the mutation runs the bar is ``pending``; afterwards LoopX's readback must say
   ``verified``, else the bar shows an ``error`` on top of a fresh read -- never the
   optimistic state. A verified mutation is followed by a fresh read, which is what is
   shown. The error stays until the next click on that goal (or another binding).
+
+Failures are contained: a read that fails shows a hidden bar (``loopx-failure``), an action
+that fails answers ``failed`` with a reason; neither ends the service or another bar.
 
 :class:`GoalBarHandler` serves this over the bridge's ``/goalbar`` endpoint
 (``goalbarRead``/``goalbarWatch``/``goalbarStart``/``goalbarPause`` answered by
@@ -64,16 +82,18 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable, Sequence
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Generic, Literal, TypeVar, Union
 
 import attrs
 import structlog
 import trio
 
+from actors.loopx import LoopxContinuation, LoopxIntegration
 from runtime._changes import Changes
+from runtime._errors import safe_message
 from runtime.loopx import (
     LifecycleResult,
     LoopxClient,
@@ -97,6 +117,8 @@ from ._messages import (
 
 __all__ = [
     "HIDDEN_REASONS",
+    "REFUSALS",
+    "KeyedLocks",
     "GoalBarActionResult",
     "GoalBarHandler",
     "GoalBarHidden",
@@ -141,7 +163,9 @@ class GoalBarVisible:
     lane's progress; ``goal_text``: what LoopX says the goal is (``None`` when it gives no
     text: see :func:`read_goal_text`). ``pending``: a Start/Pause is running; ``error``:
     the last one failed or could not be verified (the other fields are still LoopX's, read
-    afterwards)."""
+    afterwards). ``continuation``/``continuation_reason``: what the session's LoopX
+    continuation does and why (``actors.loopx.ContinuationStatus``; ``None`` when the
+    session has no live agent here), ``agent_running``: its agent is in a turn."""
 
     session_id: str
     goal_id: str
@@ -153,6 +177,9 @@ class GoalBarVisible:
     goal_text: str | None = None
     pending: bool = False
     error: str | None = None
+    continuation: str | None = None
+    continuation_reason: str | None = None
+    agent_running: bool = False
 
     kind = "visible"
 
@@ -160,11 +187,15 @@ class GoalBarVisible:
 GoalBarState = Union[GoalBarHidden, GoalBarVisible]
 
 
+#: Why a Start/Pause was not run (the page says each in words).
+REFUSALS = ("stale-binding", "hidden", "already-paused", "agent-running", "nothing-to-start", "loopx-off")
+
+
 @attrs.frozen
 class GoalBarActionResult:
-    """A Start/Pause: ``done`` (mutated, verified and re-read), ``refused`` (not run:
-    ``stale-binding``, ``hidden``) or ``failed`` (run, but not verified or not answered).
-    ``state`` is the bar after it."""
+    """A Start/Pause: ``done`` (mutated, verified and re-read), ``refused`` (not run; the
+    reason is one of :data:`REFUSALS`) or ``failed`` (run, but not verified or not
+    answered). ``state`` is the bar after it."""
 
     outcome: Literal["done", "refused", "failed"]
     state: GoalBarState
@@ -256,6 +287,48 @@ async def project_goalbar(client: LoopxClient, session_id: str) -> GoalBarState:
     )
 
 
+_K = TypeVar("_K", bound=Hashable)
+
+
+class KeyedLocks(Generic[_K]):
+    """A fair ``trio.Lock`` per key that exists only while a task holds it or waits for
+    it: keys a client names come and go without piling up."""
+
+    def __init__(self) -> None:
+        self._locks: dict[_K, tuple[trio.Lock, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+    @asynccontextmanager
+    async def hold(self, key: _K) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (None, 0))
+        if lock is None:
+            lock = trio.Lock()
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            _, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+
+Operation = Literal["stop", "resume"]
+
+
+@attrs.define(eq=False)
+class _Mutation:
+    """One Start/Pause in flight; the clicks that joined it wait on ``done``."""
+
+    key: tuple[Operation, tuple[str, str] | None]
+    done: trio.Event = attrs.field(factory=trio.Event)
+    result: GoalBarActionResult | None = None
+
+
 class _GoalWatch:
     """One watched session in one project: reads, fan-out to watchers, mutations."""
 
@@ -272,6 +345,7 @@ class _GoalWatch:
         self.reads = 0
         self.forced_reads = 0
         self.watchers = 0
+        self.mutations = 0  # Start/Pause tasks run (a joined click runs none)
         self._pending = False
         self._error: tuple[str, str] | None = None  # (goal id, message)
         self._requested = 0
@@ -281,12 +355,17 @@ class _GoalWatch:
         self._hashes: tuple[str | None, str | None] | None = None
         self._last_forced: tuple[str | None, str | None] | None = None
         self._source_goal: str | None = None
+        self._in_flight: dict[tuple[Operation, tuple[str, str] | None], _Mutation] = {}
 
     @property
     def client(self) -> LoopxClient:
         # Asked for on every use: a client factory that follows a repaired CLI (e.g. the
         # runtime's LoopX integration after /loopx-init) is followed at the next call.
         return self.service._client_for(self.project)
+
+    @property
+    def continuation(self) -> LoopxContinuation | None:
+        return self.service.continuation_for(self.session_id)
 
     # -- Life ---------------------------------------------------------------------------
 
@@ -295,10 +374,13 @@ class _GoalWatch:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._reader)
                 nursery.start_soon(self._source_poller)
+                nursery.start_soon(self._follow_continuation)
         finally:
             self.closed = True
             self.changes.notify()
             self._done.set()
+            for mutation in list(self._in_flight.values()):
+                mutation.done.set()  # the service closed under it: its waiters stop waiting
 
     # -- Reads --------------------------------------------------------------------------
 
@@ -336,6 +418,9 @@ class _GoalWatch:
             state = await project_goalbar(self.client, self.session_id)
         except LoopxRequestError:  # LoopX named an id the client refuses to pass back
             state = GoalBarHidden(self.session_id, "loopx-failure", "loopx named an invalid id")
+        except Exception as exc:  # contained: this bar shows it, the service goes on
+            log.warning("goalbar read failed", session_id=self.session_id, error=repr(exc))
+            state = GoalBarHidden(self.session_id, "loopx-failure", f"the read failed: {safe_message(exc)}")
         goal = state.goal_id if isinstance(state, GoalBarVisible) else None
         if goal != self._source_goal:
             # Another goal's state file is watched from now on (hashed after the read: a
@@ -358,6 +443,15 @@ class _GoalWatch:
                 self.forced_reads += 1
                 self.request()
 
+    async def _follow_continuation(self) -> None:
+        """The continuation's status is process-local: shown as it changes, no CLI call."""
+        changes = self.service.continuation_changes
+        if changes is None:
+            return
+        while True:
+            await changes.wait()
+            self._publish()
+
     def _publish(self) -> None:
         base = self.base
         if base is None:
@@ -365,7 +459,16 @@ class _GoalWatch:
         shown: GoalBarState = base
         if isinstance(base, GoalBarVisible):
             error = self._error[1] if self._error and self._error[0] == base.goal_id else None
-            shown = attrs.evolve(base, pending=self._pending, error=error)
+            continuation = self.continuation
+            status = continuation.status if continuation is not None else None
+            shown = attrs.evolve(
+                base,
+                pending=self._pending,
+                error=error,
+                continuation=status.state if status is not None else None,
+                continuation_reason=status.reason if status is not None else None,
+                agent_running=continuation is not None and continuation.agent.status == "running",
+            )
         if shown == self.state:
             return
         self.state = shown
@@ -373,43 +476,109 @@ class _GoalWatch:
 
     # -- Mutations ----------------------------------------------------------------------
 
-    async def act(
-        self, operation: Literal["stop", "resume"], expected: tuple[str, str] | None
-    ) -> GoalBarActionResult:
+    async def act(self, operation: Operation, expected: tuple[str, str] | None) -> GoalBarActionResult:
+        """Start a mutation as a task of this actor (or join the same one in flight) and
+        wait for its result. Cancelling the wait leaves the mutation running."""
+        key = (operation, expected)
+        mutation = self._in_flight.get(key)
+        if mutation is None:
+            if self.closed:
+                raise trio.ClosedResourceError("the GoalBar service is closed")
+            mutation = self._in_flight[key] = _Mutation(key)
+            self.mutations += 1
+            self.service._nursery.start_soon(self._run_mutation, mutation)
+        await mutation.done.wait()
+        if mutation.result is None:
+            raise trio.ClosedResourceError("the GoalBar service closed during the action")
+        return mutation.result
+
+    async def _run_mutation(self, mutation: _Mutation) -> None:
+        operation, expected = mutation.key
+        try:
+            mutation.result = await self._mutate(operation, expected)
+        except Exception as exc:  # contained: this action fails, the service goes on
+            log.warning("goalbar action failed", session_id=self.session_id, operation=operation, error=repr(exc))
+            self._pending = False
+            state = self.state if self.state is not None else GoalBarHidden(self.session_id, "loopx-failure")
+            mutation.result = GoalBarActionResult("failed", state, f"{operation} failed: {safe_message(exc)}")
+        finally:
+            if self._in_flight.get(mutation.key) is mutation:
+                del self._in_flight[mutation.key]
+            mutation.done.set()
+
+    async def _mutate(self, operation: Operation, expected: tuple[str, str] | None) -> GoalBarActionResult:
         if expected is None:
             shown = self.state if self.state is not None else await self.read()
             if not isinstance(shown, GoalBarVisible):
                 return GoalBarActionResult("refused", shown, "hidden")
             expected = (shown.goal_id, shown.agent_id)
-        goal_id, agent_id = expected
-        client = self.client  # one CLI for the check and the mutation
-        async with self.service._lock_for(self.project, goal_id):
+        goal_id, _ = expected
+        client = self.client  # one CLI for the check, the mutation and the readback
+        async with self.service.locks.hold((self.project, goal_id)):
             binding = await client.resolve_thread(self.session_id)
             if not (isinstance(binding, ThreadBinding) and binding.status == "bound"
                     and (binding.goal_id, binding.agent_id) == expected):
                 return GoalBarActionResult("refused", await self.read(), "stale-binding")
-            self._error = None
-            self._pending = True
-            self._publish()
-            try:
-                result = await client.goal_lifecycle(goal_id, operation, execute=True)
-            finally:
-                self._pending = False
-                self._publish()  # shows the last read (never the optimistic state) ...
-            error = None
-            if not isinstance(result, LifecycleResult):
-                error = f"{operation} failed: {result.reason}"
-            elif not result.readback_verified:
-                error = f"{operation} was not verified by LoopX"
-            if error is not None:
-                self._error = (goal_id, error)
-            state = await self.read()  # ... until this fresh read
-            return GoalBarActionResult("failed" if error else "done", state, error)
+            continuation = self.continuation
+            if operation == "stop":
+                return await self._pause(client, goal_id, continuation)
+            if continuation is not None and continuation.agent.status == "running":
+                return GoalBarActionResult("refused", await self.read(), "agent-running")
+            # LoopX's own answer says whether the goal was stopped: resuming an active goal
+            # changes nothing (and is verified all the same).
+            result = await self._execute(client, goal_id, "resume")
+            if isinstance(result, str):
+                return await self._failed(goal_id, result)
+            if not result.changed and (continuation is None or not continuation.activation.active):
+                return GoalBarActionResult("refused", await self.read(), "nothing-to-start")
+            if continuation is not None:
+                await continuation.start()
+            return GoalBarActionResult("done", await self.read())
+
+    async def _pause(
+        self, client: LoopxClient, goal_id: str, continuation: LoopxContinuation | None
+    ) -> GoalBarActionResult:
+        if continuation is None:
+            result = await self._execute(client, goal_id, "stop")
+        else:
+            async with continuation.hold():
+                result = await self._execute(client, goal_id, "stop")
+                if not isinstance(result, str):
+                    continuation.paused("the goal is paused")
+            if isinstance(result, str):
+                continuation.request()  # not paused after all: it may go on
+        if isinstance(result, str):
+            return await self._failed(goal_id, result)
+        if not result.changed:
+            return GoalBarActionResult("refused", await self.read(), "already-paused")
+        return GoalBarActionResult("done", await self.read())
+
+    async def _execute(self, client: LoopxClient, goal_id: str, operation: Operation) -> LifecycleResult | str:
+        """The lifecycle mutation with its readback: LoopX's verified result, or why not."""
+        self._error = None
+        self._pending = True
+        self._publish()
+        try:
+            result = await client.goal_lifecycle(goal_id, operation, execute=True)
+        finally:
+            self._pending = False
+            self._publish()  # shows the last read (never the optimistic state) ...
+        if not isinstance(result, LifecycleResult):
+            return f"{operation} failed: {result.reason}"
+        if not result.readback_verified:
+            return f"{operation} was not verified by LoopX"
+        return result
+
+    async def _failed(self, goal_id: str, error: str) -> GoalBarActionResult:
+        self._error = (goal_id, error)
+        return GoalBarActionResult("failed", await self.read(), error)  # ... until this fresh read
 
 
 class GoalBarService:
-    """The GoalBar host side. Open it with :meth:`open` (its nursery holds the actors);
-    ``client_for(project)`` gives the LoopX client for a project."""
+    """The GoalBar host side. Open it with :meth:`open` (its nursery holds the actors and
+    their Start/Pause tasks); ``client_for(project)`` gives the LoopX client for a
+    project; ``continuations`` (the runtime's LoopX integration) the live continuation of
+    a session, which the bar shows and Start/Pause control."""
 
     def __init__(
         self,
@@ -417,32 +586,46 @@ class GoalBarService:
         nursery: trio.Nursery,
         *,
         poll_interval: float = 0.25,
+        continuations: LoopxIntegration | None = None,
     ) -> None:
         if not (isinstance(poll_interval, (int, float)) and math.isfinite(poll_interval) and poll_interval > 0):
             raise ValueError("poll_interval must be a positive number of seconds")
         self._client_for = client_for
         self._nursery = nursery
         self.poll_interval = float(poll_interval)
+        self.continuations = continuations
         self._actors: dict[tuple[str, Path], _GoalWatch] = {}
-        self._locks: dict[tuple[Path, str], trio.Lock] = {}
+        #: per (project, goal): held by one Start/Pause at a time, dropped when idle
+        self.locks: KeyedLocks[tuple[Path, str]] = KeyedLocks()
 
     @classmethod
     def open(
-        cls, client_for: Callable[[Path], LoopxClient], *, poll_interval: float = 0.25
+        cls,
+        client_for: Callable[[Path], LoopxClient],
+        *,
+        poll_interval: float = 0.25,
+        continuations: LoopxIntegration | None = None,
     ) -> AbstractAsyncContextManager[GoalBarService]:
         """``async with GoalBarService.open(client_for) as service:``; leaving it cancels
-        every actor."""
+        every actor (and a Start/Pause still running)."""
 
         @asynccontextmanager
         async def opened() -> AsyncIterator[GoalBarService]:
             async with trio.open_nursery() as nursery:
-                service = cls(client_for, nursery, poll_interval=poll_interval)
+                service = cls(client_for, nursery, poll_interval=poll_interval, continuations=continuations)
                 try:
                     yield service
                 finally:
                     nursery.cancel_scope.cancel()
 
         return opened()
+
+    def continuation_for(self, session_id: str) -> LoopxContinuation | None:
+        return self.continuations.continuation(session_id) if self.continuations is not None else None
+
+    @property
+    def continuation_changes(self) -> Changes | None:
+        return self.continuations.changes if self.continuations is not None else None
 
     def _actor(self, session_id: str, project: Path) -> _GoalWatch:
         check_thread_id(session_id)
@@ -453,14 +636,12 @@ class GoalBarService:
             self._nursery.start_soon(actor.run)
         return actor
 
-    def _lock_for(self, project: Path, goal_id: str) -> trio.Lock:
-        return self._locks.setdefault((project, goal_id), trio.Lock())
-
     def actor_stats(self, session_id: str, project: Path) -> dict[str, int]:
-        """Counters of one actor (``reads``, ``forced_reads``, ``watchers``, ``version``)."""
+        """Counters of one actor (``reads``, ``forced_reads``, ``watchers``, ``version``,
+        ``mutations``)."""
         actor = self._actor(session_id, project)
-        return {"reads": actor.reads, "forced_reads": actor.forced_reads,
-                "watchers": actor.watchers, "version": actor.changes.version}
+        return {"reads": actor.reads, "forced_reads": actor.forced_reads, "watchers": actor.watchers,
+                "version": actor.changes.version, "mutations": actor.mutations}
 
     async def read(self, session_id: str, project: Path) -> GoalBarState:
         """A fresh projection from LoopX (coalesced with other pending requests)."""
@@ -499,14 +680,17 @@ class GoalBarService:
     async def start(
         self, session_id: str, project: Path, *, expected: tuple[str, str] | None = None
     ) -> GoalBarActionResult:
-        """Resume the bound goal. ``expected``: the (goal, agent) the user saw; default
-        the bar's current binding."""
+        """Start: resume the bound goal if it is stopped, then re-arm and evaluate the
+        session's continuation (see the module docstring). ``expected``: the (goal,
+        agent) the user saw; default the bar's current binding. The action runs as the
+        service's task: cancelling this call only stops waiting for it."""
         return await self._actor(session_id, project).act("resume", expected)
 
     async def pause(
         self, session_id: str, project: Path, *, expected: tuple[str, str] | None = None
     ) -> GoalBarActionResult:
-        """Stop the bound goal (see :meth:`start`)."""
+        """Pause: hold the session's continuation and stop the bound goal (see
+        :meth:`start`)."""
         return await self._actor(session_id, project).act("stop", expected)
 
 
@@ -594,6 +778,8 @@ class GoalBarHandler(HandlerLayer):
                     async for state in states:
                         if not conn.publish_goalbar(state_to_view(state)):
                             return
+        except Exception as exc:  # contained: this page's pushes end, the bridge goes on
+            log.warning("goalbar push failed", session_id=session_id, error=repr(exc))
         finally:
             scopes = self._watches.get(conn)
             if scopes is not None and scope in scopes:

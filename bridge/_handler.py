@@ -18,6 +18,7 @@ from runtime._events import Event
 from ._errors import NotServedError
 from ._messages import (
     BridgeMessage,
+    CommandDone,
     GoalbarPause,
     GoalbarRead,
     GoalbarResult,
@@ -28,6 +29,7 @@ from ._messages import (
     MirroredSeqs,
     PreStep,
     Role,
+    RunCommand,
     Select,
     Selection,
     SessionEvent,
@@ -116,6 +118,10 @@ class BridgeHandler(Protocol):
     ) -> GoalbarResult:
         """A GoalBar page's request (``NotServedError``: this runtime serves no GoalBar)."""
 
+    async def on_command(self, conn: Peer, request: RunCommand) -> CommandDone:
+        """A command a DSH user ran in a live agent that the runtime carries out
+        (``NotServedError``: this runtime serves no such command)."""
+
 
 class NullHandler:
     """Accepts and drops events, lets every pre-step enter, answers ``select`` with
@@ -147,6 +153,9 @@ class NullHandler:
         self, conn: Peer, request: GoalbarRead | GoalbarWatch | GoalbarStart | GoalbarPause
     ) -> GoalbarResult:
         raise NotServedError("this runtime serves no GoalBar")
+
+    async def on_command(self, conn: Peer, request: RunCommand) -> CommandDone:
+        raise NotServedError("this runtime runs no host commands")
 
 
 class HandlerLayer:
@@ -182,3 +191,6 @@ class HandlerLayer:
         self, conn: Peer, request: GoalbarRead | GoalbarWatch | GoalbarStart | GoalbarPause
     ) -> GoalbarResult:
         return await self.inner.on_goalbar(conn, request)
+
+    async def on_command(self, conn: Peer, request: RunCommand) -> CommandDone:
+        return await self.inner.on_command(conn, request)

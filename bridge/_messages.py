@@ -23,6 +23,8 @@ preStep     host -> runtime       verdict
 select      host -> runtime       selection, or error (e.g. LOOP_SWITCH)
 mirrored    host -> runtime       mirroredSeqs (an older runtime: error
                                   UNKNOWN_TYPE)
+command     host -> runtime       commandDone (an older runtime: error
+                                  UNKNOWN_TYPE)
 goalbarRead goalbar -> runtime    goalbarResult (also goalbarWatch,
                                   goalbarStart, goalbarPause)
 goalbar     runtime -> goalbar    (pushed after a goalbarWatch)
@@ -242,6 +244,27 @@ class MirroredSeqs:
     seqs: SeqMap
 
 
+@attrs.frozen
+class RunCommand:
+    """A DSH user ran a command that the plugin registers on the runtime's behalf
+    (``/loopx-init``) in the exact live agent ``agent_id``: the runtime carries it out and
+    answers ``commandDone``. ``args`` is the rest of the command line."""
+
+    agent_id: str
+    name: str
+    args: str = ""
+
+
+@attrs.frozen
+class CommandDone:
+    """How the command ended: ``ok``, a short ``message`` for people, and its typed
+    ``data`` (an opaque JSON object)."""
+
+    ok: bool
+    message: str
+    data: Mapping[str, Any] = attrs.field(factory=dict)
+
+
 # -- GoalBar (goalbar -> runtime requests, runtime -> goalbar state) -----------------------
 
 
@@ -250,7 +273,11 @@ class GoalbarView:
     """The bar for one session as the page shows it (``bridge._goalbar``'s states,
     flattened): ``hidden`` with a ``reason`` (and a safe ``detail``), or ``visible`` with
     the bound goal, its lifecycle state and the agent lane's progress; ``pending`` while a
-    Start/Pause runs, ``error`` when the last one failed or was not verified."""
+    Start/Pause runs, ``error`` when the last one failed or was not verified;
+    ``continuation`` (a state: ``armed``, ``queued``, ``working``, ``waiting``, ``quiet``,
+    ``paused``, ``stopped``, ``needs-person``, ``failed``, ``inactive``) and
+    ``continuation_reason`` say what the session's LoopX continuation does and why;
+    ``agent_running``: the session's agent is in a turn (Start waits for it)."""
 
     kind: Literal["hidden", "visible"]
     session_id: str
@@ -265,6 +292,9 @@ class GoalbarView:
     total: int | None = None
     pending: bool = False
     error: str | None = None
+    continuation: str | None = None
+    continuation_reason: str | None = None
+    agent_running: bool | None = None
 
 
 @attrs.frozen
@@ -336,7 +366,7 @@ class Pong:
 
 BridgeMessage = (
     Hello | Welcome | ErrorNotice | Events | Live | Followup | Wake | Cancel | Ack
-    | PreStep | Verdict | Select | Selection | Mirrored | MirroredSeqs | Ping | Pong
+    | PreStep | Verdict | Select | Selection | Mirrored | MirroredSeqs | RunCommand | CommandDone | Ping | Pong
     | GoalbarRead | GoalbarWatch | GoalbarStart | GoalbarPause | GoalbarResult | Goalbar
 )
 
@@ -358,6 +388,8 @@ MESSAGE_TYPES: Mapping[str, type[Any]] = MappingProxyType(
         "selection": Selection,
         "mirrored": Mirrored,
         "mirroredSeqs": MirroredSeqs,
+        "command": RunCommand,
+        "commandDone": CommandDone,
         "ping": Ping,
         "pong": Pong,
         "goalbarRead": GoalbarRead,
@@ -373,7 +405,7 @@ TYPE_NAMES: Mapping[type[Any], str] = MappingProxyType({cls: name for name, cls 
 #: Request class -> the class of its reply (an ``error`` frame may answer any request).
 REPLY_TYPES: Mapping[type[Any], type[Any]] = MappingProxyType(
     {Followup: Ack, Wake: Ack, Cancel: Ack, PreStep: Verdict, Select: Selection, Mirrored: MirroredSeqs,
-     Ping: Pong,
+     RunCommand: CommandDone, Ping: Pong,
      **{cls: GoalbarResult for cls in GOALBAR_REQUESTS}}
 )
 REPLIES = frozenset(REPLY_TYPES.values())

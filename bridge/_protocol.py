@@ -36,6 +36,7 @@ from ._messages import (
     MESSAGE_TYPES,
     Ack,
     Cancel,
+    CommandDone,
     ErrorNotice,
     Events,
     Followup,
@@ -54,6 +55,7 @@ from ._messages import (
     Ping,
     Pong,
     PreStep,
+    RunCommand,
     Select,
     Selection,
     SelectionParts,
@@ -197,7 +199,7 @@ def _make_converter() -> cattrs.Converter:
     for cls in nested:
         register(cls)
     outer: tuple[type, ...] = (Hello, Welcome, Events, Live, Followup, Wake, Cancel, Ack, PreStep, Verdict,
-                Select, Selection, Mirrored, MirroredSeqs, Ping, Pong, GoalbarRead, GoalbarWatch,
+                Select, Selection, Mirrored, MirroredSeqs, RunCommand, CommandDone, Ping, Pong, GoalbarRead, GoalbarWatch,
                 GoalbarStart, GoalbarPause, GoalbarResult, Goalbar)
     for cls in outer:
         register(cls)

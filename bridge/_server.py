@@ -63,6 +63,7 @@ from ._handler import BridgeHandler, Disconnect, DisconnectKind, NullHandler
 from ._messages import (
     GOALBAR_REQUESTS,
     BridgeMessage,
+    CommandDone,
     ErrorNotice,
     Events,
     Frame,
@@ -75,6 +76,7 @@ from ._messages import (
     MirroredSeqs,
     PreStep,
     Role,
+    RunCommand,
     Select,
     Selection,
     SessionEvent,
@@ -484,6 +486,9 @@ class BridgeConnection:
             elif isinstance(message, Mirrored):
                 reply = await self._handler.on_mirrored(self, message)
                 expected = MirroredSeqs
+            elif isinstance(message, RunCommand):
+                reply = await self._handler.on_command(self, message)
+                expected = CommandDone
             else:
                 assert isinstance(message, Select)
                 reply = await self._handler.on_select(self, message)

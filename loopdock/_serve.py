@@ -12,8 +12,10 @@ from typing import TextIO
 
 import trio
 
-from actors.loopx import LoopxSettings
-from bridge import DshAgentMirror, HostHandler, load_or_create_token, serve_bridge
+from actors import CommandResult
+from actors.loopx import INIT_COMMAND_NAME, LoopxIntegration, LoopxSettings
+from bridge import DshAgent, DshAgentMirror, HandlerLayer, HostHandler, load_or_create_token, serve_bridge
+from bridge._dsh_agent import HostCommand
 from bridge._goalbar import GoalBarHandler, GoalBarService
 from bridge._patch import DEFAULT_OWNED_KINDS
 from bridge._server import DEFAULT_HOST
@@ -42,16 +44,28 @@ def goalbar_project_for(rt: Runtime, project: Path, host: HostHandler | None = N
     return project_for
 
 
+def dsh_loopx_init(loopx: LoopxIntegration) -> HostCommand:
+    """``/loopx-init`` run by a DSH user in a mirrored agent: the runtime's own sequence
+    for that agent's project; its start and result messages go to the DSH agent."""
+
+    async def run(agent: DshAgent, args: str) -> CommandResult:
+        return await loopx.run_init(agent, agent.cwd, args)
+
+    return run
+
+
 @asynccontextmanager
 async def goalbar_service(rt: Runtime) -> AsyncIterator[GoalBarService | None]:
     """The GoalBar service on the runtime's LoopX integration: its clients come from
     ``rt.loopx.client_for`` (the integration's environment and the CLI command start-up
-    found or installed, followed after a ``/loopx-init`` repair). ``None`` when the runtime
-    runs without LoopX: the handler then answers every page ``hidden``/``loopx-off``."""
+    found or installed, followed after a ``/loopx-init`` repair), and it shows and controls
+    the continuations of ``rt.loopx`` (the runtime's agents and the DSH agents' proxies).
+    ``None`` when the runtime runs without LoopX: the handler then answers every page
+    ``hidden``/``loopx-off``."""
     if rt.loopx is None:
         yield None
         return
-    async with GoalBarService.open(rt.loopx.client_for) as service:
+    async with GoalBarService.open(rt.loopx.client_for, continuations=rt.loopx) as service:
         yield service
 
 
@@ -85,12 +99,17 @@ async def serve_command(
         async with goalbar_service(rt) as service, trio.open_nursery() as nursery:
             hosts = HostHandler(rt.dock)
             project_for = goalbar_project_for(rt, project_dir, hosts)
+            inner: HandlerLayer = hosts
             if rt.loopx is not None:
                 # Every live DSH agent gets a proxy with a continuation driver, like the
-                # runtime's own agents (passive until its session invokes /loopx).
-                mirror = DshAgentMirror(hosts, rt.loopx.start_continuation, project_for, frozenset(DEFAULT_OWNED_KINDS))
+                # runtime's own agents (passive until its session invokes /loopx), and a
+                # DSH user's /loopx-init (the plugin's command) runs here for its agent.
+                inner = mirror = DshAgentMirror(
+                    hosts, rt.loopx.start_continuation, project_for, frozenset(DEFAULT_OWNED_KINDS),
+                    commands={INIT_COMMAND_NAME: dsh_loopx_init(rt.loopx)},
+                )
                 await nursery.start(mirror.run)
-            handler = GoalBarHandler(service, project_for, nursery, inner=hosts)
+            handler = GoalBarHandler(service, project_for, nursery, inner=inner)
             bound = await nursery.start(functools.partial(serve_bridge, handler, token=token, host=host, port=port))
             print(f"loopdock serve: ws://{host}:{bound} (token in {rt.home / TOKEN_FILE})", file=out, flush=True)
             # SIGTERM too: a supervisor stopping us should get the same clean close as ^C.

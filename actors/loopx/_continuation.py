@@ -1,50 +1,101 @@
 """The LoopX continuation: one actor per agent that keeps a bound agent working under
 LoopX quota, in the same session.
 
-It is passive until this exact session invoked the ``loopx`` skill (see
-``runtime.loopx.Activation``): before that it makes no CLI call, arms no timer and
-queues nothing, however often the agent goes idle. After activation, at every idle
-checkpoint it
+It is passive until this exact session invoked the ``loopx`` skill: before that it makes
+no CLI call, arms no timer and queues nothing, however often the agent goes idle. After
+activation, at every idle checkpoint (and at a scheduler wake-up) it runs **one**
+evaluation -- never two at once: requests made while one runs are served by the next --
+that
 
-1. yields to pending human input;
-2. resolves the session's binding in LoopX (missing, ambiguous or unhealthy: stop);
-3. asks ``quota should-run`` with one fresh turn id (no: stop, or arm the scheduler's
-   wake-up timer; a turn LoopX admits without a settlement identity because an earlier
-   one is unsettled: stop);
-4. fetches the thin task body for that same turn id;
-5. reserves exactly one followup with a ``loopx-continuation`` source;
-6. at ``agent/pre-step`` revalidates the exact reservation, competing human input and the
-   binding, and replays should-run with the same turn id before the message may enter a
-   model step; otherwise it rejects it.
+1. yields to anything queued, human input first, and to a running turn;
+2. stays quiet while the session is *latched* (its last turn was cancelled, failed, ran out
+   of tokens or was blocked, and no person acted since: see ``_history``);
+3. resolves the session's binding in LoopX (missing, ambiguous or unhealthy: stop);
+4. asks ``quota should-run`` with one turn id: a fresh one, or the one of an attempt that
+   is still open (a turn LoopX admitted that never entered a model step is offered again
+   under its own id; an answer that owes its settlement binding is asked again with the
+   same id, so idle checkpoints write no new receipts while settlement is owed);
+5. on a stopped goal does nothing, on a scheduler wait arms its one timer, on an
+   admitted turn fetches the thin task body for that turn and reserves exactly one
+   followup with a ``loopx-continuation`` source;
+6. when LoopX answers ``unsettled_host_turn_recovery``: resumes the prior turn under its
+   own identity if its repair is ``resume_prior_turn`` and the turn never completed a
+   model turn here (it was withdrawn, vetoed, cancelled or cut off by a restart); any
+   other repair, or a turn the model finished without settling, needs a person: the
+   status says so, and the GoalBar's Start gives the go-ahead to offer LoopX's recovery
+   turn to the model once;
+7. at ``agent/pre-step`` revalidates the exact reservation, competing human input and the
+   binding, and replays should-run with the same turn id; otherwise it rejects the step.
 
-LoopX is the only authority: the continuation keeps no durable state of its own, and its
-in-memory state dies with the agent.
+Containment: every failure -- a CLI call that fails, an answer that breaks LoopX's
+contract, an exception -- ends only that evaluation. It is recorded in the session
+(``actors.record_fault``), shown in the status (and so in the GoalBar) and retried at the
+next natural checkpoint. The continuation keeps no durable state: what must survive a
+restart is folded from the session log (``ContinuationHistory``), the rest is LoopX's.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import attrs
 import structlog
 import trio
 
 from runtime._changes import Changes
+from runtime._errors import safe_message
 from runtime._events import Event
 from runtime._messages import Message, ProducerSource, TextBlock, is_human
 from runtime._waterfall import Next, Waterfall
 from runtime.loopx import Activation, LoopxClient, ShouldRun, TaskBody, ThreadBinding
 
+from .._faults import record_fault
 from .._inbox import Placement, Reservation
 from .._pre_step import PreStep, Reject, Verdict
+from .._session import SessionActor
+from ._history import CONTINUATION_KIND, ContinuationHistory
 
 log = structlog.get_logger(__name__)
 
-CONTINUATION_KIND = "loopx-continuation"
 CONTINUATION_SCHEMA = "loopx_dsh_continuation_v0"
+#: The actor name a continuation's faults are recorded under.
+FAULT_ACTOR = "loopx-continuation"
+RETRY_ACTION = "retried at the next checkpoint"
+#: Put before the task body of a turn offered again after LoopX asked to recover it.
+RESUME_NOTE = (
+    "LoopX: this resumes an earlier turn that was never settled. Check what it already "
+    "changed before redoing work, then settle it under its own turn id."
+)
+RECOVERY_NOTE = (
+    "LoopX: a person asked you to carry out LoopX's recovery for this agent lane. Run the "
+    "guard below and follow its recovery instructions exactly; record only verified outcomes."
+)
+
+State = Literal[
+    "inactive",  # this session has not invoked the loopx skill
+    "armed",  # evaluates at the next idle checkpoint
+    "queued",  # a continuation is reserved, not yet in a model step
+    "working",  # a continuation entered a model step
+    "waiting",  # LoopX's scheduler asked to wait: one timer is armed
+    "quiet",  # latched: a person's message or Start re-arms it
+    "paused",  # the goal is stopped in LoopX, or a Pause is in progress
+    "stopped",  # LoopX (or the binding) says there is nothing to continue
+    "needs-person",  # LoopX needs a recovery that only a person may start
+    "failed",  # the last evaluation failed; retried at the next checkpoint
+]
+
+
+@attrs.frozen
+class ContinuationStatus:
+    """What the continuation is doing and why, in safe fixed phrases (for the GoalBar)."""
+
+    state: State
+    reason: str | None = None
+    turn_id: str | None = None
 
 
 class ContinuedHeader(Protocol):
@@ -103,14 +154,21 @@ class ContinuedAgent(Protocol):
     ) -> None: ...
 
 
+Offer = Literal["turn", "resume", "recovery"]
+
+
 @attrs.frozen
 class Pending:
-    """The one automatic reservation the continuation has out, and its exact identity."""
+    """The one automatic reservation the continuation has out, and its exact identity.
+    ``offer``: a newly admitted turn, an unsettled one resumed, or LoopX's recovery turn
+    offered with a person's go-ahead (the only kind admitted without its own settlement
+    identity)."""
 
     reservation: Reservation
     goal_id: str
     agent_id: str
     turn_id: str
+    offer: Offer = "turn"
 
 
 def new_turn_id() -> str:
@@ -126,19 +184,48 @@ def continuation_message(body: str, goal_id: str, agent_id: str, turn_id: str) -
 
 
 class LoopxContinuation:
-    def __init__(self, agent: ContinuedAgent, client: LoopxClient) -> None:
+    """``clients()`` gives the LoopX client for this agent's project; it is asked at every
+    evaluation, so a CLI repaired by ``/loopx-init`` is used from the next one on.
+    ``on_change`` is called after every status change (the GoalBar's wake-up)."""
+
+    def __init__(
+        self,
+        agent: ContinuedAgent,
+        clients: Callable[[], LoopxClient],
+        *,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
         self.agent = agent
-        self.client = client
-        self.activation = Activation()
-        # Only this exact session's own history activates: a fork skips what it copied.
+        self.clients = clients
+        self.history = ContinuationHistory()
+        # Only this exact session's own history counts: a fork skips what it copied.
         self._folded = agent.session.header.forked_events or 0
         self.pending: Pending | None = None
-        self.stopped: str | None = None  # why the last evaluation stopped (for tests/UI)
+        self.status = ContinuationStatus("inactive")
+        self.stopped: str | None = None  # why the last evaluation stopped short of a followup
         self.timer: trio.CancelScope | None = None
         self.admitted: list[str] = []  # turn ids admitted into a model step
+        self._on_change = on_change
         self._nursery: trio.Nursery | None = None
-        self._checked = Changes()  # one change per idle checkpoint evaluated
+        self._requested = 0
+        self._served = 0
+        self._wanted = Changes()  # every request for an evaluation
+        self._checked = Changes()  # one change per evaluation done
+        self._evaluating: trio.CancelScope | None = None
+        # (goal, agent, turn) of an attempt still open in LoopX: asked again by id
+        self._open_turn: tuple[str, str, str] | None = None
+        self._holds = 0
+        self._hold_reason = "paused"
+        self._go_ahead = False  # a person's Start: offer LoopX's recovery turn once
+        self._last_fault: str | None = None
+        self._closed = False
+        self._idle_seen = -1  # the agent's status version at the last idle checkpoint evaluated
+        self._revoked: tuple[str, str] | None = None  # (message id, why) of a revoked reservation
         self.log = log.bind(agent_id=agent.id, session_id=agent.id)
+
+    @property
+    def activation(self) -> Activation:
+        return self.history.activation
 
     # -- the actor ----------------------------------------------------------------------
 
@@ -148,94 +235,275 @@ class LoopxContinuation:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 self._fold()
+                nursery.start_soon(self._evaluator)
                 task_status.started()
                 while not self.agent.closed:
                     await self.agent.wait_idle()
+                    self._changed()  # the agent's status is shown with ours
                     seen = self.agent.status_version
                     await self.checkpoint()
+                    self._idle_seen = seen
+                    self._checked.notify()
                     await self.agent.wait_status_change(seen)
+                    self._changed()
+                nursery.cancel_scope.cancel()
         finally:
+            self._closed = True
+            self._checked.notify()
             dispose()
             self._invalidate("continuation stopped")
 
     @property
     def checkpoints(self) -> int:
-        """Idle checkpoints evaluated so far (observers wait on it)."""
+        """Evaluations done so far (observers wait on it)."""
         return self._checked.version
 
     async def wait_checkpoint(self, after: int) -> None:
-        """Wait until more than ``after`` idle checkpoints have been evaluated."""
+        """Wait until more than ``after`` evaluations have been done."""
         await self._checked.wait_until(lambda: self.checkpoints > after)
+
+    async def wait_quiescent(self) -> None:
+        """Wait until the agent is idle and this continuation has evaluated that very idle
+        checkpoint (a continuation it queued has run, too). For observers and tests."""
+        while not self._closed:
+            await self.agent.wait_idle()
+            version = self.agent.status_version
+            await self._checked.wait_until(lambda: self._idle_seen >= version or self._closed)
+            if self.agent.status_version == version and self.agent.status == "idle":
+                if self.pending is None:
+                    return
+                await self.agent.wait_status_change(version)  # the one it queued runs first
+
+    def request(self) -> int:
+        """Ask for an evaluation; every request made before one starts is served by it."""
+        self._requested += 1
+        self._wanted.notify()
+        return self._requested
+
+    async def checkpoint(self) -> None:
+        """Request an evaluation and wait until one that started after this call is done.
+        Before activation an evaluation is pure bookkeeping."""
+        if self._nursery is None or self._closed:
+            return  # not running (yet, or any more): nothing evaluates
+        target = self.request()
+        await self._checked.wait_until(lambda: self._served >= target or self._closed)
+
+    async def _evaluator(self) -> None:
+        while True:
+            await self._wanted.wait_until(lambda: self._requested > self._served)
+            target = self._requested
+            scope = self._evaluating = trio.CancelScope()
+            with scope:
+                try:
+                    await self._evaluate()
+                except Exception as exc:  # contained: only this evaluation ends
+                    self.log.warning("loopx continuation evaluation failed", error=repr(exc))
+                    self._failed(f"the evaluation failed: {safe_message(exc)}")
+            if scope.cancelled_caught:
+                self.log.info("loopx continuation evaluation cancelled", reason=self._hold_reason)
+            self._evaluating = None
+            self._served = target
+            self._checked.notify()
 
     def _fold(self) -> None:
         events = self.agent.session.events_since(self._folded)
         self._folded += len(events)
         for event in events:
-            self.activation.feed(event)
+            self.history.feed(event)
 
-    async def checkpoint(self) -> None:
-        """One idle checkpoint (or a scheduler wake-up). Before activation this is pure
-        bookkeeping. Observers can wait for it with ``wait_checkpoint``."""
+    # -- the person's controls (the GoalBar) --------------------------------------------
+
+    async def start(self) -> ContinuationStatus:
+        """A person's Start: re-arm a latched continuation, give the go-ahead for LoopX's
+        recovery turn, skip a scheduler wait, and evaluate now. Returns the status after."""
+        self._fold()
+        self.history.rearm()
+        self._go_ahead = True
+        self._cancel_timer()
         try:
-            await self._evaluate()
+            await self.checkpoint()
         finally:
-            self._checked.notify()
+            self._go_ahead = False
+        return self.status
+
+    @asynccontextmanager
+    async def hold(self, reason: str = "a Pause is in progress") -> AsyncIterator[None]:
+        """Nothing continues while held: the queued continuation is withdrawn, the timer
+        disarmed, a running evaluation cancelled (and waited for), later evaluations do
+        nothing and a continuation that still reaches pre-step is rejected."""
+        self._holds += 1
+        self._hold_reason = reason
+        try:
+            self._invalidate(reason)
+            if self._evaluating is not None:
+                self._evaluating.cancel()
+            await self._checked.wait_until(lambda: self._evaluating is None)
+            self._set("paused", reason)
+            yield
+        finally:
+            self._holds -= 1
+
+    def paused(self, reason: str) -> None:
+        """The goal was paused (verified in LoopX): say so until the next evaluation."""
+        self._set("paused", reason)
+
+    # -- one evaluation -------------------------------------------------------------------
 
     async def _evaluate(self) -> None:
         self._fold()
-        if not self.activation.active or self.pending is not None:
-            return
         agent = self.agent
-        if agent.closed or agent.has_pending_human_input() or agent.inbox_size:
+        if not self.history.activation.active:
+            return self._set("inactive")
+        if self.status.state == "inactive":
+            self._set("armed")
+        if self.pending is not None and self.pending.reservation.state != "pending":
+            self._settled(self.pending)
+        if self.pending is not None or agent.closed:
+            return
+        if self._holds:
+            return self._set("paused", self._hold_reason)
+        if agent.status != "idle" or agent.has_pending_human_input() or agent.inbox_size:
             return  # anything queued goes first; we come back at the next idle
+        if self.history.latch is not None:
+            self._cancel_timer()
+            return self._set("quiet", f"{self.history.latch}; a person's message or Start re-arms it")
         self._cancel_timer()
-        binding = await self.client.resolve_thread(agent.id)
+        client = self.clients()
+        binding = await client.resolve_thread(agent.id)
         if not isinstance(binding, ThreadBinding):
-            return self._stop(f"binding unavailable: {_why(binding)}")
+            return self._failed(f"binding unavailable: {_why(binding)}")
         if binding.status != "bound":
-            return self._stop(f"binding {binding.status}")
-        assert binding.goal_id is not None and binding.agent_id is not None
-        turn_id = new_turn_id()
-        decision = await self.client.should_run(binding.goal_id, binding.agent_id, turn_id)
+            self._open_turn = None
+            return self._stop("stopped", f"binding {binding.status}")
+        goal_id, agent_id = binding.goal_id, binding.agent_id
+        assert goal_id is not None and agent_id is not None
+        turn_id = self._turn_for(goal_id, agent_id)
+        decision = await client.should_run(goal_id, agent_id, turn_id)
         if not isinstance(decision, ShouldRun):
-            return self._stop(f"should-run failed: {_why(decision)}")
+            return self._failed(f"should-run failed: {_why(decision)}")
+        # An answer that owes its settlement binding is asked again with the same id.
+        self._open_turn = (goal_id, agent_id, turn_id) if decision.settlement_owed else None
+        self._last_fault = None
+        if decision.goal_stopped:
+            return self._stop("paused", "the goal is paused in LoopX")
         if not decision.should_run:
             if decision.wait_minutes:
                 return self._arm_timer(decision.wait_minutes * 60.0)
-            return self._stop(f"should-run: {decision.decision}")
+            return self._stop("stopped", f"should-run: {decision.decision}")
         if decision.settlement_owed:
-            # An earlier admitted turn is not settled: a turn without its own settlement
-            # identity could only be settled by guesswork. A person (or the model in a
-            # human turn) settles or recovers it; the next idle asks again.
-            return self._stop(f"should-run: {decision.decision} (settlement owed)")
-        body = await self.client.heartbeat_prompt(binding.goal_id, binding.agent_id, turn_id)
+            return await self._recover(client, goal_id, agent_id, decision)
+        await self._offer(client, goal_id, agent_id, turn_id, "turn")
+
+    def _turn_for(self, goal_id: str, agent_id: str) -> str:
+        if self._open_turn is not None and self._open_turn[:2] == (goal_id, agent_id):
+            return self._open_turn[2]
+        return new_turn_id()
+
+    async def _recover(self, client: LoopxClient, goal_id: str, agent_id: str, decision: ShouldRun) -> None:
+        """LoopX admitted a turn without a settlement identity: an earlier turn of this
+        lane is unsettled (``unsettled_host_turn_recovery``), or no task is bound yet."""
+        recovery = decision.recovery
+        prior = recovery.prior_turn_id if recovery is not None else None
+        if (
+            recovery is not None
+            and recovery.repair == "resume_prior_turn"
+            and prior is not None
+            and not self.history.completed(prior)
+        ):
+            replay = await client.should_run(goal_id, agent_id, prior)
+            if not isinstance(replay, ShouldRun):
+                return self._failed(f"should-run replay of the unsettled turn failed: {_why(replay)}")
+            if replay.should_run and not replay.settlement_owed and not replay.goal_stopped:
+                return await self._offer(client, goal_id, agent_id, prior, "resume")
+        if self._go_ahead:
+            self._go_ahead = False
+            return await self._offer(client, goal_id, agent_id, decision.turn_id, "recovery")
+        if recovery is None:
+            why = f"LoopX admitted a turn with no task bound to it ({decision.decision}); Start lets the agent plan it"
+        elif prior is not None and self.history.completed(prior):
+            why = f"turn {prior} ended without being settled; Start asks the agent to carry out LoopX's recovery"
+        else:
+            why = f"LoopX needs an earlier turn recovered ({recovery.repair or 'unknown repair'}); Start asks the agent to do it"
+        self._stop("needs-person", why, turn_id=prior or decision.turn_id)
+
+    async def _offer(self, client: LoopxClient, goal_id: str, agent_id: str, turn_id: str, offer: Offer) -> None:
+        body = await client.heartbeat_prompt(goal_id, agent_id, turn_id)
         if not isinstance(body, TaskBody):
-            return self._stop(f"no valid task body: {_why(body)}")
-        if agent.closed or agent.has_pending_human_input() or agent.inbox_size or agent.status != "idle":
-            return self._stop("competing input arrived")
-        text = _relative_to(body.text, self.client.project)
-        reservation = agent.reserve(continuation_message(text, binding.goal_id, binding.agent_id, turn_id))
-        self.pending = Pending(reservation, binding.goal_id, binding.agent_id, turn_id)
+            return self._failed(f"no valid task body: {_why(body)}")
+        agent = self.agent
+        if self._holds or agent.closed or agent.has_pending_human_input() or agent.inbox_size or agent.status != "idle":
+            self._open_turn = (goal_id, agent_id, turn_id)  # admitted in LoopX: offer it again
+            if self._holds:
+                return self._stop("paused", self._hold_reason)
+            return self._stop("armed", "competing input arrived")
+        text = _relative_to(body.text, client.project)
+        if offer != "turn":
+            text = f"{RESUME_NOTE if offer == 'resume' else RECOVERY_NOTE}\n\n{text}"
+        reservation = agent.reserve(continuation_message(text, goal_id, agent_id, turn_id))
+        self.pending = Pending(reservation, goal_id, agent_id, turn_id, offer)
         self.stopped = None
+        self._set("queued", None, turn_id)
         assert self._nursery is not None
         self._nursery.start_soon(self._settle, self.pending)
 
     async def _settle(self, pending: Pending) -> None:
-        state = await pending.reservation.wait()
+        await pending.reservation.wait()
+        self._settled(pending)
+
+    def _settled(self, pending: Pending) -> None:
+        """Take in how ``pending`` settled, once (its watcher, or an evaluation that runs
+        before the watcher did)."""
+        if self.pending is not pending:
+            return
+        self.pending = None
+        state = pending.reservation.state
         if state == "admitted":
             self.admitted.append(pending.turn_id)
-        else:
-            self.log.info("continuation not admitted", state=state, reason=pending.reservation.reason)
-        if self.pending is pending:
-            self.pending = None
+            if self._open_turn is not None and self._open_turn[2] == pending.turn_id:
+                self._open_turn = None
+            self._set("working", None, pending.turn_id)
+            return
+        # Admitted in LoopX but never worked on: the next evaluation offers it again
+        # under its own id instead of minting a new receipt.
+        self._open_turn = (pending.goal_id, pending.agent_id, pending.turn_id)
+        self.log.info("continuation not admitted", state=state, reason=pending.reservation.reason)
+        if self.status.state == "queued":
+            self._set("armed", f"the last continuation was {state}", pending.turn_id)
 
-    def _stop(self, reason: str) -> None:
+    # -- outcomes -------------------------------------------------------------------------
+
+    def _set(self, state: State, reason: str | None = None, turn_id: str | None = None) -> None:
+        status = ContinuationStatus(state, reason, turn_id)
+        if status != self.status:
+            self.status = status
+            self._changed()
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change()
+
+    def _stop(self, state: State, reason: str, *, turn_id: str | None = None) -> None:
         self.stopped = reason
+        self._set(state, reason, turn_id)
         self.log.info("continuation stopped", reason=reason)
 
+    def _failed(self, reason: str) -> None:
+        self._stop("failed", reason)
+        if reason == self._last_fault:
+            return  # recorded once until an evaluation gets further again
+        self._last_fault = reason
+        session = self.agent.session
+        if isinstance(session, SessionActor):
+            record_fault(session, FAULT_ACTOR, reason, action=RETRY_ACTION)
+        else:  # a DSH session: its log is DSH's; the GoalBar and this log line show it
+            self.log.warning("actor failed", actor=FAULT_ACTOR, error=reason, action=RETRY_ACTION)
+
     def _arm_timer(self, seconds: float) -> None:
+        """The one scheduler timer: arming it disarms the previous one."""
+        self._cancel_timer()
         assert self._nursery is not None
         self.stopped = f"waiting {seconds:.0f}s"
+        self._set("waiting", f"LoopX's scheduler asked to wait {seconds:.0f}s")
         scope = trio.CancelScope()
         self.timer = scope
 
@@ -244,7 +512,7 @@ class LoopxContinuation:
                 await trio.sleep(seconds)
                 if self.timer is scope:
                     self.timer = None
-                await self.checkpoint()
+                self.request()
 
         self._nursery.start_soon(wake_up)
 
@@ -254,10 +522,16 @@ class LoopxContinuation:
             self.timer = None
 
     def _invalidate(self, reason: str) -> None:
+        """Disarm the timer and revoke the pending reservation: withdrawn if still queued,
+        and if it was already claimed (on its way through pre-step) it may not enter
+        either. Its turn is offered again later under its own id."""
         self._cancel_timer()
-        if self.pending is not None:
-            self.agent.withdraw(self.pending.reservation, reason)
+        pending = self.pending
+        if pending is not None:
             self.pending = None
+            self._revoked = (pending.reservation.message.id, reason)
+            self._open_turn = (pending.goal_id, pending.agent_id, pending.turn_id)
+            self.agent.withdraw(pending.reservation, reason)
 
     # -- the pre-step gate ---------------------------------------------------------------
 
@@ -266,8 +540,14 @@ class LoopxContinuation:
         if not mine:
             return await next_(pre)
         reason = self._exact(pre, mine)
-        if reason is None and self.pending is not None:
-            reason = await self._fresh(self.pending)
+        pending = self.pending
+        if reason is None and pending is not None:
+            try:
+                reason = await self._fresh(pending)
+            except Exception as exc:  # contained: the step fails closed
+                self.log.warning("loopx continuation revalidation failed", error=repr(exc))
+                reason = f"revalidation failed: {safe_message(exc)}"
+                self._failed(reason)
         if reason is not None:
             return Reject(f"loopx continuation: {reason}")
         verdict = await next_(pre)
@@ -278,9 +558,13 @@ class LoopxContinuation:
         return verdict
 
     def _exact(self, pre: PreStep, mine: list[Message]) -> str | None:
+        if self._revoked is not None and any(m.id == self._revoked[0] for m in mine):
+            return self._revoked[1]
         pending = self.pending
         if pending is None:
             return "no reservation is pending"
+        if self._holds:
+            return self._hold_reason
         if len(mine) != 1 or mine[0].id != pending.reservation.message.id:
             return "not this continuation's reservation"
         source = mine[0].source
@@ -300,17 +584,20 @@ class LoopxContinuation:
         return None
 
     async def _fresh(self, pending: Pending) -> str | None:
-        binding = await self.client.resolve_thread(self.agent.id)
+        client = self.clients()
+        binding = await client.resolve_thread(self.agent.id)
         if not isinstance(binding, ThreadBinding):
             return f"binding unavailable: {_why(binding)}"
         if binding.status != "bound" or (binding.goal_id, binding.agent_id) != (pending.goal_id, pending.agent_id):
             return f"binding changed ({binding.status})"
-        replay = await self.client.should_run(pending.goal_id, pending.agent_id, pending.turn_id)
+        replay = await client.should_run(pending.goal_id, pending.agent_id, pending.turn_id)
         if not isinstance(replay, ShouldRun):
             return f"should-run replay failed: {_why(replay)}"
+        if replay.goal_stopped:
+            return "the goal is paused"
         if not replay.should_run:
             return "quota no longer admits this turn"
-        if replay.settlement_owed:
+        if replay.settlement_owed and pending.offer != "recovery":
             return "quota admits this turn without a settlement identity"
         return None
 

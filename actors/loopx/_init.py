@@ -45,7 +45,7 @@ import shlex
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import attrs
 import structlog
@@ -76,6 +76,7 @@ __all__ = [
     "InitSettings",
     "initialize",
     "loopx_init_command",
+    "run_loopx_init",
     "startup_initialize",
 ]
 
@@ -614,12 +615,53 @@ def _init_message(text: str, fields: Mapping[str, object]) -> Message:
     return Message("user", (TextBlock(text),), ProducerSource(INIT_SOURCE_KIND, fields))
 
 
-def _queue_followup(ctx: CommandContext, message: Message, phase: str) -> None:
+class InitTarget(Protocol):
+    """The agent a ``/loopx-init`` runs for: a runtime ``AgentActor``, or the proxy of a
+    DSH agent (``bridge.DshAgent``) when a DSH user runs the command through the plugin."""
+
+    @property
+    def id(self) -> str: ...
+
+    def followup(self, message: Message) -> object: ...
+
+
+def _queue_followup(target: InitTarget, message: Message, phase: str) -> None:
     # Queued once: a failure is logged and never retried, and never changes the result.
     try:
-        ctx.agent.followup(message)
+        target.followup(message)
     except Exception as exc:
-        log.warning("loopx init followup not queued", phase=phase, agent_id=ctx.agent.id, error=type(exc).__name__)
+        log.warning("loopx init followup not queued", phase=phase, agent_id=target.id, error=type(exc).__name__)
+
+
+async def run_loopx_init(
+    target: InitTarget,
+    args: str,
+    settings: Callable[[], InitSettings],
+    *,
+    on_success: Callable[[InitOutcome], None] | None = None,
+) -> CommandResult:
+    """One ``/loopx-init`` for ``target``: usage error for any argument (before any
+    followup or probe); else a start followup, the sequence, and -- unless cancelled --
+    one result followup built from the typed outcome. The returned :class:`CommandResult`
+    is authoritative. ``settings()`` is asked for after the usage check. ``on_success`` receives a successful outcome (to adopt
+    ``outcome.command``) before the result followup is queued."""
+    if not isinstance(args, str) or args.strip():
+        return CommandResult(
+            False,
+            INIT_USAGE,
+            {"stage": None, "kind": "usage", "skillsChanged": False, "installedCli": False},
+        )
+    chosen = settings()
+    _queue_followup(target, _init_message(START_TEXT, {"phase": "start"}), "start")
+    outcome = await _guarded(chosen)
+    _log_outcome("loopx init command finished", outcome)
+    if outcome.ok and on_success is not None:
+        try:
+            on_success(outcome)
+        except Exception as exc:
+            log.warning("loopx init on_success failed", error=type(exc).__name__)
+    _queue_followup(target, _init_message(_result_text(outcome), {"phase": "result", "ok": outcome.ok}), "result")
+    return CommandResult(outcome.ok, outcome.summary, outcome.data())
 
 
 def loopx_init_command(
@@ -627,30 +669,10 @@ def loopx_init_command(
     *,
     on_success: Callable[[InitOutcome], None] | None = None,
 ) -> Command:
-    """``/loopx-init``: usage error for any argument (before any followup or probe); else a
-    start followup, the sequence, and -- unless cancelled -- one result followup built from
-    the typed outcome. The returned :class:`CommandResult` is authoritative. ``on_success``
-    receives a successful outcome (to adopt ``outcome.command``) before the result
-    followup is queued."""
+    """``/loopx-init`` as a runtime command (see :func:`run_loopx_init`)."""
 
     async def run(ctx: CommandContext, args: str) -> CommandResult:
-        if not isinstance(args, str) or args.strip():
-            return CommandResult(
-                False,
-                INIT_USAGE,
-                {"stage": None, "kind": "usage", "skillsChanged": False, "installedCli": False},
-            )
-        settings = settings_for(ctx)
-        _queue_followup(ctx, _init_message(START_TEXT, {"phase": "start"}), "start")
-        outcome = await _guarded(settings)
-        _log_outcome("loopx init command finished", outcome)
-        if outcome.ok and on_success is not None:
-            try:
-                on_success(outcome)
-            except Exception as exc:
-                log.warning("loopx init on_success failed", error=type(exc).__name__)
-        _queue_followup(ctx, _init_message(_result_text(outcome), {"phase": "result", "ok": outcome.ok}), "result")
-        return CommandResult(outcome.ok, outcome.summary, outcome.data())
+        return await run_loopx_init(ctx.agent, args, lambda: settings_for(ctx), on_success=on_success)
 
     return Command(
         INIT_COMMAND_NAME,

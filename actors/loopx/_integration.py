@@ -16,12 +16,13 @@ import attrs
 import structlog
 import trio
 
+from runtime._changes import Changes
 from runtime.loopx import LoopxClient
 
-from .._commands import CommandContext, CommandRegistry
+from .._commands import CommandContext, CommandRegistry, CommandResult
 from .._supervisor import Supervisor
 from ._continuation import ContinuedAgent, LoopxContinuation
-from ._init import InitOutcome, InitSettings, loopx_init_command, startup_initialize
+from ._init import InitOutcome, InitSettings, InitTarget, loopx_init_command, run_loopx_init, startup_initialize
 
 log = structlog.get_logger(__name__)
 
@@ -48,9 +49,17 @@ class LoopxIntegration:
         self.command: tuple[str, ...] = settings.command
         self.startup: InitOutcome | None = None
         self.continuations: dict[str, LoopxContinuation] = {}  # agent id -> its live one
+        #: one change per continuation status change, and when one starts or stops
+        self.changes = Changes()
 
     def client_for(self, project: Path) -> LoopxClient:
+        """A client on the CLI as it is now: every caller asks again for each use, so a
+        repair (``/loopx-init``) reaches continuations that started before it."""
         return LoopxClient(self.command, project=project, env=self.env, timeout=self.settings.timeout)
+
+    def continuation(self, session_id: str) -> LoopxContinuation | None:
+        """The live continuation of the agent with this id (agent id == session id)."""
+        return self.continuations.get(session_id)
 
     def init_settings(self, project: Path) -> InitSettings:
         return InitSettings.from_env(self.env, project, timeout=self.settings.timeout)
@@ -59,6 +68,12 @@ class LoopxIntegration:
         """Use the CLI an initialisation found or installed for every later call."""
         if outcome.ok and outcome.command:
             self.command = tuple(outcome.command)
+
+    async def run_init(self, target: InitTarget, project: Path, args: str = "") -> CommandResult:
+        """``/loopx-init`` for an agent that is not the runtime's own (a DSH agent's proxy,
+        when a DSH user runs the command through the plugin): the same sequence, adopted
+        the same way."""
+        return await run_loopx_init(target, args, lambda: self.init_settings(project), on_success=self.adopt)
 
     async def start(self, supervisor: Supervisor, commands: CommandRegistry, project: Path) -> None:
         """Attach the continuations, register ``/loopx-init``, and (if asked) initialise once,
@@ -79,14 +94,20 @@ class LoopxIntegration:
         """Attach a continuation to ``agent`` as its companion: every runtime agent gets
         one at start; a bridge proxy of a DSH agent (``bridge.DshAgent``, the same
         interface) gets one the same way."""
-        continuation = LoopxContinuation(agent, self.client_for(agent.cwd))
+        continuation = LoopxContinuation(
+            agent, lambda: self.client_for(agent.cwd), on_change=self.changes.notify
+        )
         self.continuations[agent.id] = continuation
+        self.changes.notify()
 
         async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             try:
                 await continuation.run(task_status=task_status)
+            except Exception as exc:  # contained: it must never take its agent down
+                log.warning("loopx continuation ended by a failure", agent_id=agent.id, error=repr(exc))
             finally:
                 if self.continuations.get(agent.id) is continuation:
                     del self.continuations[agent.id]
+                self.changes.notify()
 
         await agent.start_companion(run, name="loopx-continuation")

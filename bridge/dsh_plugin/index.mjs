@@ -13,15 +13,21 @@
 // - dock mode (config.dock): takes DSH's agent-factory slot, re-hosts the official AgentLoop as
 //   named drivers (config.drivers) and asks the runtime which loop/driver every create and resume uses;
 //   a resume's `select` carries the binding stored in the session's own DSH log (the durable record);
+// - registers DSH's `/loopx-init` command (config.loopxInit, default on): the runtime runs the
+//   LoopX initialisation for the exact agent (`command` request, answered by `commandDone`) and
+//   queues its start and result messages into that agent; a cancelled command gets no result
+//   message;
 // - registers the offline `ping` adapter (config.ping) for tests without an API key: it answers
 //   `pong: <last user text>`; test hooks: HOLD holds the call until the runtime wakes the agent,
 //   WAIT holds it (after streaming `pong: `) until a steer or inject reaches the agent's next step;
-//   both end when the turn is cancelled.
+//   both end when the turn is cancelled; a line `call: <tool> <json>` makes it call that tool once
+//   (then it answers as usual); config.runCommands runs DSH commands in created agents once
+//   the runtime welcomed the plugin (as DSH's web UI does when a person types one).
 import { randomUUID } from 'node:crypto'
 import { AgentLoop } from '/snapshot/node/node_modules/@deepseek-ai/dsh-agent-loop/lib/index.js'
 
 export const name = 'loopdock-bridge'
-export const inject = ['llm', 'agents', 'sessions', 'tools', 'systemPrompt', 'sessionProjections']
+export const inject = ['llm', 'agents', 'sessions', 'tools', 'systemPrompt', 'sessionProjections', 'commands']
 
 const PROTOCOL = 1
 const BACKOFF_MIN_MS = 250
@@ -33,17 +39,38 @@ const MAX_QUEUED = 50000
 const FLUSH_MS = 10
 const BINDING_EVENT = 'agent-preset/selected'
 const BINDING_KEY = 'agentLoopDock'
+const INIT_COMMAND = 'loopx-init'
+// the runtime's /loopx-init messages (actors/loopx/_init.py INIT_SOURCE_KIND)
+const INIT_SOURCE_KIND = 'dsh-loopx-plugin/init-command'
+// a private CLI install may take pip minutes: the runtime bounds it (600 s) and answers then
+const INIT_TIMEOUT_MS = 15 * 60 * 1000
+// DSH's own context messages: not what a person typed
+const CONTEXT_KINDS = new Set(['runtime-context', 'skill-catalog'])
 
 const log = (...args) => console.error('[loopdock]', ...args)
 
-function lastUserText(messages) {
+// The index of the last message a person or a producer (not DSH's context) put in, -1 if none.
+function lastUserIndex(messages) {
   for (let i = messages.length - 1; i >= 0; i--) {
     const m = messages[i]
-    if (m?.role !== 'user') continue
+    if (m?.role !== 'user' || CONTEXT_KINDS.has(m.source?.kind)) continue
     const t = (m.content || []).filter(b => b.type === 'text').map(b => b.text).join('')
-    if (t && !t.startsWith('Current runtime context')) return t
+    if (t && !t.startsWith('Current runtime context')) return i
   }
-  return ''
+  return -1
+}
+
+function lastUserText(messages) {
+  const i = lastUserIndex(messages)
+  return i < 0 ? '' : (messages[i].content || []).filter(b => b.type === 'text').map(b => b.text).join('')
+}
+
+// The ping adapter's tool hook: `call: <tool> <json>` in the last user text, not yet answered.
+function pendingToolCall(messages) {
+  const i = lastUserIndex(messages)
+  if (i < 0 || messages.slice(i + 1).some(m => m?.role === 'tool')) return undefined
+  const match = /^call: (\S+) (.*)$/m.exec(lastUserText(messages))
+  return match ? { name: match[1], arguments: match[2] } : undefined
 }
 
 // A JSON copy of a DSH value (messages and events are frozen plain data; this drops anything else).
@@ -298,6 +325,9 @@ export function apply(ctx, config = {}) {
     if (type === 'followup') {
       const m = data.message
       if (!m || typeof m !== 'object' || typeof m.source?.kind !== 'string') throw new BridgeError('BAD_DATA', 'followup needs a message with a source kind')
+      if (m.source.kind === INIT_SOURCE_KIND && m.source.phase === 'result' && cancelledInits.delete(data.agentId)) {
+        throw new BridgeError('CANCELLED', 'the /loopx-init it reports on was cancelled')
+      }
       const placement = data.placement ?? 'followup'
       if (!['followup', 'steer', 'inject'].includes(placement)) throw new BridgeError('BAD_DATA', `unknown placement ${placement}`)
       const agent = liveAgent(data.agentId)
@@ -481,6 +511,42 @@ export function apply(ctx, config = {}) {
     return { kind: 'reject' }
   })
 
+  // ---- /loopx-init: run by the runtime for the exact agent ----------------------------------------
+  const cancelledInits = new Set() // agents whose /loopx-init was cancelled: no result message
+  // `promise`, or a rejection as soon as `signal` aborts
+  const abortable = (promise, signal) => new Promise((resolve, reject) => {
+    const abort = () => reject(new BridgeError('CANCELLED', 'cancelled'))
+    if (signal?.aborted) { abort(); return }
+    signal?.addEventListener('abort', abort, { once: true })
+    promise.then((v) => { signal?.removeEventListener('abort', abort); resolve(v) },
+      (e) => { signal?.removeEventListener('abort', abort); reject(e) })
+  })
+  async function runInit(invocation) {
+    const agentId = invocation.agent?.id
+    if (typeof agentId !== 'string') return { kind: 'error', text: '/loopx-init needs an agent' }
+    cancelledInits.delete(agentId)
+    if (ws) flush(ws) // the runtime must know the agent (its agent/created) before the request
+    let r
+    try {
+      r = await abortable(request('command', { agentId, name: INIT_COMMAND, args: invocation.rawInput ?? '' },
+        config.initTimeoutMs ?? INIT_TIMEOUT_MS), invocation.signal)
+    } catch (e) {
+      if (invocation.signal?.aborted) { cancelledInits.add(agentId); return { kind: 'error', text: '/loopx-init was cancelled' } }
+      const why = e?.code === 'BRIDGE_CLOSED' ? 'the loopdock runtime is not connected' : `${e?.code ?? 'ERROR'}`
+      return { kind: 'error', text: `/loopx-init could not run: ${why}` }
+    }
+    const done = r.type === 'commandDone' ? r.data ?? {} : { ok: false, message: `unexpected ${r.type}` }
+    const text = String(done.message ?? '').slice(0, 2000)
+    return done.ok === true ? { kind: 'success', text } : { kind: 'error', text: text || '/loopx-init failed' }
+  }
+  if (config.loopxInit !== false) {
+    ctx.effect(() => ctx.commands.register({
+      name: INIT_COMMAND,
+      description: 'Check or install the LoopX CLI and the DSH workflow skills (takes no arguments)',
+      handler: (invocation) => runInit(invocation),
+    }), 'loopdock: /loopx-init')
+  }
+
   // ---- the offline ping adapter -----------------------------------------------------------------
   const holds = []
   let holdsReleased = false
@@ -525,6 +591,16 @@ export function apply(ctx, config = {}) {
           let hold
           await released(new Promise((resolve) => { hold = resolve; holds.push(resolve) }), options.signal,
             () => { const i = holds.indexOf(hold); if (i >= 0) holds.splice(i, 1) })
+        }
+        const call = hooked ? pendingToolCall(options.messages || []) : undefined
+        if (call) {
+          const id = `ping-call-${randomUUID()}`
+          yield { type: 'block-start', index: 0, blockType: 'tool-call' }
+          yield { type: 'tool-call-delta', index: 0, id, name: call.name, argumentsDelta: call.arguments }
+          yield { type: 'block-end', index: 0, block: { type: 'tool-call', id, name: call.name, arguments: call.arguments } }
+          yield { type: 'usage', usage: { inputTokens: 1, outputTokens: 1, totalTokens: 2 } }
+          yield { type: 'finish', reason: { kind: 'tool-calls' } }
+          return
         }
         const text = 'pong: ' + last
         yield { type: 'block-start', index: 0, blockType: 'text' }
@@ -646,7 +722,7 @@ export function apply(ctx, config = {}) {
 
   // ---- agents the config asks for (tests: no wire type for create/resume) -------------------------
   const agentOptions = config.agentOptions ?? (config.ping ? { provider: 'ping', model: 'ping-1' } : undefined)
-  if ((config.createAgents?.length ?? 0) + (config.resumeAgents?.length ?? 0) > 0) {
+  if ((config.createAgents?.length ?? 0) + (config.resumeAgents?.length ?? 0) + (config.runCommands?.length ?? 0) > 0) {
     firstWelcome.then(async () => {
       for (const { sessionId, agentPreset } of config.createAgents ?? []) {
         try {
@@ -658,6 +734,14 @@ export function apply(ctx, config = {}) {
         try {
           await ctx.agents.resume({ resumeSessionId: sessionId, ...(agentOptions ? { agentOptions } : {}) })
         } catch (e) { log(`resume ${sessionId} failed: ${e?.message ?? e}`) }
+      }
+      for (const { sessionId, line } of config.runCommands ?? []) {
+        try {
+          const agent = ctx.agents.get(sessionId)
+          if (!agent) throw new Error('no such agent')
+          const result = await ctx.commands.execute(agent, line, [], new AbortController().signal)
+          log(`command ${String(line).slice(0, 64)} in ${sessionId}: ${JSON.stringify(result)?.slice(0, 300)}`)
+        } catch (e) { log(`command in ${sessionId} failed: ${e?.message ?? e}`) }
       }
     })
   }

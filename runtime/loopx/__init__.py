@@ -16,11 +16,16 @@ from ._client import LoopxRequestError as LoopxRequestError
 from ._client import LoopxResult as LoopxResult
 from ._client import LoopxVersion as LoopxVersion
 from ._client import MalformedOutput as MalformedOutput
+from ._client import Recovery as Recovery
 from ._client import ShouldRun as ShouldRun
 from ._client import SkillsResult as SkillsResult
 from ._client import TaskBody as TaskBody
 from ._client import ThreadBinding as ThreadBinding
 from ._client import TodoProgress as TodoProgress
 from ._client import TransportFailure as TransportFailure
+from ._client import check_agent_id as check_agent_id
+from ._client import check_goal_id as check_goal_id
 from ._client import check_thread_id as check_thread_id
 from ._client import check_turn_id as check_turn_id
+from ._client import is_agent_id as is_agent_id
+from ._client import is_goal_id as is_goal_id

@@ -46,7 +46,26 @@ def _is_loopx_skill_call(data: Mapping[str, Any]) -> bool:
 
 
 def _tool_result(data: Mapping[str, Any]) -> tuple[str | None, bool]:
-    """(call id, succeeded) of a tool result; (None, False) when malformed."""
+    """(call id, succeeded) of a tool result in either log format; (None, False) when
+    malformed.
+
+    - DSH 0.2.1 logs ``{turn, step, message: {role: tool, source: {kind: tool, callId},
+      toolCallId, content, isError}, error?}`` (seen on the real ``dsh``: ``isError:
+      false`` and no ``error`` on success; a failed ``skill`` call has ``isError: true``);
+    - this runtime logs the message itself: ``{role: tool, content: [{type: tool-result,
+      callId, isError}], source: {kind: tool, callId}}``.
+    """
+    message = data.get("message")
+    if isinstance(message, Mapping):
+        call_id = message.get("toolCallId")
+        source = message.get("source")
+        if (
+            message.get("role") != "tool"
+            or not isinstance(call_id, str)
+            or not (isinstance(source, Mapping) and source.get("callId") == call_id)
+        ):
+            return None, False
+        return call_id, message.get("isError") is not True and data.get("error") is None
     content = data.get("content")
     if not isinstance(content, list) or len(content) != 1 or not isinstance(content[0], Mapping):
         return None, False

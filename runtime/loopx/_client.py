@@ -79,6 +79,7 @@ __all__ = [
     "LoopxResult",
     "LoopxVersion",
     "MalformedOutput",
+    "Recovery",
     "ShouldRun",
     "SkillsResult",
     "TaskBody",
@@ -86,8 +87,12 @@ __all__ = [
     "TodoProgress",
     "TransportFailure",
     "LifecycleResult",
+    "check_agent_id",
+    "check_goal_id",
     "check_thread_id",
     "check_turn_id",
+    "is_agent_id",
+    "is_goal_id",
     "loopx_env",
 ]
 
@@ -126,9 +131,12 @@ LOOPX_ENV_NAMES = process.BASE_ENV | {
 }
 LOOPX_ENV_PREFIXES = ("LOOPX_",)
 _REGISTRY = ".loopx/registry.json"
-# Goal and agent ids: a superset of LoopX's rules (goal ids ``[A-Za-z0-9][A-Za-z0-9_.-]*``,
-# agent ids ``[a-z][a-z0-9_.:@-]{0,79}``); LoopX refuses the finer cases itself.
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+# LoopX's own agent-id rule (``AGENT_ID_PATTERN`` of its control plane; ``register-agent``
+# normalizes every id it stores to it, so a binding never names anything else).
+_AGENT_ID = re.compile(r"^[a-z][a-z0-9_.:@-]{0,79}$")
+#: LoopX keeps a goal in a directory named after its id: the file system's name limit
+#: (255 bytes) is the only length limit it has (a 150-character id works, 400 fail).
+MAX_GOAL_ID_BYTES = 255
 # What a LoopX error kind/code looks like; anything else is not passed on.
 _KIND = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 # LoopX's own turn-id rule (loopx.turn_identity.TURN_INSTANCE_ID_RE).
@@ -215,6 +223,20 @@ class ThreadBinding:
 
 
 @attrs.frozen
+class Recovery:
+    """``unsettled_host_turn_recovery`` of a should-run answer: an earlier admitted turn of
+    this agent lane (``prior_turn_id``) has no legal closeout. ``repair`` is LoopX's typed
+    repair lane: ``resume_prior_turn`` (re-enter that turn's own guard and settle it under
+    its identity), or one that needs judgement (``lifecycle``, ``dependency``,
+    ``monitor_poll``, ``blocked_writeback``, ...). ``binding_id``: the prior turn's todo."""
+
+    repair: str | None
+    prior_turn_id: str | None
+    binding_id: str | None
+    reason_code: str | None
+
+
+@attrs.frozen
 class ShouldRun:
     """``quota should-run`` with a turn id: LoopX's admission decision and its receipt.
 
@@ -241,6 +263,14 @@ class ShouldRun:
     settlement_plan: Mapping[str, Any] | None
     payload: Mapping[str, Any]
     settlement_owed: bool = False
+    recovery: Recovery | None = None
+    pause_cause: str | None = None
+
+    @property
+    def goal_stopped(self) -> bool:
+        """LoopX says the goal is stopped by its owner. A recovery turn is still admitted
+        then (``should_run`` true), but nothing may continue until the goal is resumed."""
+        return self.pause_cause == "goal_stopped" or self.scheduler_action == "stop_until_explicit_resume"
 
 
 @attrs.frozen
@@ -309,11 +339,37 @@ def check_thread_id(value: object) -> str:
     return value
 
 
-def _check_token(value: object, what: str) -> str:
-    if not isinstance(value, str) or not _ID.fullmatch(value):
-        raise LoopxRequestError(
-            f"{what} must be 1-128 letters, digits or . _ : @ - starting with a letter or digit"
-        )
+def is_goal_id(value: object) -> bool:
+    """LoopX's goal-id rule as its CLI applies it: one path segment (no ``/`` or ``\\``,
+    not ``.`` or ``..``) of at most 255 UTF-8 bytes. Two more refusals keep an argv safe:
+    no NUL (an argv cannot carry it) and no leading ``-`` (argparse would read an option;
+    LoopX's own ``--goal-id -x`` fails the same way)."""
+    return (
+        isinstance(value, str)
+        and bool(value)
+        and value not in (".", "..")
+        and not value.startswith("-")
+        and not any(ch in value for ch in "/\\\0")
+        and len(value.encode("utf-8", "surrogatepass")) <= MAX_GOAL_ID_BYTES
+    )
+
+
+def is_agent_id(value: object) -> bool:
+    """LoopX's agent-id rule: ``[a-z][a-z0-9_.:@-]{0,79}``."""
+    return isinstance(value, str) and _AGENT_ID.fullmatch(value) is not None
+
+
+def check_goal_id(value: object) -> str:
+    if not is_goal_id(value):
+        raise LoopxRequestError("a goal id must be one path segment of 1-255 bytes, not starting with '-'")
+    assert isinstance(value, str)
+    return value
+
+
+def check_agent_id(value: object) -> str:
+    if not is_agent_id(value):
+        raise LoopxRequestError("an agent id must be 1-80 of a-z 0-9 _ . : @ - starting with a letter")
+    assert isinstance(value, str)
     return value
 
 
@@ -502,8 +558,8 @@ class LoopxClient:
                 return ThreadBinding("missing")
             if status == "bound":
                 goal_id, agent_id = payload.get("goal_id"), payload.get("agent_id")
-                if not (isinstance(goal_id, str) and goal_id and isinstance(agent_id, str) and agent_id):
-                    return MalformedOutput("a bound binding came without its ids")
+                if not (is_goal_id(goal_id) and is_agent_id(agent_id)):
+                    return MalformedOutput("a bound binding came without a valid goal id and agent id")
                 if matches != [{"goal_id": goal_id, "agent_id": agent_id}]:
                     return MalformedOutput("a bound binding must have exactly its own match")
                 return ThreadBinding("bound", goal_id, agent_id)
@@ -525,8 +581,8 @@ class LoopxClient:
         and effect id). The receipt must name T; a settlement identity, when present, must
         be T's too. A skip (e.g. a stopped goal) has a receipt without one.
         """
-        _check_token(goal_id, "a goal id")
-        _check_token(agent_id, "an agent id")
+        check_goal_id(goal_id)
+        check_agent_id(agent_id)
         check_turn_id(turn_id)
         result = await self.run(
             "quota", "should-run",
@@ -543,12 +599,18 @@ class LoopxClient:
         should, decision = payload.get("should_run"), payload.get("decision")
         if not isinstance(should, bool) or not isinstance(decision, str):
             return MalformedOutput("should-run answer without should_run/decision")
+        if not _names_only(payload, goal_id, agent_id):
+            return MalformedOutput("should-run answer is for another goal or agent")
         receipt = payload.get("heartbeat_receipt")
         if not isinstance(receipt, Mapping) or receipt.get("turn_instance_id") != turn_id:
             return MalformedOutput("should-run answer without a receipt for this turn")
         status = receipt.get("status")
         if status not in RECEIPT_STATUSES:
             return MalformedOutput("should-run receipt has an unknown status")
+        if receipt.get("partial_write") is True or (should and status == "write_failed"):
+            # An ok answer whose receipt did not fully persist: a retry with the same turn
+            # id could not replay it, so nothing may be admitted on it.
+            return MalformedOutput("should-run receipt was not written completely")
         identity = receipt.get("settlement_identity")
         effect_id = todo_id = None
         if identity is not None:
@@ -574,18 +636,23 @@ class LoopxClient:
             isinstance(wait, bool) or not isinstance(wait, (int, float)) or not math.isfinite(wait) or wait < 0
         ):
             return MalformedOutput("scheduler interval is not a non-negative number")
+        recovery = _recovery(payload.get("unsettled_host_turn_recovery"))
+        if isinstance(recovery, MalformedOutput):
+            return recovery
         return ShouldRun(
             should_run=should,
             decision=decision,
             turn_id=turn_id,
             wait_minutes=float(wait) if wait is not None else None,
-            scheduler_action=action if isinstance(action, str) else None,
+            scheduler_action=_token_or_none(action),
             receipt_status=status,
             effect_id=effect_id,
             todo_id=todo_id,
             settlement_plan=plan,
             payload=payload,
             settlement_owed=identity is None and should,
+            recovery=recovery,
+            pause_cause=_token_or_none(payload.get("pause_cause")),
         )
 
     async def heartbeat_prompt(
@@ -600,8 +667,8 @@ class LoopxClient:
         and has exactly one ``LOOPX_TURN=<T>`` naming T. 2.1.1's body embeds a shell block
         ``LOOPX_TURN=T`` + the should-run guard with the absolute runtime root and registry.
         """
-        _check_token(goal_id, "a goal id")
-        _check_token(agent_id, "an agent id")
+        check_goal_id(goal_id)
+        check_agent_id(agent_id)
         check_turn_id(turn_id)
         result = await self.run(
             "heartbeat-prompt", "--thin",
@@ -641,7 +708,7 @@ class LoopxClient:
         --execute`` (2.x refuses ``--execute`` without ``--actor-kind``). Never retried: an
         execution is a mutation, and a preview is cheap to ask again. Repeating an executed
         operation is a no-op (``changed: false``) that still reads back ``verified``."""
-        _check_token(goal_id, "a goal id")
+        check_goal_id(goal_id)
         if operation not in ("stop", "resume"):
             raise LoopxRequestError("operation must be 'stop' or 'resume'")
         args = ["goal-lifecycle", "--goal-id", goal_id, "--operation", operation]
@@ -664,6 +731,8 @@ class LoopxClient:
         verified = readback.get("verified") is True if readback else False
         if not execute and written:
             return MalformedOutput("a lifecycle preview says it wrote")
+        if payload.get("partial_write") is True:
+            return MalformedOutput("the lifecycle change was written only in part")
         return LifecycleResult(
             operation=operation,
             before_state=before,
@@ -680,8 +749,8 @@ class LoopxClient:
     ) -> TodoProgress | TransportFailure | MalformedOutput | LoopxFailure:
         """``todo list --goal-id G --role agent --agent-id A --limit 1`` ->
         ``agent_todos{done_count, open_count, total_count}``. Read-only, retried."""
-        _check_token(goal_id, "a goal id")
-        _check_token(agent_id, "an agent id")
+        check_goal_id(goal_id)
+        check_agent_id(agent_id)
         result = await self.run(
             "todo", "list", "--goal-id", goal_id, "--role", "agent", "--agent-id", agent_id, "--limit", "1",
             retry=True,
@@ -695,6 +764,8 @@ class LoopxClient:
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
             return MalformedOutput("todo counts are not non-negative integers")
         done, open_, total = cast(list[int], values)
+        if done + open_ != total:
+            return MalformedOutput("todo counts do not add up (done + open != total)")
         return TodoProgress(done, open_, total)
 
     async def workflow_skills(
@@ -752,6 +823,32 @@ class LoopxClient:
             ready=ready if isinstance(ready, bool) else None,
             payload=payload,
         )
+
+
+def _names_only(payload: Mapping[str, Any], goal_id: str, agent_id: str) -> bool:
+    """A should-run answer must name the goal and the agent it was asked about, and no
+    other: 2.1.1 names them as ``goal_id`` and ``agent_identity.agent_id`` (a failure as
+    ``agent_id``); the receipt's settlement identity names them too (checked with it)."""
+    identity = payload.get("agent_identity")
+    named = [payload.get("agent_id"), identity.get("agent_id") if isinstance(identity, Mapping) else None]
+    agents = [a for a in named if a is not None]
+    return payload.get("goal_id") == goal_id and bool(agents) and all(a == agent_id for a in agents)
+
+
+def _recovery(value: object) -> Recovery | MalformedOutput | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        return MalformedOutput("unsettled turn recovery is not an object")
+    prior = value.get("prior_turn_instance_id")
+    if prior is not None and not (isinstance(prior, str) and _TURN_ID.fullmatch(prior)):
+        return MalformedOutput("unsettled turn recovery names an invalid turn id")
+    return Recovery(
+        repair=_token_or_none(value.get("repair")),
+        prior_turn_id=prior,
+        binding_id=_token_or_none(value.get("binding_id")),
+        reason_code=_token_or_none(value.get("reason_code")),
+    )
 
 
 def _json_object(stdout: bytes) -> dict[str, Any] | None:

@@ -63,11 +63,8 @@ def open_runtime(tmp_path, env, project, command, **kwargs):
 async def say(rt, agent, text):
     """Send ``text`` and wait until the agent is idle again and its driver has evaluated
     that idle checkpoint (CLI calls included)."""
-    driver = rt.loopx.continuations[agent.id]
-    before = driver.checkpoints
     agent.followup(text)
-    await agent.wait_idle()
-    await driver.wait_checkpoint(before)
+    await rt.loopx.continuations[agent.id].wait_quiescent()
 
 
 async def test_passive_until_activation_and_every_other_shape_fails_closed(
@@ -215,6 +212,7 @@ if sub == "quota":
         sys.exit(7)  # a transport failure: non-zero, no JSON
     wait = {{"local_scheduler": {{"recommended_interval_minutes": 5}}}} if calls == {transport_failures} + 1 else {{}}
     print(json.dumps({{"ok": True, "should_run": False, "decision": "wait",
+        "goal_id": "g1", "agent_identity": {{"agent_id": "a1"}},
         "heartbeat_receipt": {{"turn_instance_id": turn, "status": "committed"}},
         "scheduler_hint": {{"action": "wait", "cold_path_detail": wait}}}}))
     sys.exit(0)

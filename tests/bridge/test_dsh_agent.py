@@ -14,15 +14,18 @@ from pathlib import Path
 import pytest
 import trio
 
-from actors import LiveEvent, PreStep, Reject
+from actors import CommandResult, LiveEvent, PreStep, Reject
 from actors._agent import InvalidReservationError
 from bridge import (
     Ack,
+    CommandDone,
     DshAgent,
     DshAgentMirror,
     ErrorNotice,
     Followup,
     HostHandler,
+    NotServedError,
+    RunCommand,
     Verdict,
     Wake,
 )
@@ -653,3 +656,74 @@ async def test_the_mirror_of_closed_sessions_is_bounded(rt, monkeypatch):
     await handler.on_events(conn, [SessionEvent("s4", Event("turn/start", 0, 1, {"turn": 1}))])
     await handler.on_live(conn, [LiveEvent("agent/disposed", "a4", {})])
     assert sorted(handler.sessions) == ["s1", "s3", "s4"]  # s2 closed longest ago
+
+
+# -- the mirror as a handler layer: discards and host commands ------------------------------
+
+
+async def test_a_message_the_host_discards_retires_its_reservation(rt, tmp_path, autojump_clock):
+    handler = HostHandler(rt.dock)
+    conn = FakeHost()
+    handler.connected(conn)
+
+    async def on_agent(proxy: DshAgent) -> None:
+        pass
+
+    mirror = DshAgentMirror(handler, on_agent, lambda _: tmp_path, OWNED_KINDS)
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mirror.run)
+            await mirror.on_live(conn, [LiveEvent(*created("a1")), LiveEvent(*status("a1", "running"))])
+            assert await still_blocked(trio.sleep_forever)
+            proxy = mirror.proxies["a1"]
+            reservation = proxy.reserve(continuation())
+            await conn.wait_sent(Followup)
+            wire_message = message_to_wire(reservation.message)
+            await mirror.on_live(conn, [LiveEvent(*inbox("inserted", "a1", wire_message))])
+            assert proxy.inbox_size == 1 and reservation.state == "pending"
+            # DSH dropped the agent's inbox (a cancel with keepInbox false): never a pre-step.
+            await mirror.on_live(conn, [LiveEvent(*inbox("discarded", "a1", wire_message))])
+            assert (reservation.state, reservation.reason) == ("cancelled", "discarded by the host")
+            assert proxy.inbox_size == 0
+            # Another agent's discard of an unknown message changes nothing.
+            await mirror.on_live(conn, [LiveEvent(*inbox("discarded", "a1", human("m-x")))])
+            nursery.cancel_scope.cancel()
+
+
+async def test_host_commands_run_for_the_exact_proxy_and_fail_contained(rt, tmp_path, autojump_clock):
+    handler = HostHandler(rt.dock)
+    conn = FakeHost()
+    handler.connected(conn)
+    ran: list[tuple[str, str]] = []
+
+    async def init(proxy: DshAgent, args: str) -> CommandResult:
+        ran.append((proxy.id, args))
+        proxy.followup(Message("user", (TextBlock("checking LoopX"),), ProducerSource("dsh-loopx-plugin/init-command")))
+        return CommandResult(True, "LoopX is ready", {"skillsChanged": False})
+
+    async def broken(proxy: DshAgent, args: str) -> CommandResult:
+        raise RuntimeError("boom /home/secret")
+
+    async def on_agent(proxy: DshAgent) -> None:
+        pass
+
+    mirror = DshAgentMirror(handler, on_agent, lambda _: tmp_path, OWNED_KINDS,
+                            commands={"loopx-init": init, "broken": broken})
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mirror.run)
+            await mirror.on_live(conn, [LiveEvent(*created("a1"))])
+            # The command may arrive right after the agent's announcement: it waits for its proxy.
+            done = await mirror.on_command(conn, RunCommand("a1", "loopx-init", ""))
+            assert done == CommandDone(True, "LoopX is ready", {"skillsChanged": False})
+            assert ran == [("a1", "")]
+            await conn.wait_sent(Followup)
+            (sent,) = conn.of(Followup)
+            assert sent.agent_id == "a1" and sent.message["source"] == {"kind": "dsh-loopx-plugin/init-command"}
+            failed = await mirror.on_command(conn, RunCommand("a1", "broken", ""))
+            assert failed == CommandDone(False, "/broken failed: RuntimeError")
+            with pytest.raises(NotServedError):
+                await mirror.on_command(conn, RunCommand("a1", "export", ""))
+            with pytest.raises(DshAgentClosedError):
+                await mirror.on_command(conn, RunCommand("nobody", "loopx-init", ""))
+            nursery.cancel_scope.cancel()

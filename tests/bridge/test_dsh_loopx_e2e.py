@@ -1,20 +1,29 @@
-"""The LoopX continuation driver continues a real DSH session bound in real LoopX (issue 5, test 3).
+"""The LoopX continuation on a real DSH session bound in real LoopX, and ``/loopx-init`` run by
+a DSH user (issue 5, test 3).
 
 `dsh headless` loads bridge/dsh_plugin through the patch and creates one extra agent,
-``s-loopx``. The runtime mirrors it as a ``DshAgent`` proxy and attaches the unchanged
-``LoopxContinuation`` to it, exactly as it does for its own agents. The goal is bound to
-that session with the real CLI (no model shell commands), then:
+``s-loopx``. The runtime mirrors it as a ``DshAgent`` proxy (the ``DshAgentMirror`` is the
+handler the bridge serves) and attaches the unchanged ``LoopxContinuation`` to it, exactly
+as it does for its own agents. The goal is bound to that session with the real CLI, then:
 
 1. before the session invokes the ``loopx`` skill the driver stays passive;
-2. a ``/loopx`` invocation (the ``skill-invocation`` message DSH logs for it) activates
-   it: at the next idle the driver asks should-run with one fresh turn id, and one
-   followup with the ``loopx-continuation`` source enters DSH, admitted at DSH's
-   pre-step after the driver replayed should-run with that same turn id;
+2. the *model* invokes it: the plugin's ping model calls DSH's ``skill`` tool with
+   ``{"name": "loopx"}`` (a skill installed in the project), DSH logs the call and its
+   successful result in its own format, and that activates the driver. At the next idle
+   the driver asks should-run with one fresh turn id, and one followup with the
+   ``loopx-continuation`` source enters DSH, admitted at DSH's pre-step after the driver
+   replayed should-run with that same turn id;
 3. the test settles that turn in LoopX (writeback and spend under its exact identity, as
    the model would through its shell), so the driver continues again; that continuation
-   is vetoed at pre-step: DSH ends it ``blocked`` and it never reaches a model step.
-   Its committed receipt is now unsettled, so LoopX offers only a recovery turn without
-   a settlement identity, which the driver refuses: it stops.
+   is vetoed at pre-step by another listener: DSH ends it ``blocked`` and it never reaches
+   a model step; the continuation is then quiet (latched) until a person acts, and asks
+   LoopX nothing more;
+4. a reservation DSH itself discards (a cancel that drops the inbox) is retired at once:
+   DSH's own ``agent/inbox/discarded`` settles it ``cancelled``.
+
+A second test runs ``/loopx-init`` as a DSH command (the plugin registers it; DSH executes
+it as its web UI would): the runtime initialises LoopX for that agent and DSH's own log
+records the command's success and the start and result messages.
 
 Offline and quiet: temporary DSH_HOME and HOME, telemetry disabled, the plugin's `ping`
 model, LoopX on Node 22 with its usage ping off, loopback only.
@@ -22,6 +31,7 @@ model, LoopX on Node 22 with its usage ping off, loopback only.
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -30,6 +40,8 @@ import pytest
 import trio
 
 from actors import PreStep, Reject
+from actors.loopx import INIT_COMMAND_NAME, INIT_SOURCE_KIND
+from actors.loopx._continuation import continuation_message
 from bridge import DshAgentMirror, HostHandler, serve_bridge
 from bridge._dsh_files import dsh_process, quiet_env, session_log, turn_end
 from bridge._dsh_files import event_source as _source_of
@@ -38,7 +50,8 @@ from bridge._dsh_files import split_turns as _turns
 from bridge._patch import write_patch
 from loopdock import LoopxSettings
 from loopdock._runtime import Runtime
-from runtime.loopx import HOST_SURFACE, LifecycleResult, LoopxClient, LoopxOk, ShouldRun
+from loopdock._serve import dsh_loopx_init
+from runtime.loopx import HOST_SURFACE, LoopxClient, LoopxOk, ShouldRun
 
 DSH = Path(sys.executable).parent / "dsh"
 TOKEN = "e2e-token-" + "x" * 20
@@ -52,11 +65,13 @@ FILL = {
     "<outcome>": "outcome_progress",
     "<boundary>": "in_flight_continuation",
 }
+# A person's message asking the ping model to call DSH's skill tool (its `call:` hook).
 ACTIVATE = {
     "role": "user",
-    "content": [{"type": "text", "text": "/loopx keep working on the goal"}],
-    "source": {"kind": "skill-invocation", "name": "loopx", "form": "instructions"},
+    "content": [{"type": "text", "text": 'call: skill {"name": "loopx"}'}],
+    "source": {"kind": "user"},
 }
+HOLD = {"role": "user", "content": [{"type": "text", "text": "HOLD while a continuation waits"}], "source": {"kind": "user"}}
 
 
 class RecordingClient(LoopxClient):
@@ -102,6 +117,7 @@ async def settle(client: RecordingClient, turn_id: str) -> None:
 async def test_the_loopx_driver_continues_a_real_dsh_session(tmp_path, loopx_env, loopx_command, loopx_project):
     if not DSH.exists():
         pytest.fail(f"no dsh next to {sys.executable}: scripts/test installs deepseek-harness-runtime-bin")
+    write_loopx_skill(loopx_project)
     cli = LoopxClient(loopx_command, project=loopx_project, env=loopx_env, timeout=120)
     with trio.fail_after(240):
         await ok(cli, "bootstrap", "--project", ".", "--goal-id", GOAL, "--objective", "Keep the DSH session going",
@@ -114,20 +130,18 @@ async def test_the_loopx_driver_continues_a_real_dsh_session(tmp_path, loopx_env
 
     dsh_home = tmp_path / "dsh-home"
     seen: list[tuple[str, ...]] = []  # the continuation turn ids of each pre-step the proxy judged
-    paused: list = []  # LoopX's answers to the test's pause
 
     async def settle_then_veto(pre: PreStep, next_):
         """An inner pre-step listener (the driver's own is outermost, so its checks have
         passed). The first continuation is settled in LoopX as the model would settle it
         through its shell (writeback, then spend, under the turn's exact identity) and
-        goes on; a later one pauses the goal in LoopX and is vetoed."""
+        goes on; a later one is vetoed."""
         turns = tuple(m.source.fields["turnInstanceId"] for m in pre.messages if m.source and m.source.kind == OWNED)
         seen.append(turns)
         if len(seen) == 1:
             await settle(client, turns[0])
             return await next_(pre)
-        paused.append(await cli.goal_lifecycle(GOAL, "stop", execute=True))
-        return Reject("test: the goal is paused")
+        return Reject("test: not now")
 
     settings = LoopxSettings(env=loopx_env, command=tuple(loopx_command), timeout=120, initialize=False)
     with trio.fail_after(480):
@@ -137,7 +151,7 @@ async def test_the_loopx_driver_continues_a_real_dsh_session(tmp_path, loopx_env
             mirror = DshAgentMirror(handler, rt.loopx.start_continuation, lambda _: tmp_path / "elsewhere", frozenset({OWNED}))
             async with trio.open_nursery() as nursery:
                 await nursery.start(mirror.run)
-                port = await nursery.start(lambda task_status: serve_bridge(handler, token=TOKEN, task_status=task_status))
+                port = await nursery.start(lambda task_status: serve_bridge(mirror, token=TOKEN, task_status=task_status))
                 patch = write_patch(
                     tmp_path / "p", f"ws://127.0.0.1:{port}", TOKEN, ping=True,
                     extra={"createAgents": [{"sessionId": SESSION}], "verdictTimeoutMs": 240000},
@@ -163,9 +177,8 @@ async def test_the_loopx_driver_continues_a_real_dsh_session(tmp_path, loopx_env
                     proxy = mirror.proxies[SESSION]
                     driver = rt.loopx.continuations[SESSION]
                     assert driver.agent is proxy
-                    client = driver.client = RecordingClient(
-                        loopx_command, project=loopx_project, env=loopx_env, timeout=120
-                    )
+                    client = RecordingClient(loopx_command, project=loopx_project, env=loopx_env, timeout=120)
+                    driver.clients = lambda: client
                     proxy.pre_step.add(settle_then_veto)
                     assert proxy.cwd == loopx_project and proxy.session.header.forked_events == 0
 
@@ -174,7 +187,8 @@ async def test_the_loopx_driver_continues_a_real_dsh_session(tmp_path, loopx_env
                     assert not driver.activation.active
                     assert (client.should_runs, driver.pending, driver.admitted) == ([], None, [])
 
-                    # 2. the session invokes the loopx skill: one continuation is admitted
+                    # 2. the model calls the skill tool: DSH's own tool result activates the
+                    #    driver, and one continuation is admitted
                     await handler.followup(SESSION, ACTIVATE)
                     await until(lambda: len(driver.admitted) == 1 or driver.stopped)
                     assert driver.admitted, (driver.stopped, client.answers)
@@ -184,21 +198,29 @@ async def test_the_loopx_driver_continues_a_real_dsh_session(tmp_path, loopx_env
                     assert client.should_runs[:2] == [first, first]
                     assert seen[0] == (first,)
 
-                    # 3. the next continuation is vetoed: blocked in DSH, then the driver stops
-                    await until(lambda: len(seen) >= 2 and driver.pending is None and driver.stopped is not None)
+                    # 3. the next continuation is vetoed: blocked in DSH, then quiet
+                    await until(lambda: len(seen) >= 2 and driver.status.state == "quiet")
                     assert [(kind, type(r)) for kind, r in client.settled] == [
                         ("durable_writeback", LoopxOk), ("quota_spend", LoopxOk)
                     ], client.settled
-                    # the driver asked LoopX again: the vetoed turn holds a committed receipt
-                    # that nobody settled, so LoopX offers only a recovery turn without a
-                    # settlement identity, which the driver does not take
-                    assert driver.stopped == "should-run: unsettled_host_turn_recovery (settlement owed)", driver.stopped
+                    assert driver.status.reason.startswith("the last turn was blocked")
                     assert driver.admitted == [first]
                     second = seen[1][0]
-                    (pause,) = paused
-                    assert isinstance(pause, LifecycleResult) and pause.readback_verified, pause
-                    assert second != first and client.should_runs[-1] not in (first, second)
+                    assert second != first
+                    asked = len(client.should_runs)
                     await until(lambda: proxy.status == "idle" and not proxy.live.inbox)
+
+                    # 4. DSH discards a waiting reservation: it is retired at once
+                    await handler.followup(SESSION, HOLD)
+                    await until(lambda: proxy.status == "running")
+                    waiting = proxy.reserve(continuation_message("wait for it", GOAL, LX_AGENT, "ld-discarded"))
+                    await until(lambda: any(m.get("id") == waiting.message.id for m in proxy.live.inbox.values()))
+                    await handler.cancel(SESSION, "the person pressed stop", keep_inbox=False)
+                    with trio.fail_after(60):
+                        assert await waiting.wait() == "cancelled"
+                    assert waiting.reason == "discarded by the host"
+                    await until(lambda: proxy.status == "idle")
+                    assert len(client.should_runs) == asked  # quiet: it asked LoopX nothing more
 
                     # the end: wake the headless agent (its ping call holds until then)
                     headless = next(a for a in handler.agents if a != SESSION)
@@ -208,14 +230,19 @@ async def test_the_loopx_driver_continues_a_real_dsh_session(tmp_path, loopx_env
                 assert code == 0, (tmp_path / "dsh.err").read_text(errors="replace")
                 nursery.cancel_scope.cancel()
 
-    # DSH's own log: activation, the admitted continuation with its exact source, the veto
+    # DSH's own log: the model's skill call and its result, the admitted continuation with
+    # its exact source, the veto, the discard
     events = [e for e in session_log(dsh_home, SESSION) if "seq" in e]
+    (call,) = [e for e in events if e["type"] == "tool/call"]
+    assert (call["data"]["name"], json.loads(call["data"]["arguments"])) == ("skill", {"name": "loopx"})
+    (result,) = [e for e in events if e["type"] == "tool/result"]
+    assert result["data"]["message"]["toolCallId"] == call["data"]["callId"]
+    assert result["data"]["message"]["isError"] is False
     turns = _turns(events)
-    assert [(turn_end(t) or {}).get("kind") for t in turns] == ["completed", "completed", "blocked"], [
+    assert [(turn_end(t) or {}).get("kind") for t in turns] == ["completed", "completed", "blocked", "aborted"], [
         [(e["type"], _text(e)[:40], e["data"].get("reason")) for e in t] for t in turns
     ]
-    activation, continued, vetoed = turns
-    assert any(_source_of(e) == ACTIVATE["source"] for e in activation if e["type"] == "user/message")
+    _activation, continued, vetoed, _held = turns
     (message,) = [e for e in continued if e["type"] == "user/message" and (_source_of(e) or {}).get("kind") == OWNED]
     assert _source_of(message) == {
         "kind": OWNED, "schemaVersion": "loopx_dsh_continuation_v0",
@@ -224,9 +251,72 @@ async def test_the_loopx_driver_continues_a_real_dsh_session(tmp_path, loopx_env
     assert str(loopx_project) not in _text(message)
     assert any(e["type"] == "assistant/message" and _text(e).startswith("pong: ") for e in continued)
     assert not [e for e in vetoed if e["type"] in ("user/message", "assistant/message", "request/context")]
-    assert not [e for e in events if (_source_of(e) or {}).get("turnInstanceId") == second]
+    assert not [e for e in events if (_source_of(e) or {}).get("turnInstanceId") in (second, "ld-discarded")]
+    assert any(e["type"] == "agent/inbox/spliced" and e["data"].get("outcome") == "canceled" for e in events)
 
     # LoopX holds one receipt for the admitted turn: asking again replays it
     with trio.fail_after(120):
         replay = await cli.should_run(GOAL, LX_AGENT, first)
     assert isinstance(replay, ShouldRun) and replay.receipt_status == "replayed"
+
+
+def write_loopx_skill(project: Path) -> None:
+    folder = project / ".agents" / "skills" / "loopx"
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.joinpath("SKILL.md").write_text("---\nname: loopx\ndescription: test skill\n---\nUse loopx.\n")
+
+
+async def test_a_dsh_user_runs_loopx_init_through_the_plugin(tmp_path, loopx_env, loopx_project):
+    if not DSH.exists():
+        pytest.fail(f"no dsh next to {sys.executable}: scripts/test installs deepseek-harness-runtime-bin")
+    agents_home = tmp_path / "agents"
+    env = {**loopx_env, "DSH_AGENTS_HOME": str(agents_home)}
+    dsh_home = tmp_path / "dsh-home"
+    settings = LoopxSettings(env=env, timeout=120, initialize=False)
+    with trio.fail_after(480):
+        async with Runtime.open(tmp_path / "runtime", loopx=settings) as rt:
+            handler = HostHandler(rt.dock)
+            mirror = DshAgentMirror(
+                handler, rt.loopx.start_continuation, lambda _: loopx_project, frozenset({OWNED}),
+                commands={INIT_COMMAND_NAME: dsh_loopx_init(rt.loopx)},
+            )
+            async with trio.open_nursery() as nursery:
+                await nursery.start(mirror.run)
+                port = await nursery.start(lambda task_status: serve_bridge(mirror, token=TOKEN, task_status=task_status))
+                patch = write_patch(
+                    tmp_path / "p", f"ws://127.0.0.1:{port}", TOKEN, ping=True,
+                    extra={"createAgents": [{"sessionId": SESSION}],
+                           "runCommands": [{"sessionId": SESSION, "line": "/loopx-init"}]},
+                )
+                async with dsh_process(
+                    DSH, ["headless", "--patch", str(patch), "HOLD until the runtime is done"],
+                    cwd=loopx_project, env=quiet_env(dsh_home, tmp_path / "home"), output=tmp_path / "dsh.err",
+                ) as proc:
+                    def initialized() -> bool:
+                        events = handler.sessions.get(SESSION, [])
+                        done = [e for e in events if e.type == "command/done"]
+                        results = [e for e in events if e.type == "user/message"
+                                   and e.data.get("source", {}).get("phase") == "result"]
+                        return bool(done) and bool(results) and proc.returncode is None
+                    while not initialized():
+                        assert proc.returncode is None, (tmp_path / "dsh.err").read_text(errors="replace")
+                        with trio.move_on_after(0.5):
+                            await handler.wait_until(initialized)
+                    headless = next(a for a in handler.agents if a != SESSION)
+                    await handler.wake(headless)
+                    with trio.fail_after(60):
+                        code = await proc.wait()
+                assert code == 0, (tmp_path / "dsh.err").read_text(errors="replace")
+                nursery.cancel_scope.cancel()
+            adopted = rt.loopx.command
+
+    events = [e for e in session_log(dsh_home, SESSION) if "seq" in e]
+    (run,) = [e for e in events if e["type"] == "command/run"]
+    (done,) = [e for e in events if e["type"] == "command/done"]
+    assert run["data"]["name"] == "loopx-init"
+    assert done["data"]["kind"] == "success" and "LoopX CLI 2.1.1 is ready" in done["data"]["text"]
+    phases = [(_source_of(e) or {}).get("phase") for e in events
+              if e["type"] == "user/message" and (_source_of(e) or {}).get("kind") == INIT_SOURCE_KIND]
+    assert phases == ["start", "result"]
+    assert (agents_home / "skills" / "loopx" / "SKILL.md").is_file()
+    assert Path(adopted[-1]).name == "loopx"

@@ -187,7 +187,7 @@ async def test_pause_start_serialized_with_verified_readback(client, loopx_proje
 
     active = GoalBarVisible(SESSION, goal, agent, "active", processed=0, remaining=1, total=1,
                             goal_text=f"Test goal {goal}")
-    with trio.fail_after(3 * PHASE):
+    with trio.fail_after(6 * PHASE):
         async with service(client) as bar:
             assert await bar.read(SESSION, loopx_project) == active
 
@@ -210,8 +210,9 @@ async def test_pause_start_serialized_with_verified_readback(client, loopx_proje
             assert seen[-1] == paused.state
             assert await lifecycle_state(client, goal) == "stopped"
 
-            # Two clicks at once: one mutation at a time, each with its readback; the bar
-            # ends on what LoopX says, which is the last mutation's result.
+            # Start and Pause at once on the paused goal: one mutation at a time, each with
+            # its own check and readback. Start first: both run; Pause first: it finds the
+            # goal paused and is refused. The bar ends on what LoopX says.
             results = {}
             async with trio.open_nursery() as nursery:
                 async def click(name, action):
@@ -219,16 +220,21 @@ async def test_pause_start_serialized_with_verified_readback(client, loopx_proje
                 nursery.start_soon(click, "start", bar.start)
                 nursery.start_soon(click, "pause", bar.pause)
             assert client.max_in_flight == 1
-            assert {r.outcome for r in results.values()} == {"done"}
+            assert results["start"].outcome == "done"
+            assert (results["pause"].outcome, results["pause"].reason) in (("done", None), ("refused", "already-paused"))
             last = {"resume": "active", "stop": "stopped"}[client.executed[-1]]
             final = await bar.read(SESSION, loopx_project)
             assert final.lifecycle_state == last == await lifecycle_state(client, goal)
             assert not final.pending and final.error is None
+            assert client.executed in (["stop", "resume", "stop"], ["stop", "stop", "resume"])
 
-            started = await bar.start(SESSION, loopx_project)
-            assert started.outcome == "done" and started.state == active
-            assert client.executed == ["stop", "resume", "stop", "resume"] or client.executed == [
-                "stop", "stop", "resume", "resume"]
+            if final.lifecycle_state == "stopped":
+                started = await bar.start(SESSION, loopx_project)
+                assert started.outcome == "done" and started.state == active
+            # Start on the active goal of a session with no continuation has nothing to do.
+            idle = await bar.start(SESSION, loopx_project)
+            assert (idle.outcome, idle.reason, idle.state) == ("refused", "nothing-to-start", active)
+            assert len(bar.locks) == 0
 
         # After a restart the bar is rebuilt as LoopX has it.
         async with service(client) as bar:
@@ -371,7 +377,7 @@ async def test_goalbar_endpoint_read_watch_pause_start(client, loopx_project):
                 # Watch the bound session: the answer, and pushed states from then on.
                 visible = {"kind": "visible", "sessionId": SESSION, "goalId": goal, "agentId": agent,
                            "goalText": f"Test goal {goal}", "lifecycleState": "active", "processed": 0,
-                           "remaining": 1, "total": 1, "pending": False}
+                           "remaining": 1, "total": 1, "pending": False, "agentRunning": False}
                 await ws.send_message(wire("goalbarWatch", {"sessionId": SESSION}, id="w1"))
                 frames = await frames_until(ws, lambda f: f["type"] == "goalbar")
                 replies = [f for f in frames if f.get("re") == "w1"]
@@ -429,4 +435,37 @@ async def test_the_page_is_served_over_plain_http_on_the_bridge_origin():
             async with open_websocket("127.0.0.1", port, "/goalbar", use_ssl=False) as ws:
                 await ws.send_message(wire("hello", {"token": TOKEN, "role": "goalbar", "protocol": 1}))
                 assert json.loads(await ws.get_message())["type"] == "welcome"
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_pause_runs_to_completion_when_the_page_that_asked_goes_away(client, loopx_project):
+    goal, agent = "goal-closed", "agent-closed"
+    with trio.fail_after(PHASE):
+        await new_goal(client, goal, agent)
+        await bind(client, goal, agent, SESSION)
+
+    with trio.fail_after(3 * PHASE):
+        async with service(client) as bar, trio.open_nursery() as nursery:
+            handler = GoalBarHandler(bar, lambda session_id: loopx_project, nursery)
+            port = await nursery.start(functools.partial(serve_bridge, handler, token=TOKEN))
+            async with open_websocket("127.0.0.1", port, "/goalbar", use_ssl=False) as ws:
+                await ws.send_message(wire("hello", {"token": TOKEN, "role": "goalbar", "protocol": 1}))
+                assert json.loads(await ws.get_message())["type"] == "welcome"
+                await ws.send_message(wire("goalbarPause", {"sessionId": SESSION, "goalId": goal, "agentId": agent},
+                                           id="c1"))
+            # The page is gone (closed, or reloading) before any answer: its request was
+            # cancelled with its connection, the Pause it asked for was not. Only that
+            # Pause can make the bar pending or the goal stopped.
+            async with aclosing(bar.watch(SESSION, loopx_project)) as states:
+                async for state in states:
+                    if state.pending or state.lifecycle_state == "stopped":
+                        break
+            assert bar.actor_stats(SESSION, loopx_project)["mutations"] == 1
+            joined = await bar.pause(SESSION, loopx_project, expected=(goal, agent))
+            # It either joined the Pause still running (one mutation) or came after it
+            # and found the goal paused already; both mean that Pause ran to its end.
+            assert (joined.outcome, joined.reason) in (("done", None), ("refused", "already-paused"))
+            assert client.executed in (["stop"], ["stop", "stop"])  # the second changed nothing
+            assert await lifecycle_state(client, goal) == "stopped"
+            assert len(bar.locks) == 0
             nursery.cancel_scope.cancel()

@@ -2,7 +2,9 @@
 ``chromium-driver``, driven by selenium), against the bridge and the REAL loopx CLI.
 
 Selenium is synchronous, so every browser step runs in a worker thread while trio serves
-the bridge. Waits are selenium's explicit waits on what the page shows (no sleeps)."""
+the bridge. Waits are selenium's explicit waits on what the page shows (no sleeps). A
+double click on Start or Pause is one LoopX mutation (the page sends one request per
+action; the service joins identical ones)."""
 
 import functools
 import shutil
@@ -10,6 +12,7 @@ import shutil
 import pytest
 import trio
 from selenium import webdriver  # the test extra installs it
+from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -41,6 +44,19 @@ def chromium(profile_dir):
     return webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
 
 
+class CountingClient(LoopxClient):
+    """The real client, recording each lifecycle mutation it runs."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.executed: list[str] = []
+
+    async def goal_lifecycle(self, goal_id, operation, *, execute):
+        if execute:
+            self.executed.append(operation)
+        return await super().goal_lifecycle(goal_id, operation, execute=execute)
+
+
 async def ok(client, *args):
     result = await client.run(*args)
     assert isinstance(result, LoopxOk), (args, result)
@@ -56,8 +72,8 @@ async def lifecycle_state(client, goal_id):
 async def test_the_page_shows_the_bar_and_pause_start_change_loopx(
     loopx_command, loopx_project, loopx_env, loopx_runtime_root, tmp_path
 ):
-    client = LoopxClient(loopx_command, project=loopx_project, env=loopx_env, timeout=60,
-                         runtime_root=loopx_runtime_root)
+    client = CountingClient(loopx_command, project=loopx_project, env=loopx_env, timeout=60,
+                            runtime_root=loopx_runtime_root)
     goal, agent = "goal-page", "agent-page"
     with trio.fail_after(PHASE):
         await ok(client, "bootstrap", "--project", ".", "--goal-id", goal, "--objective", OBJECTIVE,
@@ -71,13 +87,13 @@ async def test_the_page_shows_the_bar_and_pause_start_change_loopx(
 
     browser = await trio.to_thread.run_sync(chromium, tmp_path / "chromium-profile")
     try:
-        with trio.fail_after(4 * PHASE):
+        with trio.fail_after(8 * PHASE):
             async with GoalBarService.open(lambda project: client) as bar, trio.open_nursery() as nursery:
                 handler = GoalBarHandler(bar, lambda session_id: loopx_project, nursery)
                 port = await nursery.start(functools.partial(serve_bridge, handler, token=TOKEN))
                 base = f"http://127.0.0.1:{port}/goalbar"
 
-                def wait_for(predicate, timeout=60):
+                def wait_for(predicate, timeout=3 * PHASE):
                     return WebDriverWait(browser, timeout, poll_frequency=0.1).until(lambda d: predicate(d))
 
                 def text(element_id):
@@ -96,8 +112,9 @@ async def test_the_page_shows_the_bar_and_pause_start_change_loopx(
                     wait_for(lambda d: d.find_element(By.ID, "goalbar").is_displayed()
                              and text("lifecycle") == "active")
                     browser.save_screenshot(str(tmp_path / "goalbar.png"))
-                    return text("counts"), text("action"), browser.find_element(By.ID, "progress").get_attribute("max")
-                assert await trio.to_thread.run_sync(bound) == ("0 done / 2 open / 2", "Pause", "2")
+                    return (text("counts"), text("pause"), browser.find_element(By.ID, "start").is_displayed(),
+                            browser.find_element(By.ID, "progress").get_attribute("max"))
+                assert await trio.to_thread.run_sync(bound) == ("0 done / 2 open / 2", "Pause", False, "2")
                 assert (tmp_path / "goalbar.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
                 # The goal's text from LoopX: whole in the element (what a screen reader
@@ -117,21 +134,30 @@ async def test_the_page_shows_the_bar_and_pause_start_change_loopx(
                     "cut": True, "label": "Goal:", "focusable": True,
                 }
 
-                # Pause from the keyboard, then Start with a click: the verified state shows.
+                # Pause from the keyboard: the verified state shows, and Start instead of Pause.
+                def settled(d):  # the click was answered (the pushed state may come first)
+                    return d.find_element(By.TAG_NAME, "body").get_attribute("data-status") == "visible"
+
                 def pause():
-                    action = browser.find_element(By.ID, "action")
-                    action.send_keys(" ")  # a focused button activates on space
-                    wait_for(lambda d: text("lifecycle") == "stopped" and text("action") == "Start")
-                    return browser.find_element(By.TAG_NAME, "body").get_attribute("data-status")
-                assert await trio.to_thread.run_sync(pause) == "visible"
+                    browser.find_element(By.ID, "pause").send_keys(" ")  # a focused button activates on space
+                    wait_for(lambda d: text("lifecycle") == "stopped" and settled(d))
+                    return text("start"), browser.find_element(By.ID, "pause").is_displayed()
+                assert await trio.to_thread.run_sync(pause) == ("Start", False)
                 assert await lifecycle_state(client, goal) == "stopped"
 
-                def start():
-                    browser.find_element(By.ID, "action").click()
-                    wait_for(lambda d: text("lifecycle") == "active" and text("action") == "Pause")
-                    browser.save_screenshot(str(tmp_path / "goalbar-active.png"))
-                await trio.to_thread.run_sync(start)
+                # A double click is one Start, and then one Pause: one mutation each.
+                def double_click(button, state):
+                    ActionChains(browser).double_click(browser.find_element(By.ID, button)).perform()
+                    wait_for(lambda d: text("lifecycle") == state and settled(d)
+                             and not d.find_element(By.ID, button).is_displayed())
+                await trio.to_thread.run_sync(double_click, "start", "active")
                 assert await lifecycle_state(client, goal) == "active"
+                await trio.to_thread.run_sync(double_click, "pause", "stopped")
+                assert await lifecycle_state(client, goal) == "stopped"
+                assert client.executed == ["stop", "resume", "stop"]
+                assert bar.actor_stats(SESSION, loopx_project)["mutations"] == 3
+                assert len(bar.locks) == 0
+                await trio.to_thread.run_sync(browser.save_screenshot, str(tmp_path / "goalbar-stopped.png"))
                 nursery.cancel_scope.cancel()
     finally:
         await trio.to_thread.run_sync(browser.quit)

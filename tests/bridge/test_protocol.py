@@ -15,6 +15,7 @@ from bridge import (
     MESSAGE_TYPES,
     Ack,
     Cancel,
+    CommandDone,
     ErrorCode,
     ErrorNotice,
     Events,
@@ -26,6 +27,7 @@ from bridge import (
     Pong,
     PreStep,
     ProtocolError,
+    RunCommand,
     Select,
     Selection,
     SelectionParts,
@@ -128,6 +130,10 @@ WIRE_SHAPES = [
     ),
     (Frame(Mirrored(("s1", "s2")), id="h5"), {"type": "mirrored", "id": "h5", "data": {"sessionIds": ["s1", "s2"]}}),
     (Frame(MirroredSeqs({"s1": 41, "s2": 0}), re="h5"), {"type": "mirroredSeqs", "re": "h5", "data": {"seqs": {"s1": 41, "s2": 0}}}),
+    (Frame(RunCommand("s1", "loopx-init"), id="h6"),
+     {"type": "command", "id": "h6", "data": {"agentId": "s1", "name": "loopx-init", "args": ""}}),
+    (Frame(CommandDone(True, "LoopX CLI 2.1.1 is ready", {"skillsChanged": False}), re="h6"),
+     {"type": "commandDone", "re": "h6", "data": {"ok": True, "message": "LoopX CLI 2.1.1 is ready", "data": {"skillsChanged": False}}}),
     (Frame(Ping(), id="p1"), {"type": "ping", "id": "p1", "data": {}}),
     (Frame(Pong(), re="p1"), {"type": "pong", "re": "p1", "data": {}}),
     (Frame(GoalbarRead("s1"), id="g1"), {"type": "goalbarRead", "id": "g1", "data": {"sessionId": "s1"}}),
@@ -144,6 +150,12 @@ WIRE_SHAPES = [
     (
         Frame(Goalbar(GoalbarView("visible", "s1", goal_id="g", agent_id="a", lifecycle_state="active", processed=1, remaining=2, total=3, pending=True))),
         {"type": "goalbar", "data": {"state": {"kind": "visible", "sessionId": "s1", "goalId": "g", "agentId": "a", "lifecycleState": "active", "processed": 1, "remaining": 2, "total": 3, "pending": True}}},
+    ),
+    (
+        Frame(Goalbar(GoalbarView("visible", "s1", goal_id="g", agent_id="a", lifecycle_state="active", processed=0, remaining=1, total=1,
+                                  continuation="quiet", continuation_reason="the last turn was cancelled", agent_running=False))),
+        {"type": "goalbar", "data": {"state": {"kind": "visible", "sessionId": "s1", "goalId": "g", "agentId": "a", "lifecycleState": "active", "processed": 0, "remaining": 1, "total": 1, "pending": False,
+                                               "continuation": "quiet", "continuationReason": "the last turn was cancelled", "agentRunning": False}}},
     ),
 ]
 

@@ -28,6 +28,18 @@ def result(call_id, is_error=False):
 LOOPX_ARGS = json.dumps({"name": "loopx"})
 
 
+def dsh_result(call_id, is_error=False, error=None, tool_call_id=None):
+    """A tool result as DSH 0.2.1 logs it (the shape of a real ``dsh`` run's ``skill`` call;
+    ``tests/bridge/test_dsh_loopx_e2e.py`` activates through a real one)."""
+    message = {"role": "tool", "source": {"kind": "tool", "callId": call_id},
+               "toolCallId": tool_call_id or call_id, "content": [{"type": "text", "text": "<skill_content/>"}],
+               "isError": is_error, "id": "r"}
+    data = {"turn": 1, "step": 1, "message": message}
+    if error is not None:
+        data["error"] = error
+    return data
+
+
 def test_an_exact_user_invocation_activates():
     events = [ev(0, "user/message", user({"kind": "skill-invocation", "name": "loopx", "form": "instructions"}))]
     assert Activation.fold(events).active
@@ -35,6 +47,12 @@ def test_an_exact_user_invocation_activates():
 
 def test_a_successful_paired_skill_call_activates():
     events = [ev(0, "tool/call", call("c1", "skill", LOOPX_ARGS)), ev(1, "tool/result", result("c1"))]
+    assert Activation.fold(events).active
+
+
+def test_a_successful_paired_skill_call_in_dsh_format_activates():
+    events = [ev(0, "tool/call", {"turn": 1, "step": 1, **call("call-1", "skill", LOOPX_ARGS)}),
+              ev(1, "tool/result", dsh_result("call-1"))]
     assert Activation.fold(events).active
 
 
@@ -60,6 +78,11 @@ def test_a_successful_paired_skill_call_activates():
             ev(1, "tool/result", result("c1", is_error=True)),
             ev(2, "tool/result", result("c1")),
         ],
+        [ev(0, "tool/call", call("c1", "skill", LOOPX_ARGS)), ev(1, "tool/result", dsh_result("c1", is_error=True))],
+        [ev(0, "tool/call", call("c1", "skill", LOOPX_ARGS)),
+         ev(1, "tool/result", dsh_result("c1", error={"name": "ToolError", "code": "X"}))],
+        [ev(0, "tool/call", call("c1", "skill", LOOPX_ARGS)), ev(1, "tool/result", dsh_result("c2"))],
+        [ev(0, "tool/call", call("c1", "skill", LOOPX_ARGS)), ev(1, "tool/result", dsh_result("c1", tool_call_id="c2"))],
         [ev(0, "assistant/message", {"id": "a", "role": "assistant", "content": [{"type": "text", "text": "/loopx"}]})],
     ],
 )

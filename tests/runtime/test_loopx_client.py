@@ -25,15 +25,19 @@ from runtime.loopx import (
     ATTEMPT_BACKOFF,
     HOST_SURFACE,
     MAX_ATTEMPTS,
+    LifecycleResult,
     LoopxClient,
     LoopxFailure,
     LoopxOk,
     LoopxRequestError,
     MalformedOutput,
+    Recovery,
     ShouldRun,
     TaskBody,
     ThreadBinding,
+    TodoProgress,
     TransportFailure,
+    check_goal_id,
 )
 from runtime.loopx import _client as loopx_client
 from runtime.loopx._client import loopx_env
@@ -184,6 +188,8 @@ def safe(reason: str, standin: StandIn) -> bool:
 
 
 OK = {"json": {"ok": True, "hello": "world"}}
+# What every should-run answer of loopx 2.1.1 names: the goal and the agent it is about.
+FOR_G1_A1 = {"goal_id": "g1", "agent_identity": {"schema_version": "peer_agent_identity_v1", "agent_id": "a1"}}
 REFUSED = {"json": {"ok": False, "error_kind": "thread_agent_binding_invalid_request", "error": "x"}, "code": 1}
 CRASH = {"stderr": "Traceback: SECRET /home/user/.loopx failed", "code": 2}
 
@@ -370,7 +376,7 @@ async def test_retries_stop_after_three_attempts_in_all(standin, immediate_retri
 
 async def test_should_run_retries_with_the_same_turn_id(standin, immediate_retries):
     receipt = {
-        "ok": True, "should_run": False, "decision": "skip",
+        "ok": True, "should_run": False, "decision": "skip", **FOR_G1_A1,
         "heartbeat_receipt": {"turn_instance_id": "turn-7", "status": "replayed"},
     }
     standin.plan(CRASH, {"json": receipt})
@@ -533,7 +539,7 @@ async def test_should_run_parses_the_wait_and_the_settlement_identity(standin):
                 "todo_id": "t9", "turn_instance_id": "turn-1"}
     plan = {"schema_version": "quota_settlement_plan_v1", "ordered_steps": [{"kind": "validation"}]}
     standin.plan({"json": {
-        "ok": True, "should_run": True, "decision": "run",
+        "ok": True, "should_run": True, "decision": "run", **FOR_G1_A1,
         "heartbeat_receipt": {"turn_instance_id": "turn-1", "status": "committed", "settlement_identity": identity},
         "scheduler_hint": {"action": "run_now", "cold_path_detail": {"local_scheduler": {"recommended_interval_minutes": 3}},
                            "unchanged_poll": {"local_scheduler": "continue"}},
@@ -550,7 +556,7 @@ async def test_should_run_parses_the_wait_and_the_settlement_identity(standin):
 async def test_should_run_admits_a_recovery_turn_that_owes_its_settlement_binding(standin):
     # What loopx 2.1.1 answers while an earlier admitted turn of the agent is unsettled.
     standin.plan({"json": {
-        "ok": True, "should_run": True, "decision": "unsettled_host_turn_recovery",
+        "ok": True, "should_run": True, "decision": "unsettled_host_turn_recovery", **FOR_G1_A1,
         "heartbeat_receipt": {"turn_instance_id": "turn-1", "status": "committed", "settlement_binding_owed": True},
     }})
     with trio.fail_after(30):
@@ -572,7 +578,7 @@ async def test_should_run_admits_a_recovery_turn_that_owes_its_settlement_bindin
     ],
 )
 async def test_should_run_rejects_receipts_for_anything_but_this_turn(standin, receipt):
-    standin.plan({"json": {"ok": True, "should_run": True, "decision": "run", "heartbeat_receipt": receipt}})
+    standin.plan({"json": {"ok": True, "should_run": True, "decision": "run", **FOR_G1_A1, "heartbeat_receipt": receipt}})
     with trio.fail_after(30):
         result = await standin.client().should_run("g1", "a1", "turn-1")
     assert isinstance(result, MalformedOutput)
@@ -649,3 +655,109 @@ async def test_version_reads_the_first_line(standin):
     with trio.fail_after(30):
         bad = await standin.client().version()
     assert isinstance(bad, MalformedOutput) and safe(bad.reason, standin)
+
+
+# -- LoopX's own identity rules, and answers that break its contract -------------------------
+
+LONG_GOAL = "g" * 150  # LoopX binds it (its only limit is the goal directory's name)
+
+
+async def test_ids_loopx_accepts_are_accepted(standin):
+    base = {"schema_version": "loopx_thread_agent_binding_resolution_v0", "host_surface": HOST_SURFACE,
+            "thread_id": "s-1", "ok": True, "status": "bound"}
+    standin.plan({"json": {**base, "goal_id": LONG_GOAL, "agent_id": "a1@x:y.z-w_v",
+                           "matches": [{"goal_id": LONG_GOAL, "agent_id": "a1@x:y.z-w_v"}]}})
+    with trio.fail_after(30):
+        binding = await standin.client().resolve_thread("s-1")
+    assert binding == ThreadBinding("bound", LONG_GOAL, "a1@x:y.z-w_v")
+    receipt = {"turn_instance_id": "turn-1", "status": "committed", "settlement_identity": {
+        "effect_id": f"{LONG_GOAL}:a1:t:turn-1", "goal_id": LONG_GOAL, "agent_id": "a1", "todo_id": "t",
+        "turn_instance_id": "turn-1"}}
+    standin.plan({"json": {"ok": True, "should_run": True, "decision": "run", "goal_id": LONG_GOAL,
+                           "agent_identity": {"agent_id": "a1"}, "heartbeat_receipt": receipt}})
+    with trio.fail_after(30):
+        decision = await standin.client().should_run(LONG_GOAL, "a1", "turn-1")
+    assert isinstance(decision, ShouldRun) and decision.should_run
+    # Goal ids with a space or a non-ASCII letter work in LoopX too (one path segment).
+    for goal_id in ("a b", "ü-goal", "x" * 255):
+        assert check_goal_id(goal_id) == goal_id
+
+
+@pytest.mark.parametrize("goal_id", ["", ".", "..", "a/b", "a\\b", "-x", "nul\0", "x" * 256, "ü" * 128, None])
+def test_goal_ids_loopx_cannot_hold_are_refused(goal_id):
+    with pytest.raises(LoopxRequestError):
+        check_goal_id(goal_id)
+
+
+async def test_a_binding_whose_agent_id_is_not_an_agent_id_is_refused(standin):
+    base = {"schema_version": "loopx_thread_agent_binding_resolution_v0", "host_surface": HOST_SURFACE,
+            "thread_id": "s-1", "ok": True, "status": "bound", "goal_id": "g"}
+    for agent_id in ("Agent-1", "1a", "a" * 81, "a b", ""):
+        standin.plan({"json": {**base, "agent_id": agent_id, "matches": [{"goal_id": "g", "agent_id": agent_id}]}})
+        with trio.fail_after(30):
+            result = await standin.client().resolve_thread("s-1")
+        assert isinstance(result, MalformedOutput), agent_id
+
+
+IDENTITY = {"effect_id": "g1:a1:t9:turn-1", "goal_id": "g1", "agent_id": "a1", "todo_id": "t9", "turn_instance_id": "turn-1"}
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"goal_id": "g2", "agent_identity": {"agent_id": "a1"}},  # another goal
+        {"goal_id": "g1", "agent_identity": {"agent_id": "a2"}},  # another agent
+        {"goal_id": "g1"},  # says nothing of the agent
+        {**FOR_G1_A1, "heartbeat_receipt": {"turn_instance_id": "turn-1", "status": "committed",
+                                            "settlement_identity": IDENTITY, "partial_write": True}},
+        {**FOR_G1_A1, "heartbeat_receipt": {"turn_instance_id": "turn-1", "status": "write_failed",
+                                            "settlement_identity": IDENTITY}},
+        {**FOR_G1_A1, "unsettled_host_turn_recovery": {"prior_turn_instance_id": "has space"}},
+        {**FOR_G1_A1, "unsettled_host_turn_recovery": ["resume_prior_turn"]},
+    ],
+)
+async def test_should_run_answers_that_break_the_contract_fail_closed(standin, answer):
+    receipt = {"turn_instance_id": "turn-1", "status": "committed", "settlement_identity": IDENTITY}
+    standin.plan({"json": {"ok": True, "should_run": True, "decision": "run", "heartbeat_receipt": receipt, **answer}})
+    with trio.fail_after(30):
+        result = await standin.client().should_run("g1", "a1", "turn-1")
+    assert isinstance(result, MalformedOutput) and result.kind == "schema"
+    assert len(standin.attempts()) == 1
+
+
+async def test_should_run_reads_the_recovery_and_a_stopped_goal(standin):
+    # The shape loopx 2.1.1 answers for a stopped goal whose earlier turn is unsettled.
+    standin.plan({"json": {
+        "ok": True, "should_run": True, "decision": "unsettled_host_turn_recovery", **FOR_G1_A1,
+        "pause_cause": "goal_stopped", "scheduler_hint": {"action": "stop_until_explicit_resume"},
+        "heartbeat_receipt": {"turn_instance_id": "turn-2", "status": "committed", "settlement_binding_owed": True},
+        "unsettled_host_turn_recovery": {"repair": "resume_prior_turn", "prior_turn_instance_id": "turn-1",
+                                         "binding_id": "todo_1", "reason_code": "required_closeout_receipt_missing"},
+    }})
+    with trio.fail_after(30):
+        result = await standin.client().should_run("g1", "a1", "turn-2")
+    assert isinstance(result, ShouldRun) and result.settlement_owed and result.goal_stopped
+    assert result.recovery == Recovery("resume_prior_turn", "turn-1", "todo_1", "required_closeout_receipt_missing")
+
+
+async def test_a_lifecycle_change_written_in_part_is_not_a_result(standin):
+    answer = {"ok": True, "before_state": "active", "after_state": "stopped", "changed": True, "written": True,
+              "readback": {"status": "verified", "verified": True}}
+    standin.plan({"json": {**answer, "partial_write": True}})
+    with trio.fail_after(30):
+        result = await standin.client().goal_lifecycle("g1", "stop", execute=True)
+    assert isinstance(result, MalformedOutput)
+    standin.plan({"json": {**answer, "partial_write": False}})
+    with trio.fail_after(30):
+        result = await standin.client().goal_lifecycle("g1", "stop", execute=True)
+    assert isinstance(result, LifecycleResult) and result.readback_verified
+
+
+async def test_todo_counts_must_add_up(standin):
+    standin.plan({"json": {"ok": True, "agent_todos": {"done_count": 1, "open_count": 1, "total_count": 3}}})
+    with trio.fail_after(30):
+        result = await standin.client().todo_progress("g1", "a1")
+    assert isinstance(result, MalformedOutput)
+    standin.plan({"json": {"ok": True, "agent_todos": {"done_count": 1, "open_count": 2, "total_count": 3}}})
+    with trio.fail_after(30):
+        assert await standin.client().todo_progress("g1", "a1") == TodoProgress(1, 2, 3)

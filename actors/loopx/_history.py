@@ -1,0 +1,102 @@
+"""What one session's own log says about its LoopX continuation.
+
+Everything the continuation must remember across a restart is folded from the session
+log (the runtime's or DSH's, which differ only in details handled here), never stored
+elsewhere:
+
+- **activation** (``runtime.loopx.Activation``): did this session invoke the loopx skill;
+- **the latch**: after a turn that ends ``aborted`` (a cancel; not a disposal, which is the
+  runtime or the host going away), ``error``, ``max-tokens`` or ``blocked``, the
+  continuation stays quiet until a person acts. A person's message (source ``user`` or
+  ``skill-invocation``) re-arms it, and so does a continuation message that entered a
+  model step: it can only have entered because a person re-armed the continuation (the
+  GoalBar's Start) after the latching turn. ``interrupted`` (a crash, repaired on resume)
+  never latches: a restart is not a person's decision;
+- **continuation turns**: for each LoopX turn id whose continuation message entered a
+  model step in this session, how the last turn it entered ended (``completed``,
+  ``aborted``, ...; ``open`` while it runs). A turn LoopX reports unsettled is resumed
+  automatically only if it never completed here: a model that finished a turn without
+  settling it would only do so again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from runtime._events import Event
+from runtime._messages import HUMAN_SOURCE_KINDS
+from runtime.loopx import Activation
+
+CONTINUATION_KIND = "loopx-continuation"
+
+#: Why the continuation is quiet, by the turn end that latched it (safe, fixed phrases).
+LATCH_REASONS = {
+    "aborted": "the last turn was cancelled",
+    "error": "the last turn ended with an error",
+    "max-tokens": "the last turn ran out of output tokens",
+    "blocked": "the last turn was blocked before the model ran",
+}
+
+
+def _source(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    # A user/message's data is the message itself, in both logs.
+    source = data.get("source")
+    return source if isinstance(source, Mapping) else {}
+
+
+def _disposal(reason: Mapping[str, Any]) -> bool:
+    """An abort because the agent went away: the runtime's ``cause: disposed`` or DSH's
+    ``reason: {kind: disposed}``."""
+    inner = reason.get("reason")
+    return reason.get("cause") == "disposed" or (isinstance(inner, Mapping) and inner.get("kind") == "disposed")
+
+
+@attrs.define
+class ContinuationHistory:
+    """An incremental fold of one session's events (see the module docstring)."""
+
+    activation: Activation = attrs.field(factory=Activation)
+    #: why the continuation is quiet; None while it is armed
+    latch: str | None = None
+    #: continuation turn id -> how the last turn it entered ended (``open`` while running)
+    turns: dict[str, str] = attrs.field(factory=dict)
+    _in_turn: list[str] = attrs.field(factory=list)
+
+    def feed(self, event: Event) -> None:
+        self.activation.feed(event)
+        data = event.data
+        if event.type == "turn/start":
+            self._in_turn = []
+        elif event.type == "user/message":
+            source = _source(data)
+            kind = source.get("kind")
+            if kind in HUMAN_SOURCE_KINDS:
+                self.latch = None
+            elif kind == CONTINUATION_KIND and isinstance(source.get("turnInstanceId"), str):
+                turn_id = source["turnInstanceId"]
+                self.latch = None
+                self.turns[turn_id] = "open"
+                self._in_turn.append(turn_id)
+        elif event.type == "turn/end":
+            reason = data.get("reason")
+            reason = reason if isinstance(reason, Mapping) else {}
+            kind = reason.get("kind")
+            ended = kind if isinstance(kind, str) else "unknown"
+            for turn_id in self._in_turn:
+                self.turns[turn_id] = ended
+            self._in_turn = []
+            if ended in LATCH_REASONS and not (ended == "aborted" and _disposal(reason)):
+                self.latch = LATCH_REASONS[ended]
+
+    def rearm(self) -> None:
+        """A person re-armed the continuation (the GoalBar's Start): process-local until a
+        continuation it admits enters a model step, which the log then shows."""
+        self.latch = None
+
+    def completed(self, turn_id: str) -> bool:
+        """True when a continuation of ``turn_id`` entered a model step here and its last
+        turn ended ``completed``."""
+        return self.turns.get(turn_id) == "completed"

@@ -1,0 +1,292 @@
+"""The LoopX continuation's own logic against a fake LoopX client (no process), on the
+autojump clock: one evaluation at a time, one timer, contained failures, the hold a
+Pause uses, and the session-log fold (activation, latch, continuation turns) for both
+log formats. The same behaviours on the real CLI: ``test_loopx_trust.py``.
+
+Nothing sleeps to synchronise: tests wait on the continuation's own signals
+(``wait_quiescent``, ``wait_checkpoint``) or on events the fake client sets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+from actors._faults import FAULT_KIND
+from actors.loopx import ContinuationHistory, LoopxSettings
+from loopdock import Runtime
+from runtime._events import Event
+from runtime.loopx import LoopxClient, ShouldRun, TaskBody, ThreadBinding
+from runtime.models import Reply, ScriptedAdapter
+from runtime.skills import SkillCatalog
+
+SOURCE = {"kind": "loopx-continuation"}
+
+
+def admitted(turn_id: str) -> ShouldRun:
+    return ShouldRun(
+        should_run=True, decision="run", turn_id=turn_id, wait_minutes=None, scheduler_action="run_now",
+        receipt_status="committed", effect_id=f"g1:a1:t1:{turn_id}", todo_id="t1", settlement_plan=None, payload={},
+    )
+
+
+def waiting(turn_id: str, minutes: float = 5) -> ShouldRun:
+    return ShouldRun(
+        should_run=False, decision="wait", turn_id=turn_id, wait_minutes=minutes, scheduler_action="wait",
+        receipt_status="committed", effect_id=None, todo_id=None, settlement_plan=None, payload={},
+    )
+
+
+def stopped(turn_id: str) -> ShouldRun:
+    return ShouldRun(
+        should_run=False, decision="skip", turn_id=turn_id, wait_minutes=None, scheduler_action="stop",
+        receipt_status="committed", effect_id=None, todo_id=None, settlement_plan=None, payload={},
+    )
+
+
+class AdmitOnce:
+    """LoopX with one todo: it admits one turn (and replays it), then has nothing more."""
+
+    def __init__(self) -> None:
+        self.turn_id: str | None = None
+
+    def __call__(self, turn_id: str) -> ShouldRun:
+        if self.turn_id in (None, turn_id):
+            self.turn_id = turn_id
+            return admitted(turn_id)
+        return stopped(turn_id)
+
+
+class FakeLoopx(LoopxClient):
+    """LoopX's typed answers without a process: ``answer(turn_id)`` decides should-run;
+    ``gate`` (when set) holds every should-run until it is set; ``fail`` raises once."""
+
+    def __init__(self, project: Path, answer=None) -> None:
+        super().__init__(["fake-loopx"], project=project, env={})
+        self.answer = answer if answer is not None else AdmitOnce()
+        self.should_runs: list[str] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.gate: trio.Event | None = None
+        self.fail: dict[str, BaseException] = {}
+        self.entered = trio.Event()
+
+    def _maybe_fail(self, what: str) -> None:
+        error = self.fail.pop(what, None)
+        if error is not None:
+            raise error
+
+    async def resolve_thread(self, thread_id):
+        await trio.lowlevel.checkpoint()
+        self._maybe_fail("resolve")
+        return ThreadBinding("bound", "g1", "a1")
+
+    async def should_run(self, goal_id, agent_id, turn_id):
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            self.entered.set()
+            if self.gate is not None:
+                await self.gate.wait()
+            await trio.lowlevel.checkpoint()
+            self._maybe_fail("should-run")
+            self.should_runs.append(turn_id)
+            return self.answer(turn_id)
+        finally:
+            self.in_flight -= 1
+
+    async def heartbeat_prompt(self, goal_id, agent_id, turn_id):
+        await trio.lowlevel.checkpoint()
+        return TaskBody(f"Advance g1.\nLOOPX_TURN={turn_id}\n", turn_id, "heartbeat_agent_input_v1")
+
+
+def write_loopx_skill(project: Path) -> None:
+    folder = project / ".agents" / "skills" / "loopx"
+    folder.mkdir(parents=True)
+    folder.joinpath("SKILL.md").write_text("---\nname: loopx\ndescription: test skill\n---\nUse loopx.\n")
+
+
+def open_runtime(tmp_path: Path, project: Path):
+    return Runtime.open(
+        tmp_path / "home",
+        skills=SkillCatalog.from_env(project, {"HOME": str(tmp_path)}),
+        loopx=LoopxSettings(command=("fake-loopx",), initialize=False),
+    )
+
+
+async def new_agent(rt, project: Path, session_id: str, fake: FakeLoopx, respond=None):
+    rt.register_adapter(f"scripted-{session_id}", ScriptedAdapter(respond or (lambda request: Reply("ok"))))
+    handle = await rt.create_agent(
+        session_id=session_id,
+        agent_options={"provider": f"scripted-{session_id}", "model": "m", "cwd": str(project)},
+    )
+    driver = rt.loopx.continuations[session_id]
+    driver.clients = lambda: fake
+    return handle, driver
+
+
+def continuation_turns(agent) -> list[str]:
+    return [e.data["source"]["turnInstanceId"] for e in agent.session.events
+            if e.type == "user/message" and e.data.get("source", {}).get("kind") == "loopx-continuation"]
+
+
+def faults(agent) -> list[dict]:
+    return [e.data["source"] for e in agent.session.events
+            if e.type == "system/message" and e.data.get("source", {}).get("kind") == FAULT_KIND]
+
+
+async def test_a_scheduler_wake_up_and_an_idle_checkpoint_make_one_evaluation_at_a_time(tmp_path, autojump_clock):
+    write_loopx_skill(tmp_path)
+    fake = FakeLoopx(tmp_path)
+    async with open_runtime(tmp_path, tmp_path) as rt:
+        handle, driver = await new_agent(rt, tmp_path, "one", fake)
+        fake.gate = trio.Event()
+        with trio.fail_after(60):
+            handle.agent.followup("/loopx go")
+            await fake.entered.wait()  # the idle checkpoint after the person's turn is in should-run
+            for _ in range(3):
+                driver.request()  # what a timer does when it fires
+            fake.gate.set()
+            await driver.wait_quiescent()
+        assert fake.max_in_flight == 1
+        # One admission, admitted once; the coalesced requests found it pending or served.
+        assert len(driver.admitted) == 1 and continuation_turns(handle.agent) == driver.admitted
+        await handle.dispose()
+
+
+async def test_arming_the_timer_disarms_the_last_one(tmp_path, autojump_clock):
+    write_loopx_skill(tmp_path)
+    fake = FakeLoopx(tmp_path, answer=waiting)
+    async with open_runtime(tmp_path, tmp_path) as rt:
+        handle, driver = await new_agent(rt, tmp_path, "timed", fake)
+        with trio.fail_after(60):
+            handle.agent.followup("/loopx go")
+            await driver.wait_quiescent()
+            first = driver.timer
+            assert first is not None and driver.status.state == "waiting"
+            await driver.checkpoint()  # an evaluation before the timer fired: a new wait
+        assert driver.timer is not None and driver.timer is not first and first.cancel_called
+        assert len(fake.should_runs) == 2 and fake.should_runs[0] != fake.should_runs[1]
+        await handle.dispose()
+
+
+async def test_a_failing_evaluation_is_recorded_shown_and_retried_at_the_next_checkpoint(tmp_path, autojump_clock):
+    write_loopx_skill(tmp_path)
+    fake = FakeLoopx(tmp_path)
+    fake.fail["resolve"] = RuntimeError("boom /home/secret")
+    async with open_runtime(tmp_path, tmp_path) as rt:
+        handle, driver = await new_agent(rt, tmp_path, "shaky", fake)
+        bystander, _ = await new_agent(rt, tmp_path, "bystander", FakeLoopx(tmp_path))
+        with trio.fail_after(60):
+            handle.agent.followup("/loopx go")
+            await driver.wait_quiescent()
+            assert driver.status.state == "failed"
+            assert driver.status.reason == "the evaluation failed: RuntimeError"  # no text of the error
+            (fault,) = faults(handle.agent)
+            assert fault["actor"] == "loopx-continuation" and fault["action"] == "retried at the next checkpoint"
+            # Nothing else ended: the other agent works, this agent works.
+            bystander.agent.followup("hello")
+            await rt.loopx.continuations["bystander"].wait_quiescent()
+            handle.agent.followup("go on")
+            await driver.wait_quiescent()
+        assert driver.admitted and continuation_turns(handle.agent) == driver.admitted
+        assert len(faults(handle.agent)) == 1
+        await handle.dispose()
+        await bystander.dispose()
+
+
+async def test_a_revalidation_that_raises_rejects_the_step_and_the_agent_goes_on(tmp_path, autojump_clock):
+    write_loopx_skill(tmp_path)
+    fake = FakeLoopx(tmp_path)
+    async with open_runtime(tmp_path, tmp_path) as rt:
+        handle, driver = await new_agent(rt, tmp_path, "gate", fake)
+
+        class RaiseOnReplay:
+            def __init__(self):
+                self.calls = 0
+
+            def __call__(self, turn_id):
+                self.calls += 1
+                if self.calls == 2:  # the pre-step replay
+                    raise ValueError("replay broke")
+                return admitted(turn_id) if self.calls == 1 else stopped(turn_id)
+
+        fake.answer = RaiseOnReplay()
+        with trio.fail_after(60):
+            handle.agent.followup("/loopx go")
+            await driver.wait_quiescent()
+        ends = [e.data["reason"] for e in handle.agent.session.events if e.type == "turn/end"]
+        assert ends[1] == {"kind": "blocked", "reason": "loopx continuation: revalidation failed: ValueError"}
+        assert driver.admitted == [] and continuation_turns(handle.agent) == []
+        assert [f["error"] for f in faults(handle.agent)] == ["revalidation failed: ValueError"]
+        # The blocked turn latches it: quiet, without a CLI call, until a person acts.
+        assert driver.status.state == "quiet" and len(fake.should_runs) == 2  # admission, replay; none after
+        await handle.dispose()
+
+
+async def test_a_hold_withdraws_the_queued_continuation_and_disarms_the_timer(tmp_path, autojump_clock):
+    write_loopx_skill(tmp_path)
+    fake = FakeLoopx(tmp_path, answer=waiting)
+    async with open_runtime(tmp_path, tmp_path) as rt:
+        handle, driver = await new_agent(rt, tmp_path, "held", fake)
+        with trio.fail_after(60):
+            handle.agent.followup("/loopx go")
+            await driver.wait_quiescent()
+            timer = driver.timer
+            assert timer is not None
+            async with driver.hold("a Pause is in progress"):
+                assert timer.cancel_called and driver.timer is None
+                assert driver.status.state == "paused"
+                await driver.checkpoint()  # held: an evaluation does nothing
+                assert len(fake.should_runs) == 1
+        await handle.dispose()
+
+
+# -- the session-log fold -----------------------------------------------------------------
+
+def ev(seq: int, type_: str, data: dict) -> Event:
+    return Event(type_, seq, 0, data)
+
+
+def fold(*events: Event) -> ContinuationHistory:
+    history = ContinuationHistory()
+    for event in events:
+        history.feed(event)
+    return history
+
+
+def continuation_message(turn_id: str) -> dict:
+    return {"id": "m", "role": "user", "content": [], "source": {**SOURCE, "turnInstanceId": turn_id}}
+
+
+def person() -> dict:
+    return {"id": "p", "role": "user", "content": [], "source": {"kind": "user"}}
+
+
+def test_the_latch_follows_turn_ends_in_both_log_formats():
+    turn = [ev(0, "turn/start", {"turn": 1}), ev(1, "user/message", continuation_message("T1"))]
+    # runtime: {kind: aborted, cause}; DSH: {kind: aborted, reason: {kind}}
+    assert fold(*turn, ev(2, "turn/end", {"turn": 1, "reason": {"kind": "aborted", "cause": "stop"}})).latch
+    assert fold(*turn, ev(2, "turn/end", {"turn": 1, "reason": {"kind": "aborted", "reason": {"kind": "user"}}})).latch
+    for reason in ({"kind": "error", "message": "x"}, {"kind": "max-tokens"}, {"kind": "blocked"}):
+        assert fold(*turn, ev(2, "turn/end", {"turn": 1, "reason": reason})).latch
+    # A disposal or a crash is not a person's decision; a completed turn is not a stop.
+    for reason in ({"kind": "aborted", "cause": "disposed"}, {"kind": "aborted", "reason": {"kind": "disposed"}},
+                   {"kind": "interrupted"}, {"kind": "completed"}):
+        assert fold(*turn, ev(2, "turn/end", {"turn": 1, "reason": reason})).latch is None
+
+
+def test_a_person_or_an_admitted_continuation_re_arms_and_turn_outcomes_are_kept():
+    aborted = ev(2, "turn/end", {"turn": 1, "reason": {"kind": "aborted", "cause": "stop"}})
+    start = [ev(0, "turn/start", {"turn": 1}), ev(1, "user/message", continuation_message("T1")), aborted]
+    history = fold(*start)
+    assert history.turns == {"T1": "aborted"} and not history.completed("T1")
+    # A producer's message (e.g. /loopx-init's) does not re-arm; a person's does.
+    init = {"id": "i", "role": "user", "content": [], "source": {"kind": "dsh-loopx-plugin/init-command"}}
+    assert fold(*start, ev(3, "user/message", init)).latch is not None
+    assert fold(*start, ev(3, "user/message", person())).latch is None
+    # A continuation that entered a model step later was re-armed by a person (Start).
+    again = [ev(3, "turn/start", {"turn": 2}), ev(4, "user/message", continuation_message("T1")),
+             ev(5, "turn/end", {"turn": 2, "reason": {"kind": "completed"}})]
+    resumed = fold(*start, *again)
+    assert resumed.latch is None and resumed.completed("T1")
