@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import structlog
 import trio
 
 from actors import (
@@ -55,6 +54,7 @@ from actors import (
 )
 from runtime._errors import LoopdockError, safe_message
 from runtime._events import Event
+from runtime._logging import get_logger
 from runtime._messages import (
     HUMAN_SOURCE_KINDS,
     InvalidMessageError,
@@ -67,7 +67,7 @@ from runtime._waterfall import Waterfall
 from . import _messages as wire
 from ._host_handler import HostAgent, HostHandler
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @attrs.frozen

@@ -24,7 +24,6 @@ from types import MappingProxyType
 from typing import Any, final
 from urllib.parse import urlsplit
 
-import structlog
 import trio
 from trio_websocket import (
     ConnectionClosed,
@@ -37,6 +36,7 @@ from trio_websocket import (
 from actors import LiveEvent
 from runtime._errors import LoopdockError
 from runtime._events import Event
+from runtime._logging import get_logger
 
 from ._connection import (
     CLOSE_POLICY_VIOLATION,
@@ -81,7 +81,7 @@ from ._messages import (
 from ._outbox import OUTBOX_SIZE, Outbox
 from ._protocol import encode, encode_item
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
 #: Largest incoming frame, in characters; trio-websocket closes the connection with 1009

@@ -19,7 +19,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import structlog
 import trio
 
 from actors import (
@@ -57,13 +56,14 @@ from runtime._events import SessionHeader
 from runtime._gc import GC_THRESHOLD
 from runtime._gc import gc_threshold as _gc_threshold
 from runtime._home import resolve_home
+from runtime._logging import get_logger
 from runtime._options import AgentOptions
 from runtime._store import SessionStore
 from runtime.models import AdapterRegistry, ModelAdapter, default_adapters
 from runtime.skills import SkillCatalog, expand_skill_invocations, skill_tool
 from runtime.tools import ShellPolicy, Tool, ToolRegistry, builtin_tools, shell_tool
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def _dock_config(value: DockConfig | Mapping[str, Any] | str | os.PathLike[str] | None) -> DockConfig:

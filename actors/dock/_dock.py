@@ -13,11 +13,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeGuard
 
 import attrs
-import structlog
 import trio
 
 from runtime._changes import Changes
 from runtime._events import Event
+from runtime._logging import get_logger
 from runtime._options import AgentOptions
 from runtime._waterfall import Next
 from runtime.models import ModelRequest
@@ -48,7 +48,7 @@ from ._selection import (
     resolve_resume,
 )
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 DEFAULT_DRIVER = "default"
 

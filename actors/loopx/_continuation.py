@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import attrs
-import structlog
 import trio
 
 from runtime._changes import Changes
 from runtime._events import Event
+from runtime._logging import get_logger
 from runtime._messages import Message, ProducerSource, TextBlock, is_human
 from runtime._waterfall import Next, Waterfall
 from runtime.loopx import Activation, LoopxClient, ShouldRun, TaskBody, ThreadBinding
@@ -41,7 +41,7 @@ from runtime.loopx import Activation, LoopxClient, ShouldRun, TaskBody, ThreadBi
 from .._inbox import Placement, Reservation
 from .._pre_step import PreStep, Reject, Verdict
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 CONTINUATION_KIND = "loopx-continuation"
 CONTINUATION_SCHEMA = "loopx_dsh_continuation_v0"

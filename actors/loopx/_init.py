@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import attrs
-import structlog
 
+from runtime._logging import get_logger
 from runtime._messages import Message, ProducerSource, TextBlock
 from runtime.loopx._client import (
     LoopxClient,
@@ -71,7 +71,7 @@ __all__ = [
     "startup_initialize",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: The producer-owned source of both init followups (never the driver's
 #: ``loopx-continuation``, never a human kind): ordinary competing input, no reservation.

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import attrs
-import structlog
 import trio
 
+from runtime._logging import get_logger
 from runtime.loopx import LoopxClient
 
 from .._commands import CommandContext, CommandRegistry
@@ -23,7 +23,7 @@ from .._supervisor import Supervisor
 from ._continuation import ContinuedAgent, LoopxContinuation
 from ._init import InitOutcome, InitSettings, loopx_init_command, startup_initialize
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @attrs.frozen
