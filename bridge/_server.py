@@ -521,7 +521,7 @@ async def serve_bridge(
 
 
 #: Pages served over plain HTTP on the bridge's own origin: path -> file in this package.
-PAGES: Mapping[str, str] = MappingProxyType({"/goalbar": "goalbar/index.html"})
+PAGES: Mapping[str, str] = MappingProxyType({"/goalbar": "goalbar/index.html", "/console": "console/index.html"})
 _HEAD_LIMIT = 16384
 
 

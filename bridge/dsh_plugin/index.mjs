@@ -12,13 +12,15 @@
 //   (config.ownedKinds), with a deadline, failing closed; other messages are never delayed;
 // - dock mode (config.dock): takes DSH's agent-factory slot, re-hosts the official AgentLoop as
 //   named drivers (config.drivers) and asks the runtime which loop/driver every create and resume uses;
-//   a resume's `select` carries the binding stored in the session's own DSH log (the durable record);
+//   a resume's `select` carries the binding stored in the session's own DSH log (the durable record:
+//   a `plugin:loopdock/binding` record, see BINDING_RECORD);
 // - registers the offline `ping` adapter (config.ping) for tests without an API key: it answers
 //   `pong: <last user text>`; test hooks: HOLD holds the call until the runtime wakes the agent,
 //   WAIT holds it (after streaming `pong: `) until a steer or inject reaches the agent's next step;
 //   both end when the turn is cancelled.
 import { randomUUID } from 'node:crypto'
 import { AgentLoop } from '/snapshot/node/node_modules/@deepseek-ai/dsh-agent-loop/lib/index.js'
+import { appendPluginRecord } from '/snapshot/node/node_modules/@deepseek-ai/dsh-session/lib/index.js'
 
 export const name = 'loopdock-bridge'
 export const inject = ['llm', 'agents', 'sessions', 'tools', 'systemPrompt', 'sessionProjections']
@@ -31,6 +33,12 @@ const BATCH_CHARS = 256 * 1024
 const MAX_ITEM_CHARS = 900 * 1024 // the runtime accepts frames up to 1 MiB
 const MAX_QUEUED = 50000
 const FLUSH_MS = 10
+// The binding lives in DSH's log as a plugin record: an event marked `ignorable` that every DSH
+// reader keeps and skips, so `dsh headless --session-id`, the SDK and the web app all adopt the
+// session. (On `agent-preset/selected`, where the dock first kept it, the headless runner refuses
+// the session: it wants a non-empty agentPreset there and no preset at all. `loopdock dsh-migrate`
+// moves such bindings; they are still read here.)
+const BINDING_RECORD = 'plugin:loopdock/binding'
 const BINDING_EVENT = 'agent-preset/selected'
 const BINDING_KEY = 'agentLoopDock'
 
@@ -90,8 +98,8 @@ function parseBinding(value) {
 function newestBinding(events) {
   for (let i = events.length - 1; i >= 0; i--) {
     const e = events[i]
-    if (e?.type !== BINDING_EVENT) continue
-    const binding = parseBinding(e.data?.[BINDING_KEY])
+    const binding = e?.type === BINDING_RECORD ? parseBinding(e.data)
+      : e?.type === BINDING_EVENT ? parseBinding(e.data?.[BINDING_KEY]) : undefined
     if (binding) return binding
   }
   return undefined
@@ -607,23 +615,11 @@ export function apply(ctx, config = {}) {
       delete out.reasoningEffort
       return out
     }
-    // DSH's `agentPreset` projection takes the `agentPreset` of every agent-preset/selected
-    // event, so the binding event carries the session's current preset (or it would clear it)
-    const currentPreset = (session) => {
-      try {
-        const preset = ctx.sessionProjections.stateOf(session, 'agentPreset')
-        if (typeof preset === 'string' && preset) return preset
-      } catch { /* no preset registry in this host */ }
-      return effectivePreset(sessionEvents(session), session?.header)
-    }
     const withBinding = (choice, setup) => async (agentCtx, agent, ...rest) => {
       const result = await setup?.(agentCtx, agent, ...rest)
       const session = agent?.session ?? agentCtx?.session
       if (session && !hasBinding(session)) {
-        const data = { [BINDING_KEY]: { loop: choice.loop, driver: choice.driver } }
-        const preset = choice.parts.preset ?? currentPreset(session)
-        if (preset) data.agentPreset = preset
-        session.append(BINDING_EVENT, data)
+        appendPluginRecord(session, BINDING_RECORD, { loop: choice.loop, driver: choice.driver })
       }
       return result
     }
