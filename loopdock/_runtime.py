@@ -311,6 +311,14 @@ class Runtime:
     def list_agents(self) -> list[str]:
         return sorted(self._supervisor.agents)
 
+    async def wait_configured(self) -> dict[str, AgentHandle]:
+        """Wait until every agent of the config (``Runtime.open(config=...)``) has started
+        or failed to (a failure is a warning in ``rt.dock.warnings``); returns the started
+        ones by configured id (``handles["flash"].agent``). Configured agents start once
+        their loop and driver are registered, so register those first; bound the wait with
+        a trio timeout if one may never come."""
+        return await self.dock.wait_configured()
+
     async def list_sessions(self) -> list[SessionHeader]:
         """Every persisted session's header."""
         return await trio.to_thread.run_sync(self._supervisor.store.list_headers)
