@@ -33,7 +33,9 @@ from ._dsh_binding import BINDING_RECORD, dsh_binding
 from ._handler import BridgeHandler, Disconnect, HandlerLayer, Peer
 from ._messages import Select, Selection, SessionEvent
 
-log = get_logger("loopdock.serve")
+#: The logger of the lines ``loopdock serve`` shows at info.
+SERVE_LOGGER = "loopdock.serve"
+log = get_logger(SERVE_LOGGER)
 
 CONSOLE_CAPABILITY = "console"
 ROW_TYPE = "console/agent"
@@ -143,25 +145,22 @@ class ConsoleHandler(HandlerLayer):
     async def watch_runtime(
         self, subscription: Any, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Follow the runtime's live agent events (``rt.subscribe_live()``) until cancelled."""
+        """Follow the runtime's live agent events (``rt.subscribe_live()``, taken before
+        the runtime's first checkpoint so that no configured agent is missed) until cancelled."""
         task_status.started()
-        async with subscription:
+        with subscription:
             async for item in subscription:
-                row = self.rows.get(item.agent_id)
                 view = self._runtime_view(item.agent_id) if item.type in ("agent/created", "agent/status") else None
-                if view is not None and row is not None and item.type == "agent/status":
-                    # before the status is published: the row then shows the turn just ended
-                    (row.loop, row.driver), row.turns, row.last_turn = _route(view.binding), view.turns, view.last_turn
-                self.apply_live("runtime", item)
-                row = self.rows.get(item.agent_id)
-                if view is not None and row is not None and item.type == "agent/created":
-                    (row.loop, row.driver), row.turns, row.last_turn = _route(view.binding), view.turns, view.last_turn
-                    self._publish(row)
+                self.apply_live("runtime", item, view)
 
     # -- the rows ------------------------------------------------------------------------------
 
-    def apply_live(self, origin: str, item: LiveEvent) -> None:
+    def apply_live(self, origin: str, item: LiveEvent, view: RuntimeView | None = None) -> None:
+        """One live agent event; ``view``: what the agent's session says now (runtime agents)."""
         data: Mapping[str, Any] = item.data
+        row = self.rows.get(item.agent_id)
+        if view is not None and row is not None:  # the turn just ended shows with the status
+            (row.loop, row.driver), row.turns, row.last_turn = _route(view.binding), view.turns, view.last_turn
         if item.type == "agent/created":
             announced = data.get("sessionId")
             session_id = announced if isinstance(announced, str) else item.agent_id
@@ -171,6 +170,8 @@ class ConsoleHandler(HandlerLayer):
                 item.agent_id, origin, session_id, decided.loop if decided else None,
                 decided.driver if decided else None, cwd=cwd if isinstance(cwd, str) else None,
             )
+            if view is not None:
+                (row.loop, row.driver), row.turns, row.last_turn = _route(view.binding), view.turns, view.last_turn
             self._inboxes[item.agent_id] = set()
             log.info("session start", origin=origin, session_id=session_id, source=data.get("source"),
                      loop=row.loop, driver=row.driver)

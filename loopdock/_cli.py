@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import logging
 import os
 import sys
 import tempfile
@@ -19,6 +20,7 @@ from actors import AgentHandle
 from actors.dock import read_binding
 from benchmarks._run import add_arguments as add_bench_arguments
 from benchmarks._run import run_from_args as run_bench
+from bridge._console import SERVE_LOGGER
 from bridge._patch import dsh_patch_command
 from runtime._errors import LoopdockError
 from runtime._events import Event
@@ -252,6 +254,8 @@ def _dispatch(args: Any, out: TextIO) -> int:
     elif args.command == "run":
         trio.run(_run, args.task, args.session_id, args.home, args.provider, args.model, args.config, out)
     elif args.command == "serve":
+        # A server says what it does: session starts and ends, loop decisions (info).
+        logging.getLogger(SERVE_LOGGER).setLevel(logging.INFO)
         allowed: frozenset[str] = frozenset(_drivers(args.shell_allow or ""))
         # (mypy reads attrs' converter=frozenset as wanting a bare Iterable[_T_co])
         shell = ShellPolicy(allow=allowed) if allowed else None  # type: ignore[arg-type]

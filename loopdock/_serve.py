@@ -139,6 +139,7 @@ async def serve_command(
     async with Runtime.open(
         resolve_home(home), config=dock_config, shell=shell, loopx=LoopxSettings() if loopx else None
     ) as rt:
+        live = rt.subscribe_live()  # before any checkpoint: the configured agents start at the first one
         token = await trio.to_thread.run_sync(load_or_create_token, rt.home)
         # A plugin copy a dsh-patch or dsh-install made follows this loopdock's version.
         if (rt.home / PLUGIN_DIR).exists():
@@ -153,7 +154,7 @@ async def serve_command(
                 await nursery.start(mirror.run)
             goalbar = GoalBarHandler(service, project_for, nursery, inner=hosts)
             console = ConsoleHandler(goalbar, runtime_view(rt))
-            await nursery.start(console.watch_runtime, rt.subscribe_live())
+            await nursery.start(console.watch_runtime, live)
             try:
                 bound = await nursery.start(functools.partial(serve_bridge, console, token=token, host=host, port=port))
             except OSError as exc:  # taken between the check and now
