@@ -28,7 +28,7 @@ from runtime._home import resolve_home
 from runtime._logging import configure_logging
 from runtime.tools import ShellPolicy
 
-from . import _install, _sessions
+from . import _goal, _install, _sessions
 from ._runtime import Runtime
 from ._serve import serve_command
 
@@ -40,6 +40,7 @@ loopdock: a trio runtime in which every agent runs its own agent loop.
   loopdock serve --port 8765         the bridge for DSH hosts, the console and the GoalBar
   loopdock dsh-install               loopdock's plugin in a DSH profile (dsh web, dsh headless)
   loopdock sessions list             every session: loop, driver, status, turns
+  loopdock goal bind --session ID    a LoopX goal for a session's GoalBar
 
 -v (anywhere on the line) logs at info level on stderr."""
 
@@ -208,6 +209,8 @@ def _parser() -> argparse.ArgumentParser:
         verb = verbs.add_parser(name, help=text, description=text, parents=[common])
         if name != "list":
             verb.add_argument("session_id", metavar="ID")
+        if name == "list":
+            verb.add_argument("-q", "--quiet", action="store_true", help="only the ids, the most recently active last")
         if name == "tail":
             verb.add_argument("-n", "--lines", type=int, default=10, help="how many past events to print first")
             verb.add_argument("--no-follow", action="store_true", help="print and exit")
@@ -227,6 +230,21 @@ def _parser() -> argparse.ArgumentParser:
     install.add_argument("--ping", action="store_true", help="make the offline ping model DSH's default")
     install.add_argument("--home", help=home_help)
     install.add_argument("--dsh-home", help="DSH's home (default: $DSH_HOME)")
+
+    goal = command("goal", "LoopX goals of sessions (what their GoalBar shows)")
+    goal_verbs = goal.add_subparsers(dest="verb", required=True, metavar="VERB")
+    bind = goal_verbs.add_parser(
+        "bind", help="make a LoopX goal and bind a session to it (run in the session's project)",
+        description="Make a LoopX goal with one agent lane in the project, and bind the session to it\n"
+        "(bootstrap, register-agent, todo add, bind-agent-thread). Needs loopx on PATH with Node >= 22.22.3.",
+        formatter_class=fmt, parents=[common],
+    )
+    bind.add_argument("--session", required=True, metavar="ID", help="the session (a DSH session id, or a runtime agent's)")
+    bind.add_argument("--goal-id", required=True, help="the goal's id, e.g. release-notes")
+    bind.add_argument("--objective", required=True, help="what the goal is for, in a sentence")
+    bind.add_argument("--todo", action="append", default=[], metavar="TEXT", help="a todo of the lane (repeatable)")
+    bind.add_argument("--agent-id", help="the agent lane's id (default: one derived from the session id)")
+    bind.add_argument("--project", metavar="DIR", help="the project holding .loopx/ (default: the current directory)")
 
     migrate = command("dsh-migrate", "move dock bindings of older plugins in DSH's logs to where dsh headless accepts them")
     migrate.add_argument("--dsh-home", help="DSH's home (default: $DSH_HOME)")
@@ -266,7 +284,12 @@ def _dispatch(args: Any, out: TextIO) -> int:
     elif args.command == "sessions":
         home, dsh_home = resolve_home(args.home), _dsh_home_or_none(args.dsh_home)
         if args.verb == "list":
-            _sessions.print_list(_sessions.summaries(home, dsh_home), out)
+            found = _sessions.summaries(home, dsh_home)
+            if args.quiet:
+                for summary in sorted(found, key=lambda s: s.last_time or 0):
+                    print(summary.id, file=out)
+            else:
+                _sessions.print_list(found, out)
         elif args.verb == "show":
             _sessions.show(home, dsh_home, args.session_id, out)
         else:
@@ -276,6 +299,11 @@ def _dispatch(args: Any, out: TextIO) -> int:
             profile=args.profile, url=args.url, home=args.home, dsh_home_arg=args.dsh_home, dock=args.dock,
             drivers=_drivers(args.drivers), ping=args.ping, out=out,
         )
+    elif args.command == "goal":
+        trio.run(functools.partial(
+            _goal.bind_command, session_id=args.session, goal_id=args.goal_id, objective=args.objective,
+            agent_id=args.agent_id, todos=args.todo, project=args.project, out=out,
+        ))
     elif args.command == "dsh-migrate":
         return _install.migrate_command(args.dsh_home, out)
     elif args.command == "dsh-patch":
