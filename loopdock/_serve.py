@@ -13,6 +13,7 @@ from typing import TextIO
 
 import trio
 
+from actors import LiveEvent, Subscription
 from actors.dock import load_config, read_binding
 from actors.loopx import LoopxSettings
 from bridge import DshAgentMirror, HostHandler, load_or_create_token, serve_bridge
@@ -104,6 +105,25 @@ def page_urls(host: str, port: int, token: str) -> list[str]:
     return [f"{base}/console#token={token}", f"{base}/goalbar?session=<session id>#token={token}"]
 
 
+async def compose_handlers(
+    rt: Runtime, service: GoalBarService | None, project: Path, nursery: trio.Nursery, live: Subscription[LiveEvent]
+) -> ConsoleHandler:
+    """The handler ``serve`` answers the bridge with: the console over the GoalBar over the
+    DSH hosts' handler (dock selection, the mirror), each live DSH agent given a LoopX
+    continuation (with LoopX on). ``live``: ``rt.subscribe_live()``, taken early."""
+    hosts = HostHandler(rt.dock)
+    project_for = goalbar_project_for(rt, project, hosts)
+    if rt.loopx is not None:
+        # Every live DSH agent gets a proxy with a continuation driver, like the
+        # runtime's own agents (passive until its session invokes /loopx).
+        mirror = DshAgentMirror(hosts, rt.loopx.start_continuation, project_for, frozenset(DEFAULT_OWNED_KINDS))
+        await nursery.start(mirror.run)
+    goalbar = GoalBarHandler(service, project_for, nursery, inner=hosts)
+    console = ConsoleHandler(goalbar, runtime_view(rt))
+    await nursery.start(console.watch_runtime, live)
+    return console
+
+
 async def serve_command(
     home: str | None,
     host: str | None,
@@ -145,16 +165,7 @@ async def serve_command(
         if (rt.home / PLUGIN_DIR).exists():
             await trio.to_thread.run_sync(stable_plugin, rt.home)
         async with goalbar_service(rt) as service, trio.open_nursery() as nursery:
-            hosts = HostHandler(rt.dock)
-            project_for = goalbar_project_for(rt, project_dir, hosts)
-            if rt.loopx is not None:
-                # Every live DSH agent gets a proxy with a continuation driver, like the
-                # runtime's own agents (passive until its session invokes /loopx).
-                mirror = DshAgentMirror(hosts, rt.loopx.start_continuation, project_for, frozenset(DEFAULT_OWNED_KINDS))
-                await nursery.start(mirror.run)
-            goalbar = GoalBarHandler(service, project_for, nursery, inner=hosts)
-            console = ConsoleHandler(goalbar, runtime_view(rt))
-            await nursery.start(console.watch_runtime, live)
+            console = await compose_handlers(rt, service, project_dir, nursery, live)
             try:
                 bound = await nursery.start(functools.partial(serve_bridge, console, token=token, host=host, port=port))
             except OSError as exc:  # taken between the check and now

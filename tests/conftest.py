@@ -11,7 +11,7 @@ import pytest
 # Tests that start real external components: the LoopX CLI (Node 22), a DSH host, Chromium.
 # ``scripts/test -m "not e2e"`` runs everything else, quickly.
 _E2E_FIXTURES = frozenset({"node22_bin", "loopx_env", "loopx_command"})
-_E2E_MODULES = frozenset({"test_goalbar_browser.py", "test_serve_cli.py"})
+_E2E_MODULES = frozenset({"test_goalbar_browser.py", "test_console_browser.py", "test_serve_cli.py"})
 
 
 def pytest_collection_modifyitems(config, items):
