@@ -252,7 +252,7 @@ def test_example_file_parses():
     assert (config.default_loop, config.default_driver) == ("standard", "default")
     assert dict(config.preset_loops) == {"standard": Route("standard"), "minimal": Route("minimal-first")}
     assert [(a.id, a.model, a.loop, a.session_id) for a in config.agents] == [
-        ("flash", "deepseek-v4-flash", "standard", "flash-session"),
+        ("flash", "deepseek-v4-flash", "standard", None),  # its session: its id
         ("pro", "deepseek-v4-pro", "minimal-first", "pro-session"),
     ]
     # No provider in the example: the ping model's default keeps it offline.
