@@ -92,6 +92,7 @@ class ConsoleHandler(HandlerLayer):
         self._decided: dict[str, Route] = {}  # session id -> the dock's answer to its select
         self._inboxes: dict[str, set[str]] = {}
         self._pages: set[Peer] = set()
+        self._hosts: dict[str, str] = {}  # DSH agent id -> the connection that announced it
 
     # -- console pages ---------------------------------------------------------------------
 
@@ -105,6 +106,14 @@ class ConsoleHandler(HandlerLayer):
 
     def disconnected(self, conn: Peer, reason: Disconnect) -> None:
         self._pages.discard(conn)
+        if conn.role == "dsh-host":
+            # A DSH process that exits (dsh headless does, after its task) says nothing more
+            # of its agents: they ended with it. A host that only reconnects gets its rows
+            # back from its next live events.
+            for agent_id in [a for a, c in self._hosts.items() if c == conn.id]:
+                row = self.rows.get(agent_id)
+                if row is not None:
+                    self._end(row, reason=f"host {reason.kind}")
         super().disconnected(conn, reason)
 
     def _publish(self, row: AgentRow, *, gone: bool = False) -> None:
@@ -133,6 +142,11 @@ class ConsoleHandler(HandlerLayer):
     async def on_live(self, conn: Peer, items: Sequence[LiveEvent]) -> None:
         await super().on_live(conn, items)
         for item in items:
+            if item.type != "agent/disposed":
+                if item.type != "agent/created" and item.agent_id not in self.rows:
+                    # announced before a reconnection (the plugin does not say it again)
+                    self.rows[item.agent_id] = AgentRow(item.agent_id, "dsh", item.agent_id)
+                self._hosts[item.agent_id] = conn.id
             self.apply_live("dsh", item)
 
     async def on_events(self, conn: Peer, items: Sequence[SessionEvent]) -> None:
@@ -182,10 +196,7 @@ class ConsoleHandler(HandlerLayer):
             return
         row = known
         if item.type == "agent/disposed":
-            del self.rows[item.agent_id]
-            self._inboxes.pop(item.agent_id, None)
-            log.info("session end", origin=origin, session_id=row.session_id, turns=row.turns, last_turn=row.last_turn)
-            self._publish(row, gone=True)
+            self._end(row, reason="disposed")
             return
         if item.type == "agent/status" and isinstance(data.get("status"), str):
             row.status = data["status"]
@@ -203,6 +214,14 @@ class ConsoleHandler(HandlerLayer):
         else:
             return
         self._publish(row)
+
+    def _end(self, row: AgentRow, *, reason: str) -> None:
+        self.rows.pop(row.id, None)
+        self._inboxes.pop(row.id, None)
+        self._hosts.pop(row.id, None)
+        log.info("session end", origin=row.origin, session_id=row.session_id, reason=reason, turns=row.turns,
+                 last_turn=row.last_turn)
+        self._publish(row, gone=True)
 
     def _apply_event(self, session_id: str, kind: str, data: Mapping[str, Any]) -> None:
         if kind not in ("turn/start", "turn/end", BINDING_RECORD):
