@@ -178,7 +178,7 @@ class ConsoleHandler(HandlerLayer):
         if item.type == "agent/created":
             announced = data.get("sessionId")
             session_id = announced if isinstance(announced, str) else item.agent_id
-            decided = self._decided.get(session_id)
+            decided = self._decided.pop(session_id, None)
             cwd = data.get("cwd")
             row = self.rows[item.agent_id] = AgentRow(
                 item.agent_id, origin, session_id, decided.loop if decided else None,

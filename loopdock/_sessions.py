@@ -229,10 +229,10 @@ def tail(home: Path, dsh_home: Path | None, session_id: str, out: TextIO, *, lin
     """The last ``lines`` events, then (``follow``) every new one as it is committed,
     until interrupted."""
     origin, events = _events_of(home, dsh_home, session_id)
-    last = -1
-    for seq, line in list(_lines(events))[-lines:] if lines > 0 else []:
+    past = list(_lines(events))
+    for _, line in past[-lines:] if lines > 0 else []:
         print(line, file=out, flush=True)
-    last = max([-1, *(seq for seq, _ in _lines(events))])
+    last = past[-1][0] if past else -1
     while follow:
         time.sleep(TAIL_INTERVAL)  # a viewer polls the files the owners write
         if origin == "runtime":
