@@ -1,10 +1,15 @@
 """Where the loop dock's binding lives in a DSH session log, and moving old ones there.
 
 The DSH plugin records a session's ``{loop, driver}`` once, as a *plugin record*: an event
-of type ``plugin:loopdock/binding`` whose envelope carries ``ignorable: true``. DSH 0.2.1
-keeps such records and skips them everywhere (they never reach the model), so every entry
-point adopts the session: ``dsh headless --session-id``, the SDK's ``session/resume`` and
-the web app.
+of type ``plugin:loopdock/binding`` whose envelope carries ``ignorable: true``, written
+with DSH's own ``appendPluginRecord``. DSH 0.2.1's session reader keeps such records and
+skips them (they never reach the model), so the session stays adoptable: tested with ``dsh
+headless --session-id`` and the SDK's ``resume_session``. The other candidates fail: any
+``agent-preset/selected`` (the headless runner refuses it, run against the binary); an extra
+header field (the v4 header validator in the binary's bundled source refuses unknown
+fields); a ``system/message`` (DSH reads it as the model's system prompt). DSH reserves ``appendPluginRecord`` for its experimental
+packages and keeps records across a future format migration "best effort": a lost record
+would resume the session on its route or the default loop.
 
 Earlier plugins put the binding on ``agent-preset/selected`` (``data.agentLoopDock``).
 DSH's headless runner refuses any session holding that event without a non-empty

@@ -33,10 +33,13 @@ const BATCH_CHARS = 256 * 1024
 const MAX_ITEM_CHARS = 900 * 1024 // the runtime accepts frames up to 1 MiB
 const MAX_QUEUED = 50000
 const FLUSH_MS = 10
-// The binding lives in DSH's log as a plugin record: an event marked `ignorable` that every DSH
-// reader keeps and skips, so `dsh headless --session-id`, the SDK and the web app all adopt the
-// session. (On `agent-preset/selected`, where the dock first kept it, the headless runner refuses
-// the session: it wants a non-empty agentPreset there and no preset at all. `loopdock dsh-migrate`
+// The binding lives in DSH's log as a plugin record (`appendPluginRecord`): an event marked
+// `ignorable` that DSH's session reader keeps and skips, outside the model's view, so the session
+// stays adoptable (verified: `dsh headless --session-id` and the SDK's resume). DSH reserves that
+// function for its experimental packages and keeps such records across a future log-format
+// migration only "best effort"; losing one would resume the session on its route or default loop.
+// (On `agent-preset/selected`, where the dock first kept it, the headless runner refuses the
+// session: it wants a non-empty agentPreset there and no preset at all. `loopdock dsh-migrate`
 // moves such bindings; they are still read here.)
 const BINDING_RECORD = 'plugin:loopdock/binding'
 const BINDING_EVENT = 'agent-preset/selected'
