@@ -16,13 +16,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import structlog
 import trio
 
 from runtime._cancellation import is_cancellation
 from runtime._changes import Changes
 from runtime._errors import AgentClosedError, safe_message
 from runtime._events import Event
+from runtime._logging import get_logger
 from runtime._messages import Message, ProducerSource, user_message
 from runtime._options import AgentOptions
 from runtime._serde import message_from_wire
@@ -40,7 +40,7 @@ from ._turn import Turn, TurnBlocked, TurnBody
 
 Status = Literal["idle", "running"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def fold_transcript(events: Sequence[Event]) -> list[Message]:

@@ -16,17 +16,17 @@ from types import MappingProxyType
 from typing import Any
 
 import attrs
-import structlog
 import trio
 
 from runtime._cancellation import is_cancellation
 from runtime._errors import LoopdockError, safe_message
+from runtime._logging import get_logger
 
 from ._agent import AgentActor
 from ._session import SessionClosedError
 from ._supervisor import Supervisor
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 COMMAND_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
 # Reservations withdrawn because a command ran settle ``cancelled`` with this reason.

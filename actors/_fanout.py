@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from typing import Generic, TypeVar
 
-import structlog
 import trio
 
 from runtime._errors import SubscriberDroppedError
+from runtime._logging import get_logger
 
 T = TypeVar("T")
 
 SUBSCRIBER_BUFFER = 1024
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class Subscription(Generic[T]):

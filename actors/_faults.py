@@ -12,15 +12,14 @@ console and the GoalBar do.
 
 from __future__ import annotations
 
-import structlog
-
 from runtime._errors import safe_message
+from runtime._logging import get_logger
 from runtime._messages import Message, ProducerSource, TextBlock
 from runtime._serde import message_to_wire
 
 from ._session import SessionActor, SessionClosedError
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 FAULT_KIND = "loopdock-fault"
 FAULT_EVENT = "system/message"

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Sequence
 
-import structlog
 import trio
 
 from runtime._errors import ToolError
+from runtime._logging import get_logger
 from runtime._messages import (
     Block,
     Message,
@@ -38,7 +38,7 @@ from ._publication import create_with_body, resume_with_body
 from ._supervisor import Supervisor
 from ._turn import Turn, TurnAgent
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 async def _request_as_is(request: ModelRequest) -> ModelRequest:

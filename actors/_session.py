@@ -15,8 +15,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import structlog
-
 from runtime._changes import Changes
 from runtime._errors import LoopdockError
 from runtime._events import (
@@ -26,12 +24,13 @@ from runtime._events import (
     check_event_type,
     new_event,
 )
+from runtime._logging import get_logger
 from runtime._store import Write
 
 from ._fanout import SUBSCRIBER_BUFFER, Fanout, Subscription
 from ._store_writer import StoreWriter
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class SessionClosedError(LoopdockError):

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import structlog
 import trio
 
+from runtime._logging import get_logger
 from runtime._store import SessionStore, StoreError, Write
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 #: How long the writer gathers writes before committing them (see the module doc).

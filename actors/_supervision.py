@@ -28,10 +28,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import attrs
-import structlog
 import trio
 
-log = structlog.get_logger(__name__)
+from runtime._logging import get_logger
+
+log = get_logger(__name__)
 
 Action = Literal["restarted", "stopped"]
 

@@ -12,7 +12,6 @@ import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-import structlog
 import trio
 
 from runtime._errors import (
@@ -24,6 +23,7 @@ from runtime._errors import (
 )
 from runtime._events import Event, SessionHeader
 from runtime._ids import check_session_id
+from runtime._logging import get_logger
 from runtime._messages import Message
 from runtime._store import SessionStore
 from runtime.models import AdapterRegistry
@@ -37,7 +37,7 @@ from ._session import SessionActor, _now_ms
 from ._store_writer import StoreWriter
 from ._supervision import STOP, Action, supervised
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class UnknownServiceError(LoopdockError):

@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import structlog
 import trio
 
 from actors import (
@@ -64,6 +63,7 @@ from actors import (
 from runtime._changes import Changes
 from runtime._errors import LoopdockError, safe_message
 from runtime._events import Event
+from runtime._logging import get_logger
 from runtime._messages import (
     HUMAN_SOURCE_KINDS,
     InvalidMessageError,
@@ -78,7 +78,7 @@ from ._errors import NotServedError
 from ._handler import HandlerLayer, Peer
 from ._host_handler import HostAgent, HostHandler
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @attrs.frozen

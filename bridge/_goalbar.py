@@ -88,12 +88,12 @@ from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar, Union
 
 import attrs
-import structlog
 import trio
 
 from actors.loopx import LoopxContinuation, LoopxIntegration
 from runtime._changes import Changes
 from runtime._errors import safe_message
+from runtime._logging import get_logger
 from runtime.loopx import (
     LifecycleResult,
     LoopxClient,
@@ -134,7 +134,7 @@ __all__ = [
     "state_to_json",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: Why the bar is hidden: no binding for the session, more than one, LoopX says the
 #: binding is unavailable, a CLI call failed (transport, refusal, malformed answer), or

@@ -30,13 +30,13 @@ from types import MappingProxyType
 from typing import Any, final
 from urllib.parse import urlsplit
 
-import structlog
 import trio
 from trio_websocket import ConnectionClosed, Endpoint, WebSocketConnection, WebSocketRequest
 
 from actors import LiveEvent
 from runtime._errors import LoopdockError
 from runtime._events import Event
+from runtime._logging import get_logger
 
 from ._connection import (
     CLOSE_INVALID_DATA,
@@ -86,7 +86,7 @@ from ._outbox import OUTBOX_BUDGET, OUTBOX_BYTES, OUTBOX_SIZE, Outbox, OutboxBud
 from ._protocol import encode, encode_item
 from ._websocket import wrap_server_stream
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
 #: Largest incoming frame, in characters; trio-websocket closes the connection with 1009
@@ -592,7 +592,7 @@ async def serve_bridge(
 
 
 #: Pages served over plain HTTP on the bridge's own origin: path -> file in this package.
-PAGES: Mapping[str, str] = MappingProxyType({"/goalbar": "goalbar/index.html"})
+PAGES: Mapping[str, str] = MappingProxyType({"/goalbar": "goalbar/index.html", "/console": "console/index.html"})
 _HEAD_LIMIT = 16384
 
 

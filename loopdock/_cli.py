@@ -1,15 +1,18 @@
-"""The ``loopdock`` command: ``demo``, ``run``, ``bench``, ``serve`` and ``dsh-patch``."""
+"""The ``loopdock`` command: demo, run, serve, sessions, dsh-patch, dsh-install, dsh-migrate, bench."""
 
 from __future__ import annotations
 
 import argparse
+import functools
+import logging
 import os
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import trio
 
@@ -17,14 +20,29 @@ from actors import AgentHandle
 from actors.dock import read_binding
 from benchmarks._run import add_arguments as add_bench_arguments
 from benchmarks._run import run_from_args as run_bench
+from bridge._console import SERVE_LOGGER
 from bridge._patch import dsh_patch_command
 from runtime._errors import LoopdockError
 from runtime._events import Event
 from runtime._home import resolve_home
 from runtime._logging import configure_logging
+from runtime.tools import ShellPolicy
 
+from . import _goal, _install, _sessions
 from ._runtime import Runtime
 from ._serve import serve_command
+
+DESCRIPTION = """\
+loopdock: a trio runtime in which every agent runs its own agent loop.
+
+  loopdock demo                      two agents on two loops, offline
+  loopdock run "task"                one task on one agent; prints its transcript
+  loopdock serve --port 8765         the bridge for DSH hosts, the console and the GoalBar
+  loopdock dsh-install               loopdock's plugin in a DSH profile (dsh web, dsh headless)
+  loopdock sessions list             every session: loop, driver, status, turns
+  loopdock goal bind --session ID    a LoopX goal for a session's GoalBar
+
+-v (anywhere on the line) logs at info level on stderr."""
 
 # loopdock's founding demo: two agents, two models, two loops, one runtime.
 DEMO_AGENTS = (
@@ -34,6 +52,12 @@ DEMO_AGENTS = (
 # On the offline ping model a `call:` line makes it call that tool; a real model reads
 # the same text as an instruction.
 DEMO_TASK = 'call: list_dir {"path": "."}\nList the files here, then say which one to read first.'
+
+
+class TurnFailedError(LoopdockError):
+    """Raised by ``run`` and ``demo`` when a turn they ran ended ``error``."""
+
+    code = "TURN_FAILED"
 
 
 def format_transcript(events: Sequence[Event]) -> list[str]:
@@ -64,6 +88,19 @@ def _print_agent(handle: AgentHandle, out: TextIO) -> None:
         print(line, file=out)
 
 
+def _check_turns(handles: Sequence[AgentHandle]) -> None:
+    """TurnFailedError naming every turn that ended ``error`` (the exit status says so)."""
+    failed = []
+    for handle in handles:
+        for event in handle.agent.session.events:
+            reason = event.data.get("reason") if event.type == "turn/end" else None
+            if isinstance(reason, dict) and reason.get("kind") == "error":
+                detail = reason.get("message") or reason.get("error") or reason.get("code") or ""
+                failed.append(f"{handle.agent.id} turn {event.data.get('turn')}" + (f": {detail}" if detail else ""))
+    if failed:
+        raise TurnFailedError("a turn ended with an error: " + "; ".join(str(f)[:300] for f in failed))
+
+
 async def _demo(home: str | None, out: TextIO) -> None:
     provider = "deepseek" if os.environ.get("DEEPSEEK_API_KEY") else "ping"
     with tempfile.TemporaryDirectory(prefix="loopdock-demo-") as scratch:
@@ -87,10 +124,13 @@ async def _demo(home: str | None, out: TextIO) -> None:
             for handle in handles:
                 _print_agent(handle, out)
             print(f"{len(handles)} agents, {len(handles)} loops, one runtime.", file=out)
+            _check_turns(handles)
 
 
-async def _run(task: str, session_id: str | None, home: str | None, provider: str, model: str, out: TextIO) -> None:
-    async with Runtime.open(resolve_home(home)) as rt:
+async def _run(
+    task: str, session_id: str | None, home: str | None, provider: str, model: str, config: str | None, out: TextIO
+) -> None:
+    async with Runtime.open(resolve_home(home), config=config) as rt:
         options = {"provider": provider, "model": model}
         sid = session_id or f"run-{time.time_ns()}"
         persisted = {h.id for h in await rt.list_sessions()}
@@ -98,76 +138,198 @@ async def _run(task: str, session_id: str | None, home: str | None, provider: st
             handle = await rt.resume_agent(resume_session_id=sid, agent_options=options)
         else:
             handle = await rt.create_agent(session_id=sid, agent_options=options)
+        turns_before = sum(1 for e in handle.agent.session.events if e.type == "turn/end")
         handle.agent.followup(task)
         await handle.agent.wait_idle()
         _print_agent(handle, out)
+        ends = [e for e in handle.agent.session.events if e.type == "turn/end"][turns_before:]
+        if any(e.data.get("reason", {}).get("kind") == "error" for e in ends):
+            _check_turns([handle])
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="loopdock", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at info level")
-    commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="two agents on two loops at once (offline unless DEEPSEEK_API_KEY)")
+def _version() -> str:
+    try:
+        return metadata.version("loopdock")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
+def _dsh_home_or_none(value: str | None) -> Path | None:
+    raw = value or os.environ.get("DSH_HOME")
+    return Path(raw).expanduser().absolute() if raw else None
+
+
+def _parser() -> argparse.ArgumentParser:
+    # -v anywhere: on the main parser and on every subcommand (SUPPRESS keeps a
+    # subcommand from resetting what the main parser already read).
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log at info level (stderr)")
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(prog="loopdock", description=DESCRIPTION, formatter_class=fmt, parents=[common])
+    parser.add_argument("--version", action="version", version=f"loopdock {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str, description: str | None = None) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=help, description=description or help, formatter_class=fmt, parents=[common])
+
+    home_help = "runtime home (default: $LOOPDOCK_HOME, else $XDG_DATA_HOME/loopdock, i.e. ~/.local/share/loopdock)"
+    demo = command("demo", "two agents on two loops at once (offline unless DEEPSEEK_API_KEY is set)")
     demo.add_argument("--home", help="runtime home (default: a temporary directory)")
-    run = commands.add_parser("run", help="run one task on one agent and print its transcript")
+
+    run = command("run", "run one task on one agent and print its transcript",
+                  "Run one task on one agent and print its transcript. The exit status is 1 if the turn ended with an error.")
     run.add_argument("task")
     run.add_argument("--session-id", help="resume this session if it exists, else create it")
-    run.add_argument("--home", help="runtime home (default: $LOOPDOCK_HOME, else $XDG_DATA_HOME/loopdock, i.e. ~/.local/share/loopdock)")
-    run.add_argument("--provider", default="ping")
+    run.add_argument("--home", help=home_help)
+    run.add_argument("--config", metavar="FILE", help="the dock's YAML config (as Runtime.open(config=...))")
+    run.add_argument("--provider", default="ping", help="model provider: ping (offline, default) or deepseek")
     run.add_argument("--model", default="ping-1")
-    bench = commands.add_parser("bench", help="measure many agents, human priority, floor and peer (benchmarks/)")
-    add_bench_arguments(bench)
-    serve = commands.add_parser(
-        "serve",
-        help="the websocket bridge for DSH hosts and GoalBar clients, until interrupted",
-        description="Run the runtime and its websocket bridge (on 127.0.0.1 by default) until interrupted: DSH hosts "
-        "connect to ws://HOST:PORT/dsh, and a browser opens the GoalBar of one session at "
-        "http://HOST:PORT/goalbar?session=<id>#token=<token> (the token is in <home>/bridge.token).",
+
+    serve = command(
+        "serve", "the bridge for DSH hosts, the console and the GoalBar, until interrupted",
+        "Run the runtime and its websocket bridge on 127.0.0.1 until interrupted. DSH hosts connect to\n"
+        "ws://HOST:PORT/dsh (see dsh-install and dsh-patch); a browser opens the console at\n"
+        "http://HOST:PORT/console and one session's GoalBar at http://HOST:PORT/goalbar?session=<id>\n"
+        "(both printed at start, with the token from <home>/bridge.token in the #token= fragment).",
     )
     serve.add_argument("--port", type=int, default=0, help="port to listen on (default: any free port)")
     serve.add_argument("--host", help="address to bind (default: 127.0.0.1)")
-    serve.add_argument("--home", help="runtime home (default: $LOOPDOCK_HOME, else $XDG_DATA_HOME/loopdock, i.e. ~/.local/share/loopdock)")
-    serve.add_argument(
-        "--no-loopx", action="store_true",
-        help="leave the LoopX integration off (it is on by default); the GoalBar then shows no bar (reason loopx-off)",
+    serve.add_argument("--home", help=home_help)
+    serve.add_argument("--config", metavar="FILE", help="the dock's YAML config: loops, routes, agents (examples/agents.example.yml)")
+    serve.add_argument("--shell-allow", metavar="EXE,...", help="enable the shell tool for the runtime's own agents, for these executables")
+    serve.add_argument("--no-loopx", action="store_true",
+                       help="leave the LoopX integration off (it is on by default); the GoalBar then shows no bar")
+    serve.add_argument("--project", metavar="DIR",
+                       help="the LoopX project (its .loopx/) of sessions no agent names one for (default: the current directory)")
+
+    sessions = command("sessions", "list the sessions, show one, or follow one")
+    verbs = sessions.add_subparsers(dest="verb", required=True, metavar="VERB")
+    for name, text in (("list", "every session of the runtime and of DSH: loop, driver, status, turns, last event"),
+                       ("show", "one session's whole history"), ("tail", "one session's last events, then new ones")):
+        verb = verbs.add_parser(name, help=text, description=text, parents=[common])
+        if name != "list":
+            verb.add_argument("session_id", metavar="ID")
+        if name == "list":
+            verb.add_argument("-q", "--quiet", action="store_true", help="only the ids, the most recently active last")
+        if name == "tail":
+            verb.add_argument("-n", "--lines", type=int, default=10, help="how many past events to print first")
+            verb.add_argument("--no-follow", action="store_true", help="print and exit")
+        verb.add_argument("--home", help=home_help)
+        verb.add_argument("--dsh-home", help="DSH's home, for its sessions (default: $DSH_HOME)")
+
+    install = command(
+        "dsh-install", "install loopdock's plugin into a DSH profile and verify it with dsh",
+        "Copy the DSH plugin under the runtime home, write its rows into\n"
+        "$DSH_HOME/profiles/NAME/cordis.patch.yml (your other rows stay), and check with\n"
+        "`dsh --profile NAME --dump-config` that DSH loads it. Reinstalling loopdock does not break it.",
     )
-    serve.add_argument(
-        "--project", metavar="DIR",
-        help="the LoopX project (its .loopx/) the GoalBar reads for sessions this runtime does not run, "
-        "e.g. DSH's (default: the current directory); a runtime agent's session uses the agent's cwd",
+    install.add_argument("--profile", default="web", help="DSH profile (default: web; also headless, sdk, acp)")
+    install.add_argument("--url", default=_install.DEFAULT_URL, help=f"the bridge (default: {_install.DEFAULT_URL})")
+    install.add_argument("--dock", action="store_true", help="dock mode: the runtime selects every agent's loop")
+    install.add_argument("--drivers", default="default", help="dock drivers, comma separated (default: default)")
+    install.add_argument("--ping", action="store_true", help="make the offline ping model DSH's default")
+    install.add_argument("--home", help=home_help)
+    install.add_argument("--dsh-home", help="DSH's home (default: $DSH_HOME)")
+
+    goal = command("goal", "LoopX goals of sessions (what their GoalBar shows)")
+    goal_verbs = goal.add_subparsers(dest="verb", required=True, metavar="VERB")
+    bind = goal_verbs.add_parser(
+        "bind", help="make a LoopX goal and bind a session to it (run in the session's project)",
+        description="Make a LoopX goal with one agent lane in the project, and bind the session to it\n"
+        "(bootstrap, register-agent, todo add, bind-agent-thread). Needs loopx on PATH with Node >= 22.22.3.",
+        formatter_class=fmt, parents=[common],
     )
-    patch = commands.add_parser("dsh-patch", help="write the DSH patch file that loads the bridge plugin")
+    bind.add_argument("--session", required=True, metavar="ID", help="the session (a DSH session id, or a runtime agent's)")
+    bind.add_argument("--goal-id", required=True, help="the goal's id, e.g. release-notes")
+    bind.add_argument("--objective", required=True, help="what the goal is for, in a sentence")
+    bind.add_argument("--todo", action="append", default=[], metavar="TEXT", help="a todo of the lane (repeatable)")
+    bind.add_argument("--agent-id", help="the agent lane's id (default: one derived from the session id)")
+    bind.add_argument("--project", metavar="DIR", help="the project holding .loopx/ (default: the current directory)")
+
+    migrate = command("dsh-migrate", "move dock bindings of older plugins in DSH's logs to where dsh headless accepts them")
+    migrate.add_argument("--dsh-home", help="DSH's home (default: $DSH_HOME)")
+
+    patch = command("dsh-patch", "write a DSH patch file that loads the bridge plugin (dsh ... --patch FILE)")
     patch.add_argument("--url", required=True, help="the bridge, e.g. ws://127.0.0.1:PORT (path /dsh is added)")
     patch.add_argument("--out", required=True, help="directory to write patch.yml into")
     patch.add_argument("--dock", action="store_true", help="dock mode: the runtime selects every agent's loop")
     patch.add_argument("--drivers", default="default", help="dock drivers, comma separated (default: default)")
     patch.add_argument("--ping", action="store_true", help="register the offline ping model as DSH's default")
-    patch.add_argument("--home", help="runtime home holding bridge.token (default: $LOOPDOCK_HOME, else $XDG_DATA_HOME/loopdock, i.e. ~/.local/share/loopdock)")
-    args = parser.parse_args(argv)
-    configure_logging(verbose=args.verbose)
-    if args.command == "bench":
-        try:
-            return run_bench(args)
-        except KeyboardInterrupt:
-            return 130
-    try:
-        if args.command == "demo":
-            trio.run(_demo, args.home, sys.stdout)
-        elif args.command == "dsh-patch":
-            drivers = [d.strip() for d in args.drivers.split(",") if d.strip()]
-            dsh_patch_command(
-                args.url, args.out, dock=args.dock, drivers=drivers, ping=args.ping, home=args.home, out=sys.stdout
-            )
-        elif args.command == "serve":
-            trio.run(serve_command, args.home, args.host, args.port, sys.stdout, not args.no_loopx, args.project)
+    patch.add_argument("--home", help=home_help)
+
+    bench = command("bench", "measure many agents, human priority, floor and peer (benchmarks/)")
+    add_bench_arguments(bench)
+    return parser
+
+
+def _drivers(value: str) -> list[str]:
+    return [d.strip() for d in value.split(",") if d.strip()]
+
+
+def _dispatch(args: Any, out: TextIO) -> int:
+    if args.command == "demo":
+        trio.run(_demo, args.home, out)
+    elif args.command == "run":
+        trio.run(_run, args.task, args.session_id, args.home, args.provider, args.model, args.config, out)
+    elif args.command == "serve":
+        # A server says what it does: session starts and ends, loop decisions (info).
+        logging.getLogger(SERVE_LOGGER).setLevel(logging.INFO)
+        allowed: frozenset[str] = frozenset(_drivers(args.shell_allow or ""))
+        # (mypy reads attrs' converter=frozenset as wanting a bare Iterable[_T_co])
+        shell = ShellPolicy(allow=allowed) if allowed else None  # type: ignore[arg-type]
+        trio.run(functools.partial(
+            serve_command, args.home, args.host, args.port, out, not args.no_loopx, args.project,
+            config=args.config, shell=shell,
+        ))
+    elif args.command == "sessions":
+        home, dsh_home = resolve_home(args.home), _dsh_home_or_none(args.dsh_home)
+        if args.verb == "list":
+            found = _sessions.summaries(home, dsh_home)
+            if args.quiet:
+                for summary in sorted(found, key=lambda s: s.last_time or 0):
+                    print(summary.id, file=out)
+            else:
+                _sessions.print_list(found, out)
+        elif args.verb == "show":
+            _sessions.show(home, dsh_home, args.session_id, out)
         else:
-            trio.run(_run, args.task, args.session_id, args.home, args.provider, args.model, sys.stdout)
+            _sessions.tail(home, dsh_home, args.session_id, out, lines=args.lines, follow=not args.no_follow)
+    elif args.command == "dsh-install":
+        _install.install_command(
+            profile=args.profile, url=args.url, home=args.home, dsh_home_arg=args.dsh_home, dock=args.dock,
+            drivers=_drivers(args.drivers), ping=args.ping, out=out,
+        )
+    elif args.command == "goal":
+        trio.run(functools.partial(
+            _goal.bind_command, session_id=args.session, goal_id=args.goal_id, objective=args.objective,
+            agent_id=args.agent_id, todos=args.todo, project=args.project, out=out,
+        ))
+    elif args.command == "dsh-migrate":
+        return _install.migrate_command(args.dsh_home, out)
+    elif args.command == "dsh-patch":
+        dsh_patch_command(args.url, args.out, dock=args.dock, drivers=_drivers(args.drivers), ping=args.ping,
+                          home=args.home, out=out)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    configure_logging(verbose=getattr(args, "verbose", False))
+    try:
+        if args.command == "bench":
+            return run_bench(args)
+        return _dispatch(args, sys.stdout)
+    except TurnFailedError as exc:
+        print(f"loopdock: {exc.code}: {exc}", file=sys.stderr)
+        return 1
     except LoopdockError as exc:
         print(f"loopdock: {exc.code}: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a file or socket the user named; a one-line reason
+        print(f"loopdock: {exc.strerror or exc}{': ' + str(exc.filename) if exc.filename else ''}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
-    return 0
 
 
 if __name__ == "__main__":

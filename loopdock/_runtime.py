@@ -19,7 +19,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import structlog
 import trio
 
 from actors import (
@@ -59,13 +58,14 @@ from runtime._gc import GC_THRESHOLD
 from runtime._gc import gc_threshold as _gc_threshold
 from runtime._home import resolve_home
 from runtime._home_lock import acquire_home
+from runtime._logging import get_logger
 from runtime._options import AgentOptions
 from runtime._store import SessionStore
 from runtime.models import AdapterRegistry, ModelAdapter, default_adapters
 from runtime.skills import SkillCatalog, expand_skill_invocations, skill_tool
 from runtime.tools import ShellPolicy, Tool, ToolRegistry, builtin_tools, shell_tool
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def _dock_config(value: DockConfig | Mapping[str, Any] | str | os.PathLike[str] | None) -> DockConfig:
@@ -333,6 +333,14 @@ class Runtime:
 
     def list_agents(self) -> list[str]:
         return sorted(self._supervisor.agents)
+
+    async def wait_configured(self) -> dict[str, AgentHandle]:
+        """Wait until every agent of the config (``Runtime.open(config=...)``) has started
+        or failed to (a failure is a warning in ``rt.dock.warnings``); returns the started
+        ones by configured id (``handles["flash"].agent``). Configured agents start once
+        their loop and driver are registered, so register those first; bound the wait with
+        a trio timeout if one may never come."""
+        return await self.dock.wait_configured()
 
     async def list_sessions(self) -> list[SessionHeader]:
         """Every persisted session's header."""

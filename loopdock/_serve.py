@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -12,16 +13,19 @@ from typing import TextIO
 
 import trio
 
-from actors import CommandResult
+from actors import CommandResult, LiveEvent, Subscription
+from actors.dock import load_config, read_binding
 from actors.loopx import INIT_COMMAND_NAME, LoopxIntegration, LoopxSettings
 from bridge import DshAgent, DshAgentMirror, HandlerLayer, HostHandler, load_or_create_token, serve_bridge
+from bridge._console import ConsoleHandler, RuntimeView
 from bridge._dsh_agent import HostCommand
 from bridge._goalbar import GoalBarHandler, GoalBarService
-from bridge._patch import DEFAULT_OWNED_KINDS
+from bridge._patch import DEFAULT_OWNED_KINDS, PLUGIN_DIR, stable_plugin
 from bridge._server import DEFAULT_HOST
 from bridge._token import TOKEN_FILE
-from runtime._errors import InvalidOptionsError
+from runtime._errors import InvalidOptionsError, LoopdockError
 from runtime._home import resolve_home
+from runtime.tools import ShellPolicy
 
 from ._runtime import Runtime
 
@@ -69,6 +73,75 @@ async def goalbar_service(rt: Runtime) -> AsyncIterator[GoalBarService | None]:
         yield service
 
 
+class PortInUseError(LoopdockError):
+    """Raised by ``serve`` when its port is taken (another ``serve``, or any program)."""
+
+    code = "PORT_IN_USE"
+
+
+def check_port(host: str, port: int) -> None:
+    """PortInUseError if ``host:port`` cannot be bound; checked before the runtime and
+    LoopX's start-up, so a taken port is one line at once, not a traceback later."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as trio's listener
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise PortInUseError(
+                f"{host}:{port} is in use ({exc.strerror or exc}): stop what listens there, "
+                "or pick another --port (--port 0: any free port)"
+            ) from None
+
+
+def runtime_view(rt: Runtime) -> Callable[[str], RuntimeView | None]:
+    """The console's view of a runtime agent: binding, turns and last turn end, read from
+    its session."""
+
+    def view(agent_id: str) -> RuntimeView | None:
+        agent = rt.get_agent(agent_id)
+        if agent is None:
+            return None
+        events = agent.session.events
+        ends = [e.data.get("reason", {}).get("kind") for e in events if e.type == "turn/end"]
+        turns = sum(1 for e in events if e.type == "turn/start")
+        return RuntimeView(read_binding(events), turns, str(ends[-1]) if ends else None)
+
+    return view
+
+
+def page_urls(host: str, port: int, token: str) -> list[str]:
+    """The console and GoalBar pages' URLs (the token in the fragment: never sent)."""
+    base = f"http://{host}:{port}"
+    return [f"{base}/console#token={token}", f"{base}/goalbar?session=<session id>#token={token}"]
+
+
+async def compose_handlers(
+    rt: Runtime, service: GoalBarService | None, project: Path, nursery: trio.Nursery, live: Subscription[LiveEvent]
+) -> ConsoleHandler:
+    """The handler ``serve`` answers the bridge with: the console over the GoalBar over the
+    DSH hosts' handler (dock selection, the mirror), each live DSH agent given a LoopX
+    continuation (with LoopX on). ``live``: ``rt.subscribe_live()``, taken early."""
+    hosts = HostHandler(rt.dock)
+    project_for = goalbar_project_for(rt, project, hosts)
+    inner: HandlerLayer = hosts
+    if rt.loopx is not None:
+        # Every live DSH agent gets a proxy with a continuation driver, like the
+        # runtime's own agents (passive until its session invokes /loopx), and a
+        # DSH user's /loopx-init (the plugin's command) runs here for its agent.
+        inner = mirror = DshAgentMirror(
+            hosts, rt.loopx.start_continuation, project_for, frozenset(DEFAULT_OWNED_KINDS),
+            commands={INIT_COMMAND_NAME: dsh_loopx_init(rt.loopx)},
+        )
+        await nursery.start(mirror.run)
+    goalbar = GoalBarHandler(service, project_for, nursery, inner=inner)
+    console = ConsoleHandler(goalbar, runtime_view(rt))
+    await nursery.start(console.watch_runtime, live)
+    return console
+
+
 async def serve_command(
     home: str | None,
     host: str | None,
@@ -76,42 +149,49 @@ async def serve_command(
     out: TextIO,
     loopx: bool = True,
     project: str | os.PathLike[str] | None = None,
+    *,
+    config: str | os.PathLike[str] | None = None,
+    shell: ShellPolicy | None = None,
 ) -> None:
     """Open the runtime on ``home``, serve the bridge on ``host`` (default loopback) and
-    ``port`` (0: any free port), print one readiness line on ``out``, and run until SIGINT
-    or SIGTERM; then close everything (sessions made durable).
+    ``port`` (0: any free port), print one readiness line on ``out`` (then the console's
+    and the GoalBar's URLs), and run until SIGINT or SIGTERM; then close everything
+    (sessions made durable).
 
-    The bridge answers DSH hosts' loop selection from the runtime's dock, mirrors every
-    live DSH agent as a ``DshAgent`` with a LoopX continuation driver (with ``loopx``),
-    and serves the GoalBar (page and ``/goalbar`` endpoint). ``loopx``: enable the LoopX integration
-    (continuation drivers, /loopx-init, start-up initialisation, the GoalBar's reads).
+    The bridge answers DSH hosts' loop selection from the runtime's dock (``config``: the
+    dock's YAML, as ``Runtime.open(config=...)``), mirrors every live DSH agent as a
+    ``DshAgent`` with a LoopX continuation driver (with ``loopx``), serves the GoalBar
+    and the console (pages and websocket), and logs each session start and end and each
+    loop decision (logger ``loopdock.serve``, info). ``loopx``: enable the LoopX
+    integration. ``shell``: the shell tool's policy for the runtime's own agents.
     ``project``: the LoopX project of sessions the runtime does not own and no DSH host
-    announced a ``cwd`` for (default: the current directory); a session of a live runtime
-    agent uses that agent's ``cwd``, a DSH session its header's."""
+    announced a ``cwd`` for (default: the current directory)."""
     host = host or DEFAULT_HOST
     project_dir = Path(project if project is not None else Path.cwd()).absolute()
     if not project_dir.is_dir():
         raise InvalidOptionsError(f"--project is not a directory: {str(project_dir)[:200]}")
+    dock_config = load_config(config) if config is not None else None  # a bad file: one line, now
+    check_port(host, port)
     # The LoopX integration is on for serve: start-up initialises the CLI and the skills
     # (a failure is a safe diagnostic in rt.loopx.startup; /loopx-init repairs it).
-    async with Runtime.open(resolve_home(home), loopx=LoopxSettings() if loopx else None) as rt:
+    async with Runtime.open(
+        resolve_home(home), config=dock_config, shell=shell, loopx=LoopxSettings() if loopx else None
+    ) as rt:
+        live = rt.subscribe_live()  # before any checkpoint: the configured agents start at the first one
         token = await trio.to_thread.run_sync(load_or_create_token, rt.home)
+        # A plugin copy a dsh-patch or dsh-install made follows this loopdock's version.
+        if (rt.home / PLUGIN_DIR).exists():
+            await trio.to_thread.run_sync(stable_plugin, rt.home)
         async with goalbar_service(rt) as service, trio.open_nursery() as nursery:
-            hosts = HostHandler(rt.dock)
-            project_for = goalbar_project_for(rt, project_dir, hosts)
-            inner: HandlerLayer = hosts
-            if rt.loopx is not None:
-                # Every live DSH agent gets a proxy with a continuation driver, like the
-                # runtime's own agents (passive until its session invokes /loopx), and a
-                # DSH user's /loopx-init (the plugin's command) runs here for its agent.
-                inner = mirror = DshAgentMirror(
-                    hosts, rt.loopx.start_continuation, project_for, frozenset(DEFAULT_OWNED_KINDS),
-                    commands={INIT_COMMAND_NAME: dsh_loopx_init(rt.loopx)},
-                )
-                await nursery.start(mirror.run)
-            handler = GoalBarHandler(service, project_for, nursery, inner=inner)
-            bound = await nursery.start(functools.partial(serve_bridge, handler, token=token, host=host, port=port))
+            console = await compose_handlers(rt, service, project_dir, nursery, live)
+            try:
+                bound = await nursery.start(functools.partial(serve_bridge, console, token=token, host=host, port=port))
+            except OSError as exc:  # taken between the check and now
+                raise PortInUseError(f"{host}:{port}: {exc.strerror or exc}") from None
             print(f"loopdock serve: ws://{host}:{bound} (token in {rt.home / TOKEN_FILE})", file=out, flush=True)
+            console_url, goalbar_url = page_urls(host, bound, token)
+            print(f"  console: {console_url}", file=out, flush=True)
+            print(f"  goalbar: {goalbar_url}", file=out, flush=True)
             # SIGTERM too: a supervisor stopping us should get the same clean close as ^C.
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for _ in signals:

@@ -25,11 +25,10 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
-import structlog
-
+from ._logging import get_logger
 from ._process import BASE_ENV
 
-_log = structlog.get_logger(__name__)
+_log = get_logger(__name__)
 
 # env_start and env_end: /proc/<pid>/stat fields 50 and 51 (1-based; proc(5)), counted
 # here after the ")" that closes field 2.

@@ -23,12 +23,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import final
 
-import structlog
-
 from ._errors import LoopdockError
+from ._logging import get_logger
 from ._private import FILE_MODE, private_dir
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 LOCK_FILE = "runtime.lock"
 

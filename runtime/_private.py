@@ -14,9 +14,9 @@ import os
 import stat
 from pathlib import Path
 
-import structlog
+from ._logging import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600

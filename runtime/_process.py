@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Literal
 
 import attrs
-import structlog
 import trio
 
-_log = structlog.get_logger(__name__)
+from ._logging import get_logger
+
+_log = get_logger(__name__)
 
 LAUNCHER = Path(__file__).with_name("_launcher.py")
 #: How long the launcher may take, past a stop request and the caller's grace period, to

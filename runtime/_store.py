@@ -23,14 +23,14 @@ from types import TracebackType
 from typing import Any
 
 import attrs
-import structlog
 
 from ._errors import LoopdockError
 from ._events import Event, SessionHeader
+from ._logging import get_logger
 from ._private import private_dir, private_file
 from ._serde import event_from_wire, header_from_wire, header_to_wire
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: Bumped whenever the tables change shape; a store never opens a newer one, and
 #: migrates an older one in place when it opens it (see ``_MIGRATIONS``).

@@ -24,7 +24,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "quick"))
 # tests marked e2e by hand elsewhere), Chromium (the browser test). Stand-ins, loopback
 # servers and our own subprocesses are not. ``scripts/test -m "not e2e"`` runs the rest.
 _E2E_FIXTURES = frozenset({"node22_bin", "loopx_env", "loopx_command"})
-_E2E_MODULES = frozenset({"test_goalbar_browser.py"})
+_E2E_MODULES = frozenset({"test_goalbar_browser.py", "test_console_browser.py", "test_serve_cli.py"})
 
 
 def pytest_collection_modifyitems(config, items):

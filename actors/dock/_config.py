@@ -8,8 +8,8 @@ snake_case spelling of every key is accepted too, but not both spellings at once
     presetLoops: {reviewer: minimal-first}               # agent preset -> route
     sessionLoops: {s-42: {loop: standard, driver: loop2}} # session id -> route
     loopPackages: ["my_loops:LOOPS"]                   # imported; its loops are registered
-    agents:
-      - {id: flash, sessionId: flash-session, model: deepseek-v4-flash}
+    agents:                                            # session id: sessionId, else id
+      - {id: flash, model: deepseek-v4-flash}
 
 Unlike that dock, unknown keys and duplicate agent ids are errors, not silently
 dropped. Every error is ``DockError("INVALID_CONFIG", ...)`` and names the field path,
@@ -251,7 +251,10 @@ def _agent(value: object, path: str) -> AgentEntry:
     kwargs: dict[str, Any] = {
         _snake(camel): _AGENT_CHECKS[camel](*fields[camel]) for camel in _AGENT_CHECKS if camel in fields
     }
-    return AgentEntry(id=_text(*fields["id"]), **kwargs)
+    agent_id = _text(*fields["id"])
+    if "sessionId" not in fields and "resumeSessionId" not in fields:
+        _session(*fields["id"])  # it is the session id too
+    return AgentEntry(id=agent_id, **kwargs)
 
 
 def _agents(value: object, path: str) -> tuple[AgentEntry, ...]:
@@ -269,15 +272,16 @@ def _agents(value: object, path: str) -> tuple[AgentEntry, ...]:
             )
         ids[agent.id] = index
         # Two agents on one session would fight over one log: same identity, same session.
-        identity = agent.resume_session_id or agent.session_id
-        if identity is not None:
-            if identity in sessions:
-                first = agents[sessions[identity]]
-                raise _error(
-                    f"agents {_quote(first.id)} ({path}[{sessions[identity]}]) and {_quote(agent.id)} "
-                    f"({path}[{index}]) use the same session {identity!r}"
-                )
-            sessions[identity] = index
+        # An agent naming no session runs on the session of its own id.
+        identity = agent.resume_session_id or agent.session_id or agent.id
+        if identity in sessions:
+            first = agents[sessions[identity]]
+            raise _error(
+                f"agents {_quote(first.id)} ({path}[{sessions[identity]}]) and {_quote(agent.id)} "
+                f"({path}[{index}]) "
+                f"use the same session {identity!r}"
+            )
+        sessions[identity] = index
     return agents
 
 

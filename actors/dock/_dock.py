@@ -8,16 +8,15 @@ algorithm of its own.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeGuard
 
 import attrs
-import structlog
 import trio
 
 from runtime._changes import Changes
 from runtime._events import Event
+from runtime._logging import get_logger
 from runtime._options import AgentOptions
 from runtime._waterfall import Next
 from runtime.models import ModelRequest
@@ -48,7 +47,7 @@ from ._selection import (
     resolve_resume,
 )
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 DEFAULT_DRIVER = "default"
 
@@ -106,6 +105,8 @@ class LoopDock:
         self.warnings: list[str] = []
         self.configured: dict[str, AgentHandle] = {}  # configured agent id -> handle
         self.starting: set[str] = set()  # configured agents waiting for a loop or starting
+        self._unsettled: set[str] = set()  # configured agents not yet started, nor failed
+        self._settled = Changes()
 
     # -- loop registry ---------------------------------------------------------------
 
@@ -328,6 +329,7 @@ class LoopDock:
 
     def start_configured_agents(self) -> None:
         """Start the config's agents; each waits until its loop and driver are registered."""
+        self._unsettled.update(entry.id for entry in self.config.agents)
         for entry in self.config.agents:
             self._owner.nursery.start_soon(self._start_configured, entry, name=f"configured agent {entry.id}")
 
@@ -344,11 +346,11 @@ class LoopDock:
         options: dict[str, Any] = entry.agent_options()
         self.starting.add(entry.id)
         try:
-            session_id = entry.resume_session_id or entry.session_id
-            resume = entry.resume_session_id is not None or (
-                session_id is not None and await trio.to_thread.run_sync(self._owner.store.exists, session_id)
+            # no session named: the agent's own id (agent id == session id, as everywhere)
+            session_id = entry.resume_session_id or entry.session_id or entry.id
+            resume = entry.resume_session_id is not None or await trio.to_thread.run_sync(
+                self._owner.store.exists, session_id
             )
-            session_id = session_id or f"{entry.id}-session-{uuid.uuid4()}"
             while True:  # the same decision the factory will make, so we wait for the right loop
                 if resume:
                     decision = resolve_resume(explicit, session_id, *await self._inspect(session_id), self.config)
@@ -376,6 +378,15 @@ class LoopDock:
             self._warn(f"configured agent {entry.id!r} failed to start: {exc}")
         finally:
             self.starting.discard(entry.id)
+            self._unsettled.discard(entry.id)
+            self._settled.notify()
+
+    async def wait_configured(self) -> dict[str, AgentHandle]:
+        """Wait until every configured agent has started or failed (its warning is then in
+        ``warnings``); the started ones by configured id. An agent whose loop or driver is
+        never registered keeps this waiting: bound it with a trio timeout."""
+        await self._settled.wait_until(lambda: not self._unsettled)
+        return dict(self.configured)
 
     def _warn(self, message: str) -> None:
         if message in self._warned:

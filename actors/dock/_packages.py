@@ -22,12 +22,13 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import attrs
-import structlog
+
+from runtime._logging import get_logger
 
 from ._errors import DockError
 from ._loops import DriverLoop, Loop, StrategyLoop
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 ENTRY_POINT_GROUP = "loopdock.loops"
 DEFAULT_ATTRIBUTE = "LOOPS"

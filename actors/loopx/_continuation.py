@@ -43,12 +43,12 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import attrs
-import structlog
 import trio
 
 from runtime._changes import Changes
 from runtime._errors import safe_message
 from runtime._events import Event
+from runtime._logging import get_logger
 from runtime._messages import Message, ProducerSource, TextBlock, is_human
 from runtime._waterfall import Next, Waterfall
 from runtime.loopx import Activation, LoopxClient, ShouldRun, TaskBody, ThreadBinding
@@ -59,7 +59,7 @@ from .._pre_step import PreStep, Reject, Verdict
 from .._session import SessionActor
 from ._history import CONTINUATION_KIND, ContinuationHistory
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 CONTINUATION_SCHEMA = "loopx_dsh_continuation_v0"
 #: The actor name a continuation's faults are recorded under.

@@ -48,8 +48,8 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import attrs
-import structlog
 
+from runtime._logging import get_logger
 from runtime._messages import Message, ProducerSource, TextBlock
 from runtime._process import Completed, pick_env, run_child
 from runtime.loopx._client import (
@@ -80,7 +80,7 @@ __all__ = [
     "startup_initialize",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 #: The producer-owned source of both init followups (never the driver's
 #: ``loopx-continuation``, never a human kind): ordinary competing input, no reservation.

@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import attrs
-import structlog
 import trio
 
 from runtime._changes import Changes
+from runtime._logging import get_logger
 from runtime.loopx import LoopxClient
 
 from .._commands import CommandContext, CommandRegistry, CommandResult
@@ -24,7 +24,7 @@ from .._supervisor import Supervisor
 from ._continuation import ContinuedAgent, LoopxContinuation
 from ._init import InitOutcome, InitSettings, InitTarget, loopx_init_command, run_loopx_init, startup_initialize
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @attrs.frozen

@@ -12,7 +12,8 @@
 //   (config.ownedKinds), with a deadline, failing closed; other messages are never delayed;
 // - dock mode (config.dock): takes DSH's agent-factory slot, re-hosts the official AgentLoop as
 //   named drivers (config.drivers) and asks the runtime which loop/driver every create and resume uses;
-//   a resume's `select` carries the binding stored in the session's own DSH log (the durable record);
+//   a resume's `select` carries the binding stored in the session's own DSH log (the durable record:
+//   a `plugin:loopdock/binding` record, see BINDING_RECORD);
 // - registers DSH's `/loopx-init` command (config.loopxInit, default on): the runtime runs the
 //   LoopX initialisation for the exact agent (`command` request, answered by `commandDone`) and
 //   queues its start and result messages into that agent; a cancelled command gets no result
@@ -25,6 +26,7 @@
 //   the runtime welcomed the plugin (as DSH's web UI does when a person types one).
 import { randomUUID } from 'node:crypto'
 import { AgentLoop } from '/snapshot/node/node_modules/@deepseek-ai/dsh-agent-loop/lib/index.js'
+import { appendPluginRecord } from '/snapshot/node/node_modules/@deepseek-ai/dsh-session/lib/index.js'
 
 export const name = 'loopdock-bridge'
 export const inject = ['llm', 'agents', 'sessions', 'tools', 'systemPrompt', 'sessionProjections', 'commands']
@@ -37,6 +39,15 @@ const BATCH_CHARS = 256 * 1024
 const MAX_ITEM_CHARS = 900 * 1024 // the runtime accepts frames up to 1 MiB
 const MAX_QUEUED = 50000
 const FLUSH_MS = 10
+// The binding lives in DSH's log as a plugin record (`appendPluginRecord`): an event marked
+// `ignorable` that DSH's session reader keeps and skips, outside the model's view, so the session
+// stays adoptable (verified: `dsh headless --session-id` and the SDK's resume). DSH reserves that
+// function for its experimental packages and keeps such records across a future log-format
+// migration only "best effort"; losing one would resume the session on its route or default loop.
+// (On `agent-preset/selected`, where the dock first kept it, the headless runner refuses the
+// session: it wants a non-empty agentPreset there and no preset at all. `loopdock dsh-migrate`
+// moves such bindings; they are still read here.)
+const BINDING_RECORD = 'plugin:loopdock/binding'
 const BINDING_EVENT = 'agent-preset/selected'
 const BINDING_KEY = 'agentLoopDock'
 const INIT_COMMAND = 'loopx-init'
@@ -117,8 +128,8 @@ function parseBinding(value) {
 function newestBinding(events) {
   for (let i = events.length - 1; i >= 0; i--) {
     const e = events[i]
-    if (e?.type !== BINDING_EVENT) continue
-    const binding = parseBinding(e.data?.[BINDING_KEY])
+    const binding = e?.type === BINDING_RECORD ? parseBinding(e.data)
+      : e?.type === BINDING_EVENT ? parseBinding(e.data?.[BINDING_KEY]) : undefined
     if (binding) return binding
   }
   return undefined
@@ -683,23 +694,11 @@ export function apply(ctx, config = {}) {
       delete out.reasoningEffort
       return out
     }
-    // DSH's `agentPreset` projection takes the `agentPreset` of every agent-preset/selected
-    // event, so the binding event carries the session's current preset (or it would clear it)
-    const currentPreset = (session) => {
-      try {
-        const preset = ctx.sessionProjections.stateOf(session, 'agentPreset')
-        if (typeof preset === 'string' && preset) return preset
-      } catch { /* no preset registry in this host */ }
-      return effectivePreset(sessionEvents(session), session?.header)
-    }
     const withBinding = (choice, setup) => async (agentCtx, agent, ...rest) => {
       const result = await setup?.(agentCtx, agent, ...rest)
       const session = agent?.session ?? agentCtx?.session
       if (session && !hasBinding(session)) {
-        const data = { [BINDING_KEY]: { loop: choice.loop, driver: choice.driver } }
-        const preset = choice.parts.preset ?? currentPreset(session)
-        if (preset) data.agentPreset = preset
-        session.append(BINDING_EVENT, data)
+        appendPluginRecord(session, BINDING_RECORD, { loop: choice.loop, driver: choice.driver })
       }
       return result
     }

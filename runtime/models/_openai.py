@@ -19,10 +19,10 @@ from typing import Any, cast
 
 import attrs
 import httpx
-import structlog
 import trio
 
 from .._errors import ModelError
+from .._logging import get_logger
 from .._messages import (
     ImageBlock,
     Message,
@@ -44,7 +44,7 @@ from ._adapter import (
     Usage,
 )
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 DEEPSEEK_BASE_URL = "https://api.deepseek.com"
 DEEPSEEK_MODELS: tuple[str, ...] = ("deepseek-v4-flash", "deepseek-v4-pro")

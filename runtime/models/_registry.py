@@ -45,8 +45,10 @@ class AdapterRegistry:
             return self._adapters[name]
         except KeyError:
             known = ", ".join(repr(n) for n in self.names()) or "none"
+            # the one adapter that exists but needs a key: say which
+            hint = "; set DEEPSEEK_API_KEY to register it" if name == DEEPSEEK else ""
             raise UnknownAdapterError(
-                f"no model adapter named {name!r}; registered: {known}"
+                f"no model adapter named {name!r}; registered: {known}{hint}"
             ) from None
 
     def names(self) -> tuple[str, ...]:
@@ -57,11 +59,14 @@ class AdapterRegistry:
         return name in self._adapters
 
 
+DEEPSEEK = "deepseek"
+
+
 def default_adapters(env: Mapping[str, str]) -> AdapterRegistry:
     """``ping`` always; ``deepseek`` when ``env`` has a DeepSeek key."""
     registry = AdapterRegistry()
     registry.register("ping", PingAdapter())
     deepseek = deepseek_adapter(env)
     if deepseek is not None:
-        registry.register("deepseek", deepseek)
+        registry.register(DEEPSEEK, deepseek)
     return registry

@@ -29,14 +29,14 @@ from types import MappingProxyType
 from typing import Any
 
 import attrs
-import structlog
 import trio
 import yaml
 
 from .._errors import LoopdockError
+from .._logging import get_logger
 from ._watch import open_watches, watch_supported
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 SKILL_FILE = "SKILL.md"
 # A skill's body goes to the model whole; a runaway file must not fill its context.

@@ -14,9 +14,9 @@ import os
 import sys
 from collections.abc import Iterable
 
-import structlog
+from .._logging import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _IN_MODIFY = 0x002
 _IN_ATTRIB = 0x004

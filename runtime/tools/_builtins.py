@@ -23,14 +23,14 @@ from types import MappingProxyType
 from typing import Any
 
 import attrs
-import structlog
 import trio
 
 from .._errors import ToolError
+from .._logging import get_logger
 from .._process import BASE_ENV, Completed, decode, pick_env, run_child
 from ._tool import Tool, ToolContext
 
-_log = structlog.get_logger(__name__)
+_log = get_logger(__name__)
 
 MAX_READ_CHARS = 200_000
 MAX_LIST_ENTRIES = 5_000

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable
 
 import attrs
-import structlog
 
 from .._errors import DuplicateToolError, UnknownToolError
+from .._logging import get_logger
 from ..models._adapter import ToolSpec
 from ._tool import Tool
 
-_log = structlog.get_logger(__name__)
+_log = get_logger(__name__)
 
 Disposer = Callable[[], None]
 

@@ -315,6 +315,9 @@ async def test_the_template_installs_is_discovered_and_passes_its_own_test(tmp_p
         assert report.loaded == ("template-concise",)
         assert report.warnings == ()
         assert found[0].dist.name == "loopdock-loop-template"
+        # `pip install -e '.[test]'`, as its README says, brings what its own test imports
+        extras = {r.replace(" ", "") for r in found[0].dist.requires or ()}
+        assert {'pytest>=8.0;extra=="test"', 'pytest-trio>=0.8;extra=="test"'} <= extras, extras
         # With the site on sys.path, the default (installed entry points) finds it too.
         again = load_loop_packages(FakeDock().register)
         assert "template-concise" in again.loaded

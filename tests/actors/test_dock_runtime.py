@@ -29,6 +29,7 @@ from actors.dock import (
     Route,
     StrategyLoop,
     UnknownPresetError,
+    parse_config,
     read_binding,
 )
 from loopdock import CreateAgentOptions, ResumeAgentOptions, Runtime
@@ -1278,3 +1279,39 @@ async def test_demo_two_independent_fake_driver_loops_in_one_dock(home):
             await b.agent.wait_idle()
             assert a.agent.transcript[-1].text == "loop-x: hello"
             assert b.agent.transcript[-1].text == "loop-y: hello"
+
+
+async def test_a_configured_agent_without_a_session_id_runs_on_its_own_id_and_comes_back_on_it(home):
+    config = {"agents": [{"id": "flash", "loop": "minimal-first"}, {"id": "pro", "sessionId": "pro-1"}]}
+    with trio.fail_after(TIMEOUT):
+        async with opened(home, config=config) as rt:
+            handles = await rt.wait_configured()
+            assert set(handles) == {"flash", "pro"}
+            assert handles["flash"].agent is rt.get_agent("flash")  # its id is its session id
+            assert handles["pro"].agent is rt.get_agent("pro-1")
+            assert await ask(rt.get_agent("flash"), "hi") == "pong: hi"
+        # after a restart the same entry resumes the same session, on the loop it was bound to
+        async with opened(home, config=config) as rt:
+            handles = await rt.wait_configured()
+            events = handles["flash"].agent.session.events
+            assert read_binding(events) == Route("minimal-first", "default")
+            assert [e.type for e in events].count("turn/end") == 1  # the first run's turn is there
+
+
+async def test_wait_configured_returns_after_a_failure_with_its_warning(home):
+    write_session(home, "taken", [(BINDING_EVENT, {BINDING_KEY: {"loop": "standard"}})])
+    config = {"agents": [{"id": "taken", "loop": "minimal-first"}, {"id": "fine"}]}
+    with trio.fail_after(TIMEOUT):
+        async with opened(home, config=config) as rt:
+            handles = await rt.wait_configured()
+            assert set(handles) == {"fine"}
+            assert any("'taken' failed to start" in w and "bound to loop 'standard'" in w
+                       for w in rt.dock.warnings), rt.dock.warnings
+
+
+def test_an_agent_without_a_session_needs_an_id_that_can_be_one():
+    with pytest.raises(DockError, match=r"agents\[0\]\.id"):
+        parse_config({"agents": [{"id": "has space"}]})
+    assert parse_config({"agents": [{"id": "has space", "sessionId": "s-1"}]}).agents[0].id == "has space"
+    with pytest.raises(DockError, match="use the same session 'a'"):
+        parse_config({"agents": [{"id": "a"}, {"id": "b", "sessionId": "a"}]})

@@ -30,6 +30,7 @@ import trio
 from actors import LiveEvent
 from actors.dock import Route, StrategyLoop
 from bridge import DockSelectHandler, Wake, serve_bridge
+from bridge._dsh_binding import BINDING_RECORD
 from bridge._dsh_files import dsh_process, quiet_env, session_log
 from bridge._messages import StoredBinding
 from bridge._patch import write_patch
@@ -105,7 +106,8 @@ def _dsh_env(tmp: Path) -> dict[str, str]:
 
 
 def _bindings(log: list[dict]) -> list[dict]:
-    return [e["data"].get("agentLoopDock") for e in log if e.get("type") == "agent-preset/selected"]
+    """The bindings recorded in a DSH log (plugin records: see bridge/_dsh_binding.py)."""
+    return [e["data"] for e in log if e.get("type") == BINDING_RECORD and e.get("ignorable") is True]
 
 
 async def _run_dsh(
@@ -173,10 +175,10 @@ async def test_two_dsh_agents_land_on_two_loops_and_a_loop_switch_on_resume_is_r
                 # the binding reached the runtime too (backfilled: it was logged before publication)
                 streamed = [
                     e.event.data for e in handler.events
-                    if e.session_id == "s-b" and e.event.type == "agent-preset/selected"
+                    if e.session_id == "s-b" and e.event.type == BINDING_RECORD
                 ]
                 assert [e.event.seq for e in handler.events if e.session_id == "s-b"][:4] == [0, 1, 2, 3]
-                assert streamed == [{"agentLoopDock": {"loop": "loopx-alt", "driver": "alt"}}]
+                assert streamed == [{"loop": "loopx-alt", "driver": "alt"}]
 
                 # 2. resuming s-b while the runtime now routes it to another loop: LOOP_SWITCH
                 rt.dock.config = attrs.evolve(
@@ -252,10 +254,9 @@ async def test_a_binding_in_dshs_log_outlives_the_runtime_that_chose_it(tmp_path
         assert (selection.loop, selection.driver) == ("loopx-alt", "alt")
         log = session_log(dsh_home, session)
         assert log[0]["type"] == "session" and log[0].get("agentPreset") == "reviewer"
-        # the binding event keeps the session's preset (DSH's preset projection reads every one)
-        assert [e["data"] for e in log if e.get("type") == "agent-preset/selected"] == [
-            {"agentLoopDock": {"loop": "loopx-alt", "driver": "alt"}, "agentPreset": "reviewer"}
-        ]
+        # the binding is a plugin record: DSH's preset (in the header) is left alone
+        assert not [e for e in log if e.get("type") == "agent-preset/selected"]
+        assert _bindings(log) == [{"loop": "loopx-alt", "driver": "alt"}]
 
         # runtime B: a new home, a new handler (nothing in memory), no route for the session;
         # without the binding from DSH's log it would resume on standard/default

@@ -3,7 +3,9 @@ without a DSH (tests/bridge/test_dsh_dock_e2e.py runs them against the real one)
 
 from __future__ import annotations
 
+import os
 import stat
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -12,7 +14,7 @@ import yaml
 from actors.dock import DockError, Route, StrategyLoop
 from bridge import DockSelectHandler, Select
 from bridge._messages import StoredBinding
-from bridge._patch import PLUGIN_PATH, patch_rows, write_patch
+from bridge._patch import PLUGIN_PATH, patch_rows, stable_plugin, write_patch
 from loopdock._runtime import Runtime
 
 PEER = SimpleNamespace(id="c1")  # the connection a select came on (the handler counts what each one makes it keep)
@@ -60,6 +62,29 @@ def test_dsh_patch_command_writes_a_private_patch_with_the_home_token(tmp_path, 
     assert config["token"] == (home / "bridge.token").read_text().strip()
     assert config["drivers"] == ["default", "alt"] and config["dock"] is True
     assert f"--patch {patch}" in stdout
+    assert f"DSH_HOME={os.environ['DSH_HOME']} " in stdout  # the real value, not "..."
+    # the patch loads the copy under the runtime home, never the package's own path
+    plugin = Path(yaml.safe_load(patch.read_text())[-1]["insert"][0]["name"])
+    assert plugin == home / "dsh-plugin" / "index.mjs"
+    assert plugin.read_bytes() == PLUGIN_PATH.read_bytes()
+    assert (plugin.parent / "package.json").read_bytes() == (PLUGIN_PATH.parent / "package.json").read_bytes()
+
+
+def test_the_stable_plugin_copy_is_refreshed_only_when_the_shipped_one_changed(tmp_path):
+    copy = stable_plugin(tmp_path)
+    assert copy.read_bytes() == PLUGIN_PATH.read_bytes()
+    copy.write_text("// an older plugin")
+    before = copy.stat().st_ino
+    assert stable_plugin(tmp_path) == copy and copy.read_bytes() == PLUGIN_PATH.read_bytes()
+    assert copy.stat().st_ino != before  # replaced whole, not rewritten in place
+    same = copy.stat().st_ino
+    stable_plugin(tmp_path)
+    assert copy.stat().st_ino == same  # unchanged: left alone
+
+
+def test_write_patch_in_place(tmp_path):
+    out = tmp_path / "out"
+    patch = write_patch(out, "ws://127.0.0.1:1", "first")
     assert write_patch(out, "ws://127.0.0.1:1", "other") == patch  # rewritten in place
     assert "other" in patch.read_text()
 

@@ -6,6 +6,7 @@ own entry into the CLI); the other commands and the examples run in this process
 interpreter start per case."""
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -67,3 +68,56 @@ def test_fake_demos_put_two_agents_on_two_loops(loopdock_cli):
     assert "agent-b: loop=loop-b reply='loop-b: ping'" in out
     assert "Two agents, one dock, two different loops." in out
     assert "Traceback" not in err
+
+
+async def test_version_help_and_v_anywhere(tmp_path):
+    code, out, err = await run("-m", "loopdock._cli", "--version", cwd=tmp_path)
+    assert code == 0 and re.fullmatch(r"loopdock \S+\n", out), (out, err)
+    code, out, err = await run("-m", "loopdock._cli", "--help", cwd=tmp_path)
+    assert code == 0 and "``" not in out and "loopdock serve --port 8765" in out
+    for sub in ("serve", "run", "sessions", "dsh-install", "goal"):
+        code, out, err = await run("-m", "loopdock._cli", sub, "--help", cwd=tmp_path)
+        assert code == 0 and "``" not in out and "-v, --verbose" in out, (sub, out)
+    # -v after the subcommand (and before it) turns on info logs, on stderr only
+    home = str(tmp_path / "h")
+    for argv in (["run", "x", "-v", "--home", home], ["-v", "run", "x", "--home", home]):
+        code, out, err = await run("-m", "loopdock._cli", *argv, cwd=tmp_path)
+        assert code == 0, err
+        assert "agent published" in err and "agent published" not in out
+    code, out, err = await run("-m", "loopdock._cli", "run", "x", "--home", home, cwd=tmp_path)
+    assert code == 0 and err == "" and "pong: x" in out  # quiet without -v
+
+
+async def test_a_failed_turn_is_exit_1_with_one_line_saying_why(tmp_path):
+    # the deepseek adapter (a key is set) on a closed loopback port: the turn ends `error`
+    env = {"DEEPSEEK_API_KEY": "test-key", "DEEPSEEK_BASE_URL": "http://127.0.0.1:9/v1"}
+    code, out, err = await run("-m", "loopdock._cli", "run", "hi", "--provider", "deepseek", "--model", "m",
+                               "--home", str(tmp_path / "h"), cwd=tmp_path, env=env)
+    assert code == 1
+    assert "(turn 1 error)" in out
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("loopdock: TURN_FAILED: a turn ended with an error:") and "MODEL_ERROR" in last
+    assert "Traceback" not in err
+
+
+async def test_the_deepseek_provider_without_a_key_says_to_set_it(tmp_path):
+    code, out, err = await run("-m", "loopdock._cli", "run", "hi", "--provider", "deepseek",
+                               "--home", str(tmp_path / "h"), cwd=tmp_path)
+    assert code == 2
+    assert err.strip() == ("loopdock: UNKNOWN_ADAPTER: no model adapter named 'deepseek'; registered: 'ping'; "
+                           "set DEEPSEEK_API_KEY to register it")
+
+
+async def test_an_embedded_runtime_prints_nothing(tmp_path):
+    program = tmp_path / "quiet.py"
+    program.write_text(
+        "import trio\nfrom loopdock import Runtime\n"
+        "async def main():\n"
+        "    async with Runtime.open('home') as rt:\n"
+        "        h = await rt.create_agent(session_id='q1')\n"
+        "        h.agent.followup('hi')\n"
+        "        await h.agent.wait_idle()\n"
+        "trio.run(main)\n"
+    )
+    code, out, err = await run(str(program), cwd=tmp_path)
+    assert (code, out, err) == (0, "", "")

@@ -267,8 +267,7 @@ async def test_the_readmes_commands_run_a_real_dsh_on_the_runtimes_dock(tmp_path
 
     (log_file,) = dsh_home.glob("sessions/*/*/session.v4.jsonl.zstd")
     events = [e for e in session_log(dsh_home, log_file.parent.name) if "seq" in e]
-    bindings = [e["data"]["agentLoopDock"] for e in events
-                if e["type"] == "agent-preset/selected" and "agentLoopDock" in e["data"]]
+    bindings = [e["data"] for e in events if e["type"] == "plugin:loopdock/binding" and e.get("ignorable")]
     assert bindings == [{"loop": "standard", "driver": "default"}]
     (turn,) = split_turns(events)
     assert turn_end(turn) == {"kind": "completed"}

@@ -1,0 +1,241 @@
+"""The console: every agent a ``serve`` knows, live, and one log line per thing that matters.
+
+``ConsoleHandler`` is a handler layer that watches what passes through the bridge (DSH
+hosts' ``select``, live agent events and session events) and what the runtime's own
+agents announce (``watch_runtime``), and keeps one ``AgentRow`` per agent: where it
+comes from (``dsh`` or ``runtime``), its session, loop and driver, status, inbox size and
+last turn. It
+
+- logs at info, on the ``loopdock.serve`` logger: every session start and end, and every
+  loop decision (or refusal, e.g. LOOP_SWITCH) the dock makes for a DSH host;
+- pushes every row, and every change of one, to console pages: GoalBar-role connections
+  whose hello names the ``console`` capability, as ``live`` items of type
+  ``console/agent`` (``data`` is the row; ``data.gone`` when the agent ended). The page
+  asks the GoalBar of each session itself (``goalbarWatch``).
+
+Rows of ended agents are dropped (the session logs are the record: ``loopdock sessions``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from actors import LiveEvent
+from actors.dock import Route
+from runtime._errors import LoopdockError
+from runtime._logging import get_logger
+
+from ._dsh_binding import BINDING_RECORD, dsh_binding
+from ._handler import BridgeHandler, Disconnect, HandlerLayer, Peer
+from ._messages import Select, Selection, SessionEvent
+
+#: The logger of the lines ``loopdock serve`` shows at info.
+SERVE_LOGGER = "loopdock.serve"
+log = get_logger(SERVE_LOGGER)
+
+CONSOLE_CAPABILITY = "console"
+ROW_TYPE = "console/agent"
+
+
+@attrs.frozen
+class RuntimeView:
+    """What a runtime agent's session says: its binding, turns, and how the last one ended."""
+
+    binding: Route | None
+    turns: int
+    last_turn: str | None
+
+
+def _route(binding: Route | None) -> tuple[str | None, str | None]:
+    return (binding.loop, binding.driver) if binding is not None else (None, None)
+
+
+@attrs.define
+class AgentRow:
+    """One agent as the console shows it."""
+
+    id: str
+    origin: str  # "dsh" or "runtime"
+    session_id: str
+    loop: str | None = None
+    driver: str | None = None
+    status: str | None = None
+    inbox: int = 0
+    turns: int = 0
+    last_turn: str | None = None  # how the last turn ended
+    cwd: str | None = None
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "origin": self.origin, "sessionId": self.session_id, "loop": self.loop,
+            "driver": self.driver, "status": self.status, "inbox": self.inbox, "turns": self.turns,
+            "lastTurn": self.last_turn, "cwd": self.cwd,
+        }
+
+
+class ConsoleHandler(HandlerLayer):
+    """See the module docstring. ``runtime_view(agent_id)`` reads a runtime agent's
+    binding, turn count and last turn end from its session (None once it is gone)."""
+
+    def __init__(
+        self,
+        inner: BridgeHandler | None = None,
+        runtime_view: Callable[[str], RuntimeView | None] | None = None,
+    ) -> None:
+        super().__init__(inner)
+        self.rows: dict[str, AgentRow] = {}
+        self._runtime_view = runtime_view or (lambda agent_id: None)
+        self._decided: dict[str, Route] = {}  # session id -> the dock's answer to its select
+        self._inboxes: dict[str, set[str]] = {}
+        self._pages: set[Peer] = set()
+        self._hosts: dict[str, str] = {}  # DSH agent id -> the connection that announced it
+
+    # -- console pages ---------------------------------------------------------------------
+
+    def connected(self, conn: Peer) -> None:
+        super().connected(conn)
+        hello = getattr(conn, "hello", None)
+        if conn.role == "goalbar" and hello is not None and CONSOLE_CAPABILITY in hello.capabilities:
+            self._pages.add(conn)
+            for row in list(self.rows.values()):
+                conn.publish_live(LiveEvent(ROW_TYPE, row.id, row.wire()))
+
+    def disconnected(self, conn: Peer, reason: Disconnect) -> None:
+        self._pages.discard(conn)
+        if conn.role == "dsh-host":
+            # A DSH process that exits (dsh headless does, after its task) says nothing more
+            # of its agents: they ended with it. A host that only reconnects gets its rows
+            # back from its next live events.
+            for agent_id in [a for a, c in self._hosts.items() if c == conn.id]:
+                row = self.rows.get(agent_id)
+                if row is not None:
+                    self._end(row, reason=f"host {reason.kind}")
+        super().disconnected(conn, reason)
+
+    def _publish(self, row: AgentRow, *, gone: bool = False) -> None:
+        item = LiveEvent(ROW_TYPE, row.id, {**row.wire(), **({"gone": True} if gone else {})})
+        for page in list(self._pages):
+            if not page.publish_live(item):
+                self._pages.discard(page)
+
+    # -- what DSH hosts send -----------------------------------------------------------------
+
+    async def on_select(self, conn: Peer, request: Select) -> Selection:
+        try:
+            selection = await super().on_select(conn, request)
+        except LoopdockError as exc:
+            log.info("loop refused", session_id=request.session_id, op=request.op, code=exc.code, reason=str(exc))
+            raise
+        self._decided[request.session_id] = Route(selection.loop, selection.driver)
+        log.info("loop decision", session_id=request.session_id, op=request.op, loop=selection.loop,
+                 driver=selection.driver, preset=request.agent_preset)
+        for row in self.rows.values():
+            if row.session_id == request.session_id:
+                row.loop, row.driver = selection.loop, selection.driver
+                self._publish(row)
+        return selection
+
+    async def on_live(self, conn: Peer, items: Sequence[LiveEvent]) -> None:
+        await super().on_live(conn, items)
+        for item in items:
+            if item.type != "agent/disposed":
+                if item.type != "agent/created" and item.agent_id not in self.rows:
+                    # announced before a reconnection (the plugin does not say it again)
+                    self.rows[item.agent_id] = AgentRow(item.agent_id, "dsh", item.agent_id)
+                self._hosts[item.agent_id] = conn.id
+            self.apply_live("dsh", item)
+
+    async def on_events(self, conn: Peer, items: Sequence[SessionEvent]) -> None:
+        await super().on_events(conn, items)
+        for item in items:
+            self._apply_event(item.session_id, item.event.type, item.event.data)
+
+    # -- the runtime's own agents --------------------------------------------------------------
+
+    async def watch_runtime(
+        self, subscription: Any, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Follow the runtime's live agent events (``rt.subscribe_live()``, taken before
+        the runtime's first checkpoint so that no configured agent is missed) until cancelled."""
+        task_status.started()
+        with subscription:
+            async for item in subscription:
+                view = self._runtime_view(item.agent_id) if item.type in ("agent/created", "agent/status") else None
+                self.apply_live("runtime", item, view)
+
+    # -- the rows ------------------------------------------------------------------------------
+
+    def apply_live(self, origin: str, item: LiveEvent, view: RuntimeView | None = None) -> None:
+        """One live agent event; ``view``: what the agent's session says now (runtime agents)."""
+        data: Mapping[str, Any] = item.data
+        row = self.rows.get(item.agent_id)
+        if view is not None and row is not None:  # the turn just ended shows with the status
+            (row.loop, row.driver), row.turns, row.last_turn = _route(view.binding), view.turns, view.last_turn
+        if item.type == "agent/created":
+            announced = data.get("sessionId")
+            session_id = announced if isinstance(announced, str) else item.agent_id
+            decided = self._decided.pop(session_id, None)
+            cwd = data.get("cwd")
+            row = self.rows[item.agent_id] = AgentRow(
+                item.agent_id, origin, session_id, decided.loop if decided else None,
+                decided.driver if decided else None, cwd=cwd if isinstance(cwd, str) else None,
+            )
+            if view is not None:
+                (row.loop, row.driver), row.turns, row.last_turn = _route(view.binding), view.turns, view.last_turn
+            self._inboxes[item.agent_id] = set()
+            log.info("session start", origin=origin, session_id=session_id, source=data.get("source"),
+                     loop=row.loop, driver=row.driver)
+            self._publish(row)
+            return
+        known = self.rows.get(item.agent_id)
+        if known is None:
+            return
+        row = known
+        if item.type == "agent/disposed":
+            self._end(row, reason="disposed")
+            return
+        if item.type == "agent/status" and isinstance(data.get("status"), str):
+            row.status = data["status"]
+        elif item.type.startswith("agent/inbox/"):
+            # DSH sends the message, the runtime its id
+            message = data.get("message")
+            message_id = message.get("id") if isinstance(message, Mapping) else data.get("messageId")
+            inbox = self._inboxes.setdefault(item.agent_id, set())
+            if isinstance(message_id, str):
+                if item.type == "agent/inbox/inserted":
+                    inbox.add(message_id)
+                else:
+                    inbox.discard(message_id)
+            row.inbox = len(inbox)
+        else:
+            return
+        self._publish(row)
+
+    def _end(self, row: AgentRow, *, reason: str) -> None:
+        self.rows.pop(row.id, None)
+        self._inboxes.pop(row.id, None)
+        self._hosts.pop(row.id, None)
+        log.info("session end", origin=row.origin, session_id=row.session_id, reason=reason, turns=row.turns,
+                 last_turn=row.last_turn)
+        self._publish(row, gone=True)
+
+    def _apply_event(self, session_id: str, kind: str, data: Mapping[str, Any]) -> None:
+        if kind not in ("turn/start", "turn/end", BINDING_RECORD):
+            return
+        for row in self.rows.values():
+            if row.session_id != session_id:
+                continue
+            if kind == "turn/start":
+                row.turns += 1
+            elif kind == "turn/end":
+                reason = data.get("reason")
+                row.last_turn = str(reason.get("kind")) if isinstance(reason, Mapping) else None
+            else:
+                binding = dsh_binding([{"type": kind, "data": data}])
+                if binding is not None:
+                    row.loop, row.driver = binding.loop, binding.driver
+            self._publish(row)
