@@ -7,7 +7,7 @@ can log ``llm/retry``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol, Union
 
 import attrs
@@ -38,7 +38,8 @@ class ModelRequest:
     provider: str
     model: str
     system: str
-    messages: tuple[Message, ...]
+    # A tuple, or an agent's transcript snapshot (runtime.TranscriptView): immutable either way.
+    messages: Sequence[Message]
     tools: tuple[ToolSpec, ...] = ()
     max_tokens: int = 4096
     reasoning_effort: str | None = None
