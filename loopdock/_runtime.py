@@ -23,14 +23,18 @@ import structlog
 import trio
 
 from actors import (
+    AUTOMATIC_SLOTS,
+    WARM_HISTORY,
     WATCHER_POLICY,
     Action,
+    AdmissionGate,
     AgentActor,
     AgentHandle,
     CommandRegistry,
     CommandResult,
     CreateAgentOptions,
     Driver,
+    HistoryCache,
     LiveEvent,
     ReactDriver,
     ResumeAgentOptions,
@@ -103,6 +107,8 @@ class Runtime:
         skills: SkillCatalog | None = None,
         loopx: LoopxSettings | None = None,
         gc_threshold: tuple[int, int, int] | None = GC_THRESHOLD,
+        automatic_slots: int = AUTOMATIC_SLOTS,
+        warm_history: int = WARM_HISTORY,
     ) -> AsyncIterator[Runtime]:
         """Open the runtime on ``home`` (``$LOOPDOCK_HOME``, default ``./.loopdock``).
 
@@ -122,13 +128,20 @@ class Runtime:
         this threshold (default ``(10_000, 10, 10)``: a many-agent runtime's growing
         history otherwise sets off a full collection every ~70,000 allocations) if the
         process still has CPython's default; ``None`` leaves the collector alone.
+        ``automatic_slots``: how many automatic turns compute at once, runtime-wide (a
+        person's turn never waits for one; see ``actors.AdmissionGate``).
+        ``warm_history``: how many messages and events of idle agents' history stay in
+        memory in all (least recently active evicted first, read back from the store at
+        their next turn; see ``actors.HistoryCache``).
         """
+        admission = AdmissionGate(automatic_slots)
+        history = HistoryCache(warm_history)
         dock_config = _dock_config(config)
         environ = env if env is not None else os.environ
         catalog = skills if skills is not None else SkillCatalog.from_env(Path.cwd(), environ)
         path = resolve_home(home)
         with _gc_threshold(gc_threshold):
-            async with cls._open(path, dock_config, environ, catalog, shell, loopx) as rt:
+            async with cls._open(path, dock_config, environ, catalog, shell, loopx, admission, history) as rt:
                 yield rt
 
     @classmethod
@@ -141,6 +154,8 @@ class Runtime:
         catalog: SkillCatalog,
         shell: ShellPolicy | None,
         loopx: LoopxSettings | None,
+        admission: AdmissionGate,
+        history: HistoryCache,
     ) -> AsyncIterator[Runtime]:
         store = await trio.to_thread.run_sync(SessionStore.open, path / "sessions.db")
         try:
@@ -178,8 +193,9 @@ class Runtime:
                     ),
                     name="skill catalog watcher",
                 )
+                nursery.start_soon(admission.run, name="admission gate")
                 supervisor = Supervisor(
-                    nursery, store, writer, default_adapters(environ), tools
+                    nursery, store, writer, default_adapters(environ), tools, admission=admission, history=history
                 )
                 supervisor.expanders.append(functools.partial(expand_skill_invocations, catalog=catalog))
                 supervisor.provide("agentPresets", AgentPresets())

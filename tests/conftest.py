@@ -49,9 +49,10 @@ async def rt(tmp_path):
 
 def assert_no_leaked_agent_tasks(runtime):
     """Every live agent owns exactly one task in the supervisor's nursery, and so does
-    every configured agent still waiting to start; the store writer and the skill
-    catalog's watcher own the other two. Anything more is a task that outlived its owner."""
-    expected = 2 + len(runtime.list_agents()) + len(runtime.dock.starting)
+    every configured agent still waiting to start; the store writer, the skill catalog's
+    watcher and the admission gate's stall watcher own the other three. Anything more is a
+    task that outlived its owner."""
+    expected = 3 + len(runtime.list_agents()) + len(runtime.dock.starting)
     tasks = runtime.supervisor.nursery.child_tasks
     assert len(tasks) == expected, [t.name for t in tasks]
 

@@ -49,8 +49,8 @@ def raises_code(code):
 
 def assert_no_leaked_tasks(rt: Runtime) -> None:
     tasks = rt.supervisor.nursery.child_tasks
-    # + the store writer and the skill catalog's watcher
-    assert len(tasks) == 2 + len(rt.list_agents()) + len(rt.dock.starting), [t.name for t in tasks]
+    # + the store writer, the skill catalog's watcher and the admission gate's stall watcher
+    assert len(tasks) == 3 + len(rt.list_agents()) + len(rt.dock.starting), [t.name for t in tasks]
 
 
 @asynccontextmanager
