@@ -154,6 +154,8 @@ class SessionActor:
     def trim(self, upto: int | None = None) -> int:
         """Drop durable events before seq ``upto`` (every durable one by default) from
         memory; they stay readable from the store. Returns how many were dropped."""
+        if not self._writer.persist:  # the log is only here
+            return 0
         cut = self._committed if upto is None else min(upto, self._committed)
         dropped = cut - self._base
         if dropped <= 0:

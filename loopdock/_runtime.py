@@ -109,6 +109,7 @@ class Runtime:
         gc_threshold: tuple[int, int, int] | None = GC_THRESHOLD,
         automatic_slots: int = AUTOMATIC_SLOTS,
         warm_history: int = WARM_HISTORY,
+        persist: bool = True,
     ) -> AsyncIterator[Runtime]:
         """Open the runtime on ``home`` (``$LOOPDOCK_HOME``, default ``./.loopdock``).
 
@@ -133,6 +134,8 @@ class Runtime:
         ``warm_history``: how many messages and events of idle agents' history stay in
         memory in all (least recently active evicted first, read back from the store at
         their next turn; see ``actors.HistoryCache``).
+        ``persist=False`` writes nothing: sessions keep their whole log in memory and
+        vanish with the runtime (for measuring the runtime without its store).
         """
         admission = AdmissionGate(automatic_slots)
         history = HistoryCache(warm_history)
@@ -141,7 +144,9 @@ class Runtime:
         catalog = skills if skills is not None else SkillCatalog.from_env(Path.cwd(), environ)
         path = resolve_home(home)
         with _gc_threshold(gc_threshold):
-            async with cls._open(path, dock_config, environ, catalog, shell, loopx, admission, history) as rt:
+            async with cls._open(
+                path, dock_config, environ, catalog, shell, loopx, admission, history, persist
+            ) as rt:
                 yield rt
 
     @classmethod
@@ -156,6 +161,7 @@ class Runtime:
         loopx: LoopxSettings | None,
         admission: AdmissionGate,
         history: HistoryCache,
+        persist: bool,
     ) -> AsyncIterator[Runtime]:
         store = await trio.to_thread.run_sync(SessionStore.open, path / "sessions.db")
         try:
@@ -168,7 +174,7 @@ class Runtime:
             body_error: BaseException | None = None
             store_failure: list[Exception] = []
             async with trio.open_nursery() as nursery:
-                writer = StoreWriter(store)
+                writer = StoreWriter(store, persist=persist)
 
                 async def run_writer(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
                     # The one actor whose failure ends the runtime: without it nothing

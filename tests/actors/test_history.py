@@ -98,3 +98,14 @@ async def test_an_interrupted_turn_is_closed_from_the_outline(tmp_path):
         agent = (await rt.resume_agent(resume_session_id="i")).agent
         last = agent.session.events[-1]
         assert last.type == "turn/end" and last.data == {"turn": 2, "reason": {"kind": "interrupted"}}
+
+
+async def test_without_persistence_nothing_is_written_and_the_log_stays_in_memory(tmp_path):
+    async with Runtime.open(tmp_path / "home", persist=False, warm_history=0) as rt:
+        agent = (await rt.create_agent(session_id="m")).agent
+        await run_turns(agent, 3)
+        await agent.session.flush()
+        await run_turns(agent, 1)
+        assert agent.session.in_memory == agent.session.event_count  # nothing trimmed
+        assert [m.text for m in agent.transcript][-1] == "pong: hello 0"
+        assert rt.supervisor.store.load("m") is None
