@@ -12,9 +12,12 @@ Policy:
   input queued) takes a *slot* before it starts, and holds it while it computes. A human
   turn takes no slot: its latency is a scheduler round or two of at most ``slots``
   automatic turns, whatever the number of agents.
-- A turn gives its slot back while it waits on the outside world (``Turn.outside()``:
-  the react driver does so around every model call and tool batch) and takes one again
-  afterwards, so 10,000 agents waiting seconds on a model hold no slot between them.
+- A slot bounds how many automatic turns are *runnable*: a turn that only yields to
+  the scheduler (the offline ``ping`` model's call, an in-memory tool) keeps it. A turn
+  gives it back while it waits on the outside world (``Turn.outside()``: the react
+  driver does so around every tool batch, and around model calls unless the adapter
+  says ``cpu_bound = True``) and takes one again afterwards, so 10,000 agents waiting
+  seconds on a model hold no slot between them.
 - A slot held longer than ``stall`` seconds while others wait stops counting: its turn
   is presumably waiting on something the runtime cannot see (a pre-step listener calling
   a CLI, a custom driver's network call), and must not hold back everyone else.

@@ -56,8 +56,11 @@ class ReactBody:
                 "request/header",
                 {"turn": turn.number, "step": turn.step, "provider": request.provider, "model": request.model},
             )
-            async with turn.outside():  # the model may take seconds: no slot meanwhile
+            if getattr(adapter, "cpu_bound", False):  # it computes: keep the slot
                 message, finish = await _collect(adapter.stream(request))
+            else:
+                async with turn.outside():  # the model may take seconds: no slot meanwhile
+                    message, finish = await _collect(adapter.stream(request))
             turn.record("assistant/message", message)
             calls = message.tool_calls
             for call in calls:

@@ -73,6 +73,8 @@ class ChainModel:
     """Calls ``bench_echo`` until the turn holds ``length`` tool results, then answers:
     a loop of ``length + 1`` steps, all CPU."""
 
+    cpu_bound = True
+
     def __init__(self, length: int) -> None:
         self.length = length
 

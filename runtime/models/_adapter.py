@@ -88,6 +88,12 @@ Chunk = Union[TextDelta, ReasoningDelta, ToolCallChunk, Usage, Finish]
 
 
 class ModelAdapter(Protocol):
-    """A model provider. ``stream`` must be cancellable at every await."""
+    """A model provider. ``stream`` must be cancellable at every await.
+
+    An adapter whose calls only compute (no network, no disk) says so with a class
+    attribute ``cpu_bound = True``: an automatic turn then keeps its admission slot
+    across the call (``actors.AdmissionGate``). Any other adapter is taken to wait on
+    I/O, and a turn gives its slot back while it waits.
+    """
 
     def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]: ...

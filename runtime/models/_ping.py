@@ -77,6 +77,9 @@ class PingAdapter:
     convention)."""
 
     models: tuple[str, ...] = (PING_MODEL,)
+    #: It computes and never waits on I/O: a turn keeps its admission slot across a
+    #: call (see ``ModelAdapter``).
+    cpu_bound = True
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
         # One schedule point per request: a model call is a checkpoint, as trio asks.

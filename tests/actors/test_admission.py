@@ -1,6 +1,7 @@
 """The runtime-wide admission gate: automatic turns compute at most ``slots`` at a time,
 people's turns never wait for a slot, and an agent waiting for one takes a person's
-message first. No timing is asserted: counts and orders only."""
+message first. No timing is asserted: counts and orders only (tests that count slots
+freeze trio's clock, so that the stall limit never fires on a loaded machine)."""
 
 import trio
 import trio.testing
@@ -101,7 +102,8 @@ class CountingDriver:
         raise NotImplementedError
 
 
-async def test_automatic_turns_compute_at_most_slots_at_a_time_and_all_run(tmp_path):
+async def test_automatic_turns_compute_at_most_slots_at_a_time_and_all_run(tmp_path, mock_clock):
+    # A frozen clock: no slot reaches the stall limit, whatever the machine's load.
     body = CountingBody([])
     async with Runtime.open(tmp_path / "home", automatic_slots=2) as rt:
         rt.dock.register(DriverLoop.from_driver("counting", CountingDriver(body)))
@@ -114,7 +116,7 @@ async def test_automatic_turns_compute_at_most_slots_at_a_time_and_all_run(tmp_p
         assert rt.supervisor.admission.in_use == 0 and rt.supervisor.admission.granted >= 8
 
 
-async def test_an_agent_waiting_for_a_slot_takes_a_persons_message_first(tmp_path):
+async def test_an_agent_waiting_for_a_slot_takes_a_persons_message_first(tmp_path, mock_clock):
     body = CountingBody([])
     async with Runtime.open(tmp_path / "home", automatic_slots=1) as rt:
         rt.dock.register(DriverLoop.from_driver("counting", CountingDriver(body)))
@@ -134,7 +136,7 @@ async def test_an_agent_waiting_for_a_slot_takes_a_persons_message_first(tmp_pat
         held.release()
 
 
-async def test_people_never_wait_for_a_slot(tmp_path):
+async def test_people_never_wait_for_a_slot(tmp_path, mock_clock):
     body = CountingBody([])
     async with Runtime.open(tmp_path / "home", automatic_slots=1) as rt:
         rt.dock.register(DriverLoop.from_driver("counting", CountingDriver(body)))
@@ -149,7 +151,7 @@ async def test_people_never_wait_for_a_slot(tmp_path):
         held.release()
 
 
-async def test_a_turn_waiting_outside_holds_no_slot(tmp_path):
+async def test_a_turn_waiting_outside_holds_no_slot(tmp_path, mock_clock):
     release = trio.Event()
     inside: list[str] = []
 
@@ -183,3 +185,37 @@ async def test_a_turn_waiting_outside_holds_no_slot(tmp_path):
         for h in handles:
             await h.agent.wait_idle()
         assert rt.supervisor.admission.in_use == 0
+
+
+async def test_a_cpu_bound_model_keeps_the_slot_and_a_waiting_one_gives_it_back(tmp_path, mock_clock):
+    """ping computes (``cpu_bound``): an automatic turn on it holds its slot across the
+    call. A model that waits on I/O holds none while it waits."""
+    from runtime.models import ScriptedAdapter
+
+    seen: list[int] = []
+    async with Runtime.open(tmp_path / "home", automatic_slots=4) as rt:
+        gate = rt.supervisor.admission
+
+        async def respond(request):
+            seen.append(gate.in_use)
+            return "waited"
+
+        rt.register_adapter("scripted", ScriptedAdapter(respond))
+        waiting = await rt.create_agent(session_id="w", agent_options={"provider": "scripted", "model": "s"})
+        computing = await rt.create_agent(session_id="c")
+
+        class Probe:
+            cpu_bound = True
+
+            async def stream(self, request):
+                seen.append(gate.in_use)
+                async for chunk in rt.adapters.get("ping").stream(request):
+                    yield chunk
+
+        rt.register_adapter("probe", Probe())
+        probing = await rt.create_agent(session_id="p", agent_options={"provider": "probe", "model": "p"})
+        for handle in (waiting, probing):
+            handle.agent.reserve(automatic("hello"))
+            await handle.agent.wait_idle()
+        assert seen == [0, 1]  # the I/O model's call held no slot; the cpu-bound one's did
+        assert computing.agent.status == "idle" and gate.in_use == 0
