@@ -32,13 +32,13 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "turns": {"n": 1000, "k": 5},
         "bare": {"n": 1000, "k": 10},
         "priority": {
-            "holders": 200, "rate": 50, "seconds": 4,
+            "holders": 200, "rate": 50, "seconds": 3,
             # automatic agents and their think time (s) between turns
             "scenarios": {"idle": [0, 0], "busy": [100, 0.25], "saturated": [200, 0], "saturated-ungated": [200, 0]},
         },
         "history": {"turns": 2000, "block": 100},
-        "loops": {"n": 100, "k": 5},
-        "memory": {"n": 10000, "history": 100, "wave": 500},
+        "loops": {"n": 50, "k": 4},
+        "memory": {"n": 10000, "history": 100, "wave": 1000},
         "idle": {"n": 100000},
         "latency": {"n": 10000, "low": 0.5, "high": 30.0, "alpha": 1.2},
         # The bridge (benchmarks/_bridge.py); one run.

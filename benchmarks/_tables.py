@@ -16,7 +16,7 @@ from typing import Any
 from ._report import fmt, spread
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = {"README.md": ("summary",), "benchmarks/README.md": ("details",)}
+DOCS = {"README.md": ("summary",), "benchmarks/README.md": ("details",), "benchmarks/PROFILE.md": ("profile",)}
 _VERDICT = {True: "met", False: "**missed**", None: "not judged"}
 
 
@@ -138,12 +138,52 @@ def render(results: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+#: PROFILE.md's figures: (what, run key, path in the figures) -- each row names its source.
+PROFILE_FIGURES = (
+    ("people: admission p50 ms, saturated, gate on", "priority:saturated", "admission.p50_ms"),
+    ("people: admission p50 ms, saturated, gate off", "priority:saturated-ungated", "admission.p50_ms"),
+    ("people: admission p99 ms, saturated, gate on", "priority:saturated", "admission.p99_ms"),
+    ("people: admission p99 ms, saturated, gate off", "priority:saturated-ungated", "admission.p99_ms"),
+    ("automatic turns/s without people, gate on", "priority:saturated", "automatic_turns_per_s_alone"),
+    ("automatic turns/s without people, gate off", "priority:saturated-ungated", "automatic_turns_per_s_alone"),
+    ("slots that stopped counting (stalled), gate on", "priority:saturated", "gate.stalled"),
+    ("longest GC pause ms while people arrived, gate on", "priority:saturated", "gc.max_ms"),
+    ("CPU us per turn, turns 1-100", "history", "first_block_us"),
+    ("CPU us per turn, last 100 of 2,000", "history", "last_block_us"),
+    ("events held in memory after 2,000 turns", "history", "events_in_memory"),
+    ("loopdock CPU us per turn (same work)", "turns", "cpu_us_per_turn"),
+    ("autogen-core CPU us per turn (same work)", "peer-turns", "cpu_us_per_turn"),
+    ("loopdock CPU us per bare turn", "bare", "cpu_us_per_turn"),
+    ("autogen-core CPU us per echo", "peer-bare", "cpu_us_per_turn"),
+    ("trio task CPU us per hop", "floor-bare", "cpu_us_per_turn"),
+    ("KB per idle agent after 100-turn histories", "memory", "kb_per_agent"),
+    ("GC pauses over that phase: p99 ms", "memory", "gc.p99_ms"),
+    ("GC pauses over that phase: max ms", "memory", "gc.max_ms"),
+    ("full (generation 2) collections over that phase", "memory", "gc.by_generation"),
+    ("KB per idle agent, 100,000 agents", "idle", "kb_per_agent"),
+    ("CPU us per latency-bound model call", "latency", "cpu_us_per_call"),
+)
+
+
+def profile_table(results: dict[str, Any]) -> str:
+    rows = []
+    for label, key, path in PROFILE_FIGURES:
+        figures = results["figures"].get(key, {})
+        if path == "gc.by_generation":
+            run = results["runs"].get(key, [{}])[0]
+            value = str(run.get("gc", {}).get("by_generation", ["-"] * 3)[2])
+        else:
+            value = spread(figures.get(path), 1)
+        rows.append([label, value, f"`{key}` / `{path}`"])
+    return _table(["figure", "median (min-max)", "in bench-full.json: run / figure"], rows)
+
+
 def blocks(results: dict[str, Any]) -> dict[str, str]:
     """The docs' generated blocks by name."""
     sections = render(results)
     summary = _source(results) + "\n\n" + sections["Targets"]
     details = _source(results) + "\n\n" + "\n\n".join(f"### {name}\n\n{text}" for name, text in sections.items())
-    return {"summary": summary, "details": details}
+    return {"summary": summary, "details": details, "profile": _source(results) + "\n\n" + profile_table(results)}
 
 
 def replace_blocks(text: str, generated: dict[str, str]) -> str:
