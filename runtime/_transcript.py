@@ -23,17 +23,23 @@ class Transcript:
     __slots__ = ("_messages", "_words", "_calls")
 
     def __init__(self, messages: Iterable[Message] = ()) -> None:
-        self._messages: list[Message] = []
-        # Running totals: _words[i] is the word count of the first i messages.
+        self._messages: list[Message] = list(messages)
+        # Running totals, extended on demand (a transcript read back from the store is
+        # only summed if a request asks): _words[i] is the word count of the first i
+        # messages, for i < len(_words).
         self._words = array("q", [0])
         self._calls = array("q", [0])
-        for message in messages:
-            self.append(message)
 
     def append(self, message: Message) -> None:
         self._messages.append(message)
-        self._words.append(self._words[-1] + message.word_count)
-        self._calls.append(self._calls[-1] + len(message.tool_calls))
+
+    def _totals(self, length: int) -> tuple[int, int]:
+        words, calls, messages = self._words, self._calls, self._messages
+        while len(words) <= length:
+            message = messages[len(words) - 1]
+            words.append(words[-1] + message.word_count)
+            calls.append(calls[-1] + len(message.tool_calls))
+        return words[length], calls[length]
 
     def snapshot(self) -> TranscriptView:
         """The messages so far, as an immutable sequence (later appends do not show)."""
@@ -72,13 +78,13 @@ class TranscriptView(Sequence[Message]):
 
     @property
     def word_count(self) -> int:
-        """``sum(m.word_count for m in view)``, in O(1)."""
-        return self._transcript._words[self._length]
+        """``sum(m.word_count for m in view)``, in O(1) (amortised)."""
+        return self._transcript._totals(self._length)[0]
 
     @property
     def tool_call_count(self) -> int:
-        """``sum(len(m.tool_calls) for m in view)``, in O(1)."""
-        return self._transcript._calls[self._length]
+        """``sum(len(m.tool_calls) for m in view)``, in O(1) (amortised)."""
+        return self._transcript._totals(self._length)[1]
 
     def __len__(self) -> int:
         return self._length
