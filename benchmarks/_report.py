@@ -6,6 +6,8 @@ import statistics
 from pathlib import Path
 from typing import Any, TextIO
 
+from ._tables import render
+
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, float]:
     """Numeric leaves by dotted path; lists of rows keyed by their ``loop``/``n``."""
@@ -125,27 +127,7 @@ def _targets(results: dict[str, Any]) -> list[dict[str, Any]]:
 # -- the table ----------------------------------------------------------------------------
 
 
-def fmt(value: float | None, digits: int = 1) -> str:
-    if value is None:
-        return "-"
-    if abs(value) >= 1000:
-        return f"{value:,.0f}"
-    return f"{value:,.{digits}f}"
-
-
-def spread(figure: dict[str, Any] | None, digits: int = 1, scale: float = 1.0) -> str:
-    """``median (min-max)`` of a figure over its runs."""
-    if not figure or figure.get("median") is None:
-        return "-"
-    med, lo, hi = (figure[k] * scale for k in ("median", "min", "max"))
-    if figure["runs"] < 2:
-        return fmt(med, digits)
-    return f"{fmt(med, digits)} ({fmt(lo, digits)}-{fmt(hi, digits)})"
-
-
 def print_table(results: dict[str, Any], out: TextIO) -> None:
-    from ._tables import render
-
     m = results["machine"]
     print(file=out)
     print(

@@ -13,11 +13,27 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ._report import fmt, spread
-
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = {"README.md": ("summary",), "benchmarks/README.md": ("details",), "benchmarks/PROFILE.md": ("profile",)}
 _VERDICT = {True: "met", False: "**missed**", None: "not judged"}
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:,.{digits}f}"
+
+
+def spread(figure: dict[str, Any] | None, digits: int = 1, scale: float = 1.0) -> str:
+    """``median (min-max)`` of a figure over its runs."""
+    if not figure or figure.get("median") is None:
+        return "-"
+    med, lo, hi = (figure[k] * scale for k in ("median", "min", "max"))
+    if figure["runs"] < 2:
+        return fmt(med, digits)
+    return f"{fmt(med, digits)} ({fmt(lo, digits)}-{fmt(hi, digits)})"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
