@@ -77,7 +77,7 @@ def _targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     def target(id_: str, text: str, measured: float | None, unit: str, ok: bool | None, note: str, size: str) -> None:
         judged = None if quick or measured is None else ok
         if quick:
-            note = f"quick run at {size}: not judged. " + note
+            note = f"quick run at {size}: not judged" + (f"; {note}" if note else "")
         targets.append({"id": id_, "target": text, "measured": measured, "unit": unit, "passed": judged,
                         "note": note, "size": size})
 

@@ -164,26 +164,29 @@ PROFILE_FIGURES = (
     ("automatic turns/s without people, gate off", "priority:saturated-ungated", "automatic_turns_per_s_alone"),
     ("slots that stopped counting (stalled), gate on", "priority:saturated", "gate.stalled"),
     ("longest GC pause ms while people arrived, gate on", "priority:saturated", "gc.max_ms"),
-    ("CPU us per turn, turns 1-100", "history", "first_block_us"),
-    ("CPU us per turn, last 100 of 2,000", "history", "last_block_us"),
-    ("events held in memory after 2,000 turns", "history", "events_in_memory"),
+    ("CPU us per turn, turns 1-{block}", "history", "first_block_us"),
+    ("CPU us per turn, the last {block} of {turns:,}", "history", "last_block_us"),
+    ("events held in memory after {turns:,} turns", "history", "events_in_memory"),
     ("loopdock CPU us per turn (same work)", "turns", "cpu_us_per_turn"),
     ("autogen-core CPU us per turn (same work)", "peer-turns", "cpu_us_per_turn"),
     ("loopdock CPU us per bare turn", "bare", "cpu_us_per_turn"),
     ("autogen-core CPU us per echo", "peer-bare", "cpu_us_per_turn"),
     ("trio task CPU us per hop", "floor-bare", "cpu_us_per_turn"),
-    ("KB per idle agent after 100-turn histories", "memory", "kb_per_agent"),
+    ("KB per idle agent, {n:,} agents after {history}-turn histories", "memory", "kb_per_agent"),
     ("GC pauses over that phase: p99 ms", "memory", "gc.p99_ms"),
     ("GC pauses over that phase: max ms", "memory", "gc.max_ms"),
     ("full (generation 2) collections over that phase", "memory", "gc.by_generation"),
-    ("KB per idle agent, 100,000 agents", "idle", "kb_per_agent"),
+    ("KB per idle agent, {idle_n:,} agents", "idle", "kb_per_agent"),
     ("CPU us per latency-bound model call", "latency", "cpu_us_per_call"),
 )
 
 
 def profile_table(results: dict[str, Any]) -> str:
+    cfg = results["config"]
+    sizes = {**cfg["history"], **cfg["memory"], "idle_n": cfg["idle"]["n"]}
     rows = []
     for label, key, path in PROFILE_FIGURES:
+        label = label.format(**sizes)
         figures = results["figures"].get(key, {})
         if path == "gc.by_generation":
             run = results["runs"].get(key, [{}])[0]
@@ -191,7 +194,7 @@ def profile_table(results: dict[str, Any]) -> str:
         else:
             value = spread(figures.get(path), 1)
         rows.append([label, value, f"`{key}` / `{path}`"])
-    return _table(["figure", "median (min-max)", "in bench-full.json: run / figure"], rows)
+    return _table(["figure", "median (min-max)", "run / figure in the JSON"], rows)
 
 
 def blocks(results: dict[str, Any]) -> dict[str, str]:
@@ -204,8 +207,8 @@ def blocks(results: dict[str, Any]) -> dict[str, str]:
 
 def replace_blocks(text: str, generated: dict[str, str]) -> str:
     for name, body in generated.items():
-        pattern = re.compile(rf"(<!-- bench:{name} -->\n).*?(\n<!-- /bench:{name} -->)", re.S)
-        text, count = pattern.subn(lambda m: m.group(1) + body + m.group(2), text)
+        pattern = re.compile(rf"(<!-- bench:{name} -->\n)(?:.*?\n)?(<!-- /bench:{name} -->)", re.S)
+        text, count = pattern.subn(lambda m: m.group(1) + body + "\n" + m.group(2), text)
         if count == 0 and f"<!-- bench:{name} -->" in text:
             raise ValueError(f"unterminated bench block {name!r}")
     return text
