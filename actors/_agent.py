@@ -219,6 +219,8 @@ class AgentActor:
         except BaseException:
             gate.dequeue(waiter)
             raise
+        if waiter.slot is None:  # a person came first: leave the queue
+            gate.dequeue(waiter)
         return waiter.slot
 
     # -- the history cache's side ------------------------------------------------------

@@ -219,3 +219,45 @@ async def test_a_cpu_bound_model_keeps_the_slot_and_a_waiting_one_gives_it_back(
             await handle.agent.wait_idle()
         assert seen == [0, 1]  # the I/O model's call held no slot; the cpu-bound one's did
         assert computing.agent.status == "idle" and gate.in_use == 0
+
+
+async def test_a_turn_waiting_to_compute_again_goes_on_when_a_person_steers_it(tmp_path, mock_clock):
+    """An automatic turn back from the outside waits for a slot; a person's steer lets
+    it go on without one, and it leaves the gate's queue (no slot is granted to it later)."""
+    back = trio.Event()
+    steps: list[int] = []
+
+    class TwoStepBody:
+        async def run_turn(self, turn) -> str:
+            await turn.begin_step()
+            async with turn.outside():
+                await back.wait()
+            turn.end_step()
+            messages = await turn.begin_step()
+            steps.append(len(messages))
+            turn.end_step()
+            return "completed"
+
+    class TwoStepDriver:
+        async def create_agent(self, owner, options):
+            return await create_with_body(owner, options, TwoStepBody())
+
+        async def resume(self, owner, options):
+            raise NotImplementedError
+
+    async with Runtime.open(tmp_path / "home", automatic_slots=1) as rt:
+        rt.dock.register(DriverLoop.from_driver("two-step", TwoStepDriver()))
+        handle = await rt.create_agent(session_id="t", loop="two-step")
+        gate = rt.supervisor.admission
+        handle.agent.reserve(automatic("background"))
+        await trio.testing.wait_all_tasks_blocked()
+        held = gate.try_acquire()  # the turn is outside: someone else takes the only slot
+        assert held is not None
+        back.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert gate.waiting == 1  # the turn waits to compute again
+        handle.agent.steer("a person steers")
+        await handle.agent.wait_idle()
+        assert steps == [1] and gate.waiting == 0
+        held.release()
+        assert gate.in_use == 0  # nothing was granted to a waiter that had gone
