@@ -2,6 +2,9 @@
 the driver seam and the publication transaction; commands; the loop dock (``actors.dock``)
 and the LoopX continuation (``actors.loopx``)."""
 
+from ._admission import AUTOMATIC_SLOTS as AUTOMATIC_SLOTS
+from ._admission import AdmissionGate as AdmissionGate
+from ._admission import Slot as Slot
 from ._agent import AgentActor as AgentActor
 from ._agent_context import AgentContext as AgentContext
 from ._agent_context import UnknownHookError as UnknownHookError
@@ -26,6 +29,8 @@ from ._faults import FAULT_KIND as FAULT_KIND
 from ._faults import fault_message as fault_message
 from ._faults import is_fault as is_fault
 from ._faults import record_fault as record_fault
+from ._history_cache import WARM_HISTORY as WARM_HISTORY
+from ._history_cache import HistoryCache as HistoryCache
 from ._inbox import InvalidReservationError as InvalidReservationError
 from ._inbox import Placement as Placement
 from ._inbox import Reservation as Reservation
@@ -44,6 +49,7 @@ from ._publication import resume_with_body as resume_with_body
 from ._publication import run_setups as run_setups
 from ._react import ReactBody as ReactBody
 from ._react import ReactDriver as ReactDriver
+from ._session import RETAINED_TYPES as RETAINED_TYPES
 from ._session import SessionActor as SessionActor
 from ._session import SessionClosedError as SessionClosedError
 from ._store_writer import StoreWriter as StoreWriter

@@ -26,10 +26,12 @@ from runtime._logging import get_logger
 from runtime._messages import Message, ProducerSource, user_message
 from runtime._options import AgentOptions
 from runtime._serde import message_from_wire
+from runtime._transcript import Transcript
 from runtime._waterfall import Waterfall
 from runtime.models import ModelRequest
 from runtime.tools import AgentTools
 
+from ._admission import Slot
 from ._faults import record_fault
 from ._inbox import Entry, Inbox, InvalidReservationError, Placement, Reservation
 from ._owner import AgentOwner
@@ -43,11 +45,15 @@ Status = Literal["idle", "running"]
 log = get_logger(__name__)
 
 
+#: The events a transcript is folded from.
+MESSAGE_TYPES = frozenset({"user/message", "assistant/message", "tool/result"})
+
+
 def fold_transcript(events: Sequence[Event]) -> list[Message]:
     """The model-visible conversation, rebuilt from a session's events."""
     transcript = []
     for event in events:
-        if event.type in ("user/message", "assistant/message", "tool/result"):
+        if event.type in MESSAGE_TYPES:
             transcript.append(message_from_wire(event.data))
     return transcript
 
@@ -69,8 +75,13 @@ class AgentActor:
         self.pre_step: Waterfall[PreStep, Verdict] = Waterfall("agent/pre-step")
         self.request: Waterfall[ModelRequest, ModelRequest] = Waterfall("agent/request")
         self.prompt_sections: dict[str, str] = {}
-        self.transcript = fold_transcript(session.events)
-        self.turns = sum(1 for e in session.events if e.type == "turn/start")
+        # None while the history is only in the store (a resumed or evicted agent): read
+        # back before the next turn, or at once by the ``transcript`` property.
+        self._transcript: Transcript | None = (
+            Transcript(fold_transcript(session.events_since(0))) if session.event_count == session.in_memory else None
+        )
+        self.turns = session.turn_count
+        self._last_turn_seq: int | None = None  # where the previous turn started
         self.log = log.bind(agent_id=self.id, session_id=self.id)
         self._inbox = Inbox()
         self._status: Status = "idle"
@@ -102,6 +113,14 @@ class AgentActor:
     @property
     def inbox_size(self) -> int:
         return len(self._inbox)
+
+    @property
+    def transcript(self) -> Transcript:
+        """The model-visible conversation. If the agent's history was evicted, this
+        blocks on reading it back from the store (a turn reads it in a worker thread)."""
+        if self._transcript is None:
+            self._transcript = Transcript(fold_transcript(self.session.history(MESSAGE_TYPES)))
+        return self._transcript
 
     def followup(self, message: str | Message) -> Message:
         """Queue for the next turn and wake the agent."""
@@ -186,6 +205,34 @@ class AgentActor:
         """True when messages wait for the next step (steer/inject)."""
         return self._inbox.has_step_input()
 
+    async def acquire_slot(self) -> Slot | None:
+        """An admission slot for the running automatic turn to compute again (after it
+        waited outside); None, at once, when a person's message is queued: the turn then
+        goes on without one, since a person's message enters its next step."""
+        gate = self.owner.admission
+        slot = gate.try_acquire()
+        if slot is not None or self._inbox.has_human():
+            return slot
+        waiter = gate.enqueue(self._notify)
+        try:
+            await self._changes.wait_until(lambda: waiter.slot is not None or self._inbox.has_human())
+        except BaseException:
+            gate.dequeue(waiter)
+            raise
+        if waiter.slot is None:  # a person came first: leave the queue
+            gate.dequeue(waiter)
+        return waiter.slot
+
+    # -- the history cache's side ------------------------------------------------------
+
+    def history_weight(self) -> int:
+        return (len(self._transcript) if self._transcript is not None else 0) + self.session.in_memory
+
+    def evict_history(self) -> None:
+        """Drop the transcript and the session's durable events from memory."""
+        self._transcript = None
+        self.session.trim()
+
     # -- lifecycle (the supervisor's side) -----------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -196,11 +243,21 @@ class AgentActor:
                     while True:
                         if not self._inbox.has_wakeable():
                             self._set_status("idle")
+                            self.owner.history.idle(self)
                             self._wake = trio.Event()
                             await self._wake.wait()
+                            self.owner.history.busy(self)
                             continue
-                        await self._run_turn()
+                        if self._transcript is None:  # outside any slot: this waits on the store
+                            await self._load_transcript()
+                        slot = None
+                        if not self._inbox.has_human():
+                            slot = await self._admit()
+                            if slot is None:  # a person's message came first, or nothing is left
+                                continue
+                        await self._run_turn(slot)
         finally:
+            self.owner.history.busy(self)
             self._set_status("idle")
             self._stopped.set()
 
@@ -309,11 +366,48 @@ class AgentActor:
     def _quiescent(self) -> bool:
         return self._closed or (self._status == "idle" and not self._inbox.has_wakeable())
 
-    async def _run_turn(self) -> None:
+    def _automatic_next(self) -> bool:
+        """The next turn would be automatic: something wakes the agent, nobody human."""
+        return self._inbox.has_wakeable() and not self._inbox.has_human()
+
+    async def _admit(self) -> Slot | None:
+        """Wait for an admission slot for an automatic turn; None (and no slot) as soon
+        as a person's message is queued or nothing is left to run."""
+        gate = self.owner.admission
+        slot = gate.try_acquire()
+        if slot is not None:
+            return slot
+        waiter = gate.enqueue(self._notify)
+        try:
+            await self._changes.wait_until(lambda: waiter.slot is not None or not self._automatic_next())
+        except BaseException:
+            gate.dequeue(waiter)
+            raise
+        if waiter.slot is not None and self._automatic_next():
+            return waiter.slot
+        gate.dequeue(waiter)  # hands a slot granted meanwhile on
+        return None
+
+    async def _load_transcript(self) -> None:
+        events = await self.session.read_history(MESSAGE_TYPES)
+        if self._transcript is None:
+            self._transcript = Transcript(fold_transcript(events))
+
+    async def _run_turn(self, slot: Slot | None) -> None:
         first = self._inbox.take_turn()
         self.turns += 1
-        turn = Turn(self, self.turns, [first] if first else [])
+        turn = Turn(self, self.turns, [first] if first else [], slot)
+        try:
+            await self._run_turn_in(turn)
+        finally:
+            turn.release_slot()
+
+    async def _run_turn_in(self, turn: Turn) -> None:
         self._set_status("running")
+        # History before the previous turn is in the store: keep the heap flat.
+        if self._last_turn_seq is not None:
+            self.session.trim(self._last_turn_seq)
+        self._last_turn_seq = self.session.event_count
         self.session.append("turn/start", {"turn": turn.number})
         reason: dict[str, Any]
         self._cancel_cause = None
@@ -333,6 +427,7 @@ class AgentActor:
             raise
         finally:
             self._turn_scope = None
+            turn.release_slot()
         self._end_turn(turn, reason)
 
     def _end_turn(self, turn: Turn, reason: dict[str, Any]) -> None:

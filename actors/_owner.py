@@ -13,7 +13,9 @@ from runtime._messages import Message
 from runtime.models import AdapterRegistry
 from runtime.tools import ToolRegistry
 
+from ._admission import AdmissionGate
 from ._fanout import Fanout
+from ._history_cache import HistoryCache
 from ._live import LiveEvent
 
 
@@ -26,6 +28,14 @@ class AgentOwner(Protocol):
 
     @property
     def live(self) -> Fanout[LiveEvent]: ...
+
+    @property
+    def admission(self) -> AdmissionGate:
+        """The runtime-wide gate automatic turns pass (people's turns do not)."""
+
+    @property
+    def history(self) -> HistoryCache:
+        """Which idle agents keep their history in memory."""
 
     def announce(self, event_type: str, agent_id: str, data: Mapping[str, Any]) -> None:
         """Publish a live event about ``agent_id``."""

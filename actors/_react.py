@@ -56,7 +56,11 @@ class ReactBody:
                 "request/header",
                 {"turn": turn.number, "step": turn.step, "provider": request.provider, "model": request.model},
             )
-            message, finish = await _collect(adapter.stream(request))
+            if getattr(adapter, "cpu_bound", False):  # it computes: keep the slot
+                message, finish = await _collect(adapter.stream(request))
+            else:
+                async with turn.outside():  # the model may take seconds: no slot meanwhile
+                    message, finish = await _collect(adapter.stream(request))
             turn.record("assistant/message", message)
             calls = message.tool_calls
             for call in calls:
@@ -66,7 +70,8 @@ class ReactBody:
                 turn.end_step()
                 return "max-tokens"
             if calls:
-                await _run_tools(turn, calls)
+                async with turn.outside():
+                    await _run_tools(turn, calls)
                 turn.end_step()
                 continue
             turn.end_step()

@@ -7,13 +7,23 @@ once it is committed, in order. ``flush()`` is the checkpoint that waits for dur
 
 Lifecycle: *preparing* (appends buffered, nothing written: a rolled-back creation leaves
 no trace) -> ``publish()`` -> *published* -> ``close()``.
+
+History stays in the store, not on the heap: a session keeps in memory the events that
+are not durable yet, the events from its last ``trim`` on (its agent trims at every turn
+start to the start of the previous turn, and to nothing when its idle history is
+evicted), and every event of the few ``RETAINED_TYPES`` that durable state is read from
+on every request. ``events``, ``events_since`` and ``read_events`` stay exact: what was
+trimmed is read back from the store (the first two block on that read; it only happens
+for a reader that fell behind a trim).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
+
+import trio
 
 from runtime._changes import Changes
 from runtime._errors import LoopdockError
@@ -43,6 +53,11 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+#: Event types a session keeps in memory whatever it trims: the loop binding and preset
+#: (``agent-preset/selected``) are read on every model request, and there are few.
+RETAINED_TYPES = frozenset({"agent-preset/selected"})
+
+
 class SessionActor:
     def __init__(
         self,
@@ -51,20 +66,31 @@ class SessionActor:
         *,
         events: Sequence[Event] = (),
         persisted: bool = False,
+        base: int = 0,
+        last_time: int = 0,
+        retained: Iterable[Event] = (),
+        turns: int = 0,
     ) -> None:
+        """``events`` are the session's events from seq ``base`` on (a loaded session
+        may bring none: ``base`` is then its length, ``last_time`` its last event's time,
+        ``retained`` its events of ``RETAINED_TYPES`` and ``turns`` its turn count)."""
         self.header = header
         self._writer = writer
+        self._base = base  # seq of _events[0]: what lies before is durable, in the store only
         self._events: list[Event] = list(events)
         # Loaded sessions are durable; a new session's header is not, yet.
         self._header_sent = persisted  # handed to the writer
         self._durable = persisted  # the header is committed
         # A forked session starts with copied events that are not durable yet.
-        self._committed = len(self._events) if persisted else 0  # number of durable events
+        self._committed = base + len(self._events) if persisted else 0  # durable events
         self._pending: list[Event] = [] if persisted else list(self._events)
         self._scheduled = False
         self._published = False
         self._closed = False
-        self._last_time = self._events[-1].time if self._events else 0
+        self._last_time = self._events[-1].time if self._events else last_time
+        self._retained = [*retained, *(e for e in self._events if e.type in RETAINED_TYPES)]
+        #: ``turn/start`` events in the whole log
+        self.turn_count = turns + sum(1 for e in self._events if e.type == "turn/start")
         self._commits = Changes()  # every commit, done or failed
         self._store_error: BaseException | None = None
         self._fanout: Fanout[Event] = Fanout(f"session {header.id}")
@@ -75,12 +101,71 @@ class SessionActor:
 
     @property
     def events(self) -> tuple[Event, ...]:
-        """Every event appended so far (committed or pending), in seq order."""
-        return tuple(self._events)
+        """Every event appended so far (committed or pending), in seq order. Blocks on a
+        store read for the part trimmed from memory; ``await read_events()`` does not."""
+        return (*self.events_since(0),)
 
     def events_since(self, index: int) -> list[Event]:
-        """The events from position ``index`` on (for incremental folds)."""
-        return self._events[index:]
+        """The events from position ``index`` on (for incremental folds). Blocks on a
+        store read if ``index`` lies before what is in memory (see the module doc)."""
+        base = self._base
+        if index >= base:
+            return self._events[index - base :]
+        return [*self._read(index, base), *self._events]
+
+    async def read_events(self, start: int = 0) -> list[Event]:
+        """The events from position ``start`` on, reading what was trimmed from memory
+        in a worker thread."""
+        base = self._base
+        if start >= base:
+            return self._events[start - base :]
+        older = await trio.to_thread.run_sync(self._read, start, base)
+        return [*older, *self.events_since(base)]
+
+    def history(self, types: Collection[str]) -> list[Event]:
+        """Every event of the given types, in seq order (blocks on a store read for the
+        part trimmed from memory)."""
+        older = self._read(0, self._base, types) if self._base else []
+        return [*older, *(e for e in self._events if e.type in types)]
+
+    async def read_history(self, types: Collection[str]) -> list[Event]:
+        """``history(types)``, reading what was trimmed in a worker thread."""
+        base = self._base
+        older = await trio.to_thread.run_sync(self._read, 0, base, types) if base else []
+        return [*older, *(e for e in self.events_since(base) if e.type in types)]
+
+    def retained(self, event_type: str) -> tuple[Event, ...]:
+        """Every event of ``event_type`` (one of ``RETAINED_TYPES``), in seq order; never
+        reads the store."""
+        if event_type not in RETAINED_TYPES:
+            raise ValueError(f"{event_type!r} is not kept in memory; retained: {sorted(RETAINED_TYPES)}")
+        return tuple(e for e in self._retained if e.type == event_type)
+
+    @property
+    def event_count(self) -> int:
+        """How many events the log holds (the next event's seq)."""
+        return self._base + len(self._events)
+
+    @property
+    def in_memory(self) -> int:
+        """How many events are held in memory (pending, not yet trimmed)."""
+        return len(self._events)
+
+    def trim(self, upto: int | None = None) -> int:
+        """Drop durable events before seq ``upto`` (every durable one by default) from
+        memory; they stay readable from the store. Returns how many were dropped."""
+        if not self._writer.persist:  # the log is only here
+            return 0
+        cut = self._committed if upto is None else min(upto, self._committed)
+        dropped = cut - self._base
+        if dropped <= 0:
+            return 0
+        del self._events[:dropped]
+        self._base = cut
+        return dropped
+
+    def _read(self, start: int, stop: int, types: Collection[str] | None = None) -> list[Event]:
+        return self._writer.store.load_events(self.id, start, stop, types)
 
     @property
     def committed_count(self) -> int:
@@ -104,9 +189,13 @@ class SessionActor:
         now = _now_ms()
         if now > self._last_time:
             self._last_time = now
-        event = new_event(event_type, len(self._events), self._last_time, data)
+        event = new_event(event_type, self._base + len(self._events), self._last_time, data)
         self._events.append(event)
         self._pending.append(event)
+        if event_type in RETAINED_TYPES:
+            self._retained.append(event)
+        elif event_type == "turn/start":
+            self.turn_count += 1
         if self._published and not self._scheduled and self._store_error is None:  # _schedule(), inlined
             self._scheduled = True
             self._writer.schedule(self)
@@ -137,7 +226,7 @@ class SessionActor:
         later events is written either). Returns at once for an unpublished
         session (nothing of it is meant to be durable yet).
         """
-        target = len(self._events)
+        target = self.event_count
         while self._published and (not self._durable or self._committed < target):
             if self._store_error is not None:
                 raise self._store_error

@@ -39,9 +39,12 @@ class Durable(Protocol):
 
 
 class StoreWriter:
-    def __init__(self, store: SessionStore, *, window: float = GROUP_COMMIT_WINDOW) -> None:
+    def __init__(self, store: SessionStore, *, window: float = GROUP_COMMIT_WINDOW, persist: bool = True) -> None:
         self.store = store
         self.window = window
+        #: False: batches are acknowledged without being written (sessions then keep their
+        #: whole log in memory; see ``Runtime.open(persist=False)``).
+        self.persist = persist
         self._scheduled: list[Durable] = []
         self._wakeup = trio.Event()
         self._urgent = trio.Event()  # set by expedite(): someone waits for durability
@@ -100,7 +103,8 @@ class StoreWriter:
             try:
                 # Shielded: a commit that has started must finish so memory and disk agree.
                 with trio.CancelScope(shield=True):
-                    refused = await trio.to_thread.run_sync(self.store.commit, writes)
+                    if self.persist:
+                        refused = await trio.to_thread.run_sync(self.store.commit, writes)
                 self.commits += 1
             except Exception as exc:  # a disk or schema failure: report it to the sessions
                 error = exc

@@ -29,11 +29,13 @@ from runtime._store import SessionStore
 from runtime.models import AdapterRegistry
 from runtime.tools import ToolRegistry
 
+from ._admission import AdmissionGate
 from ._agent import AgentActor
 from ._fanout import Fanout
 from ._faults import record_fault
+from ._history_cache import HistoryCache
 from ._live import LiveEvent
-from ._session import SessionActor, _now_ms
+from ._session import RETAINED_TYPES, SessionActor, _now_ms
 from ._store_writer import StoreWriter
 from ._supervision import STOP, Action, supervised
 
@@ -60,6 +62,9 @@ class Supervisor:
         writer: StoreWriter,
         adapters: AdapterRegistry,
         tools: ToolRegistry,
+        *,
+        admission: AdmissionGate | None = None,
+        history: HistoryCache | None = None,
     ) -> None:
         self.nursery = nursery
         self.store = store
@@ -70,6 +75,9 @@ class Supervisor:
         self.sessions: dict[str, SessionActor] = {}
         self.agents: dict[str, AgentActor] = {}
         self.live: Fanout[LiveEvent] = Fanout("live")
+        # Its stall watcher (``admission.run``) runs in the runtime's nursery.
+        self.admission = admission if admission is not None else AdmissionGate()
+        self.history = history if history is not None else HistoryCache()
         self.closing = False
         # Applied in order to every message admitted into a model step; each returns the
         # messages to record in place of the one it got (``[m]`` leaves it alone).
@@ -165,12 +173,17 @@ class Supervisor:
         self.check_open()
         if session_id in self.agents:
             raise AgentBusyError(f"session {session_id!r} already has a live agent")
-        loaded = await trio.to_thread.run_sync(self.store.load, session_id)
+        # Only an outline: the log itself stays in the store until a reader needs it.
+        loaded = await trio.to_thread.run_sync(self.store.load_outline, session_id, _OUTLINE_TYPES)
         if loaded is None:
             raise SessionNotFoundError(f"no persisted session {session_id!r}")
-        header, events = loaded
-        session = SessionActor(header, self.writer, events=events, persisted=True)
-        open_turn = _open_turn(events)
+        header, count, last_time, indexed = loaded
+        session = SessionActor(
+            header, self.writer, persisted=True, base=count, last_time=last_time,
+            retained=[e for e in indexed if e.type in RETAINED_TYPES],
+            turns=sum(1 for e in indexed if e.type == "turn/start"),
+        )
+        open_turn = _open_turn(indexed)
         if open_turn is not None:
             session.append("turn/end", {"turn": open_turn, "reason": {"kind": "interrupted"}})
         return session
@@ -182,7 +195,7 @@ class Supervisor:
         loaded = await trio.to_thread.run_sync(self.store.load, check_session_id(source_id))
         live = self.sessions.get(source_id)
         if live is not None:
-            header, events = live.header, list(live.events)
+            header, events = live.header, await live.read_events()
         elif loaded is not None:
             header, events = loaded
         else:
@@ -266,6 +279,10 @@ def agent_dispose(owner: Supervisor, agent: AgentActor) -> Callable[[], Any]:
             owner.announce("agent/disposed", agent.id, {})
 
     return dispose
+
+
+#: What resuming reads of a log: turn boundaries and the retained state events.
+_OUTLINE_TYPES = frozenset({"turn/start", "turn/end", *RETAINED_TYPES})
 
 
 def _open_turn(events: Sequence[Event]) -> int | None:

@@ -17,10 +17,12 @@ from runtime._events import Event
 from runtime._messages import Message
 from runtime._options import AgentOptions
 from runtime._serde import message_to_wire
+from runtime._transcript import Transcript
 from runtime._waterfall import Waterfall
 from runtime.models import ModelRequest, RetryNotice
 from runtime.tools import AgentTools
 
+from ._admission import Slot
 from ._faults import record_fault
 from ._inbox import Entry, ReservationState
 from ._owner import AgentOwner
@@ -44,7 +46,6 @@ class TurnAgent(Protocol):
     options: AgentOptions
     owner: AgentOwner
     tools: AgentTools
-    transcript: list[Message]
     prompt_sections: dict[str, str]
     pre_step: Waterfall[PreStep, Verdict]
     request: Waterfall[ModelRequest, ModelRequest]
@@ -52,6 +53,12 @@ class TurnAgent(Protocol):
 
     @property
     def cwd(self) -> Path: ...
+
+    @property
+    def transcript(self) -> Transcript: ...
+
+    async def acquire_slot(self) -> Slot | None:
+        """An admission slot to compute again (None: a person's message is queued)."""
 
     def claim_step(self, held: Sequence[Entry] = ()) -> list[Entry]:
         """Claim ``held`` and every message queued for the next step; log the claims."""
@@ -67,11 +74,30 @@ class TurnBody(Protocol):
 
 
 class Turn:
-    def __init__(self, agent: TurnAgent, number: int, first: list[Entry]) -> None:
+    def __init__(self, agent: TurnAgent, number: int, first: list[Entry], slot: Slot | None = None) -> None:
         self.agent = agent
         self.number = number
         self.step = 0
         self._entries = first  # claimed but not yet through pre-step
+        # An automatic turn's admission slot (actors._admission); a person's turn has none.
+        self._slot = slot
+
+    @property
+    def holds_slot(self) -> bool:
+        return self._slot is not None
+
+    def outside(self) -> Outside:
+        """``async with turn.outside():`` around a wait on the outside world (a model
+        call, a tool, a network or CLI call): an automatic turn gives its admission slot
+        back meanwhile and takes one again afterwards, so that waiting turns do not keep
+        others (or people) from the CPU. A turn body that waits without it keeps its slot
+        until the gate's stall limit uncounts it."""
+        return Outside(self)
+
+    def release_slot(self) -> None:
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            slot.release()
 
     @property
     def session(self) -> SessionActor:
@@ -140,7 +166,7 @@ class Turn:
             provider=options.provider,
             model=options.model,
             system=system,
-            messages=tuple(agent.transcript),
+            messages=agent.transcript.snapshot(),
             tools=agent.tools.specs(),
             max_tokens=options.max_tokens,
             reasoning_effort=options.reasoning_effort,
@@ -150,6 +176,24 @@ class Turn:
     def settle_unadmitted(self, reason: str) -> None:
         _settle(self._entries, "cancelled", reason)
         self._entries = []
+
+
+class Outside:
+    """See ``Turn.outside``."""
+
+    __slots__ = ("_turn", "_had_slot")
+
+    def __init__(self, turn: Turn) -> None:
+        self._turn = turn
+        self._had_slot = False
+
+    async def __aenter__(self) -> None:
+        self._had_slot = self._turn.holds_slot
+        self._turn.release_slot()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._had_slot and exc_info[0] is None:
+            self._turn._slot = await self._turn.agent.acquire_slot()
 
 
 def _settle(entries: list[Entry], state: ReservationState, reason: str | None) -> None:

@@ -1,56 +1,57 @@
-"""loopdock's own workloads: many agents on several loops, and human priority under load.
+"""loopdock's own workloads. Every one runs a real ``Runtime`` on a home on disk (SQLite
+persistence on, unless it says otherwise) in a process of its own.
 
-Both run a real ``Runtime`` on a home on disk (SQLite persistence on) with the offline
-``ping`` model. Times come from ``trio.current_time()``:
+- ``turns``: N agents on the ``standard`` loop, K turns each; a turn is the client's
+  request (followup -> ping calls ``bench_echo`` -> the tool runs -> ping answers ->
+  idle), persisted. The unit the autogen-core peer is compared on.
+- ``bare``: the runtime alone: a no-op loop (a turn that takes no step), persistence off.
+- ``priority``: people arriving open-loop (Poisson) at idle agents while automatic turns
+  load the runtime: idle, busy, saturated, and saturated without the admission gate.
+- ``history``: one agent, thousands of turns: CPU per turn against the turn number.
+- ``memory``: N agents each with a 100-turn history (made by one agent's real turns and
+  copied in the store), resumed, one more turn each, then idle: RSS per agent, GC pauses.
+- ``idle``: N idle agents created one after another: creation CPU and RSS per agent.
+- ``latency``: N agents whose model calls take 0.5-30 s (a heavy-tailed stand-in adapter
+  sleeping real seconds): the runtime's CPU and latency per call, memory while waiting.
+- ``loops``: loops that differ (one tool call, three in parallel, a chain of four, no
+  model, a 20 ms model), each measured alone: CPU and latency per turn.
 
-- *admission*: from just before ``agent.followup(...)`` to the moment the first step of
-  that turn is admitted, seen by an ``agent/pre-step`` listener that the bench adds
-  through a setup as the outermost one (it reads the clock after ``await next_(pre)``,
-  i.e. right before ``step/start`` is logged);
-- *turn*: from the same instant until ``agent.wait_idle()`` returns (the turn is over).
+Times come from ``trio.current_time()`` (wall) and ``time.process_time()`` (CPU of the
+whole process, both threads).
 """
 
 from __future__ import annotations
 
 import gc
+import json
+import random
 import shutil
+import sqlite3
 import tempfile
 import time
-import tracemalloc
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 
 from actors import FakeDriver, ReactDriver
 from loopdock import DriverLoop, Message, ProducerSource, Runtime, TextBlock
+from runtime._serde import header_to_wire
+from runtime.models import Chunk, Finish, ModelRequest, TextDelta, ToolCallChunk, Usage
 from runtime.tools import Tool
 
-from ._common import (
-    Progress,
-    peak_rss_bytes,
-    percentile,
-    rss_bytes,
-    settled_rss,
-    summary_ms,
-)
+from ._common import Progress, peak_rss_bytes, percentile, rss_bytes, settled_rss, summary_ms
 
 TOOL_NAME = "bench_echo"
 # One tool call per turn: the ping model calls the tool named on a `call:` line, then
 # answers the tool's result with `pong: ...` (two steps per turn on the react driver).
 TASK = 'call: bench_echo {"text": "hi"}'
+TASK_3 = "\n".join(f'call: bench_echo {{"text": "part {i}"}}' for i in range(3))
 HUMAN_TEXT = "a person asks: how is it going?"
 PRODUCER = "bench-driver"
-
-#: (loop, driver) by agent index modulo its length: three loops on two drivers of the
-#: react kind plus a driver loop of its own.
-MIX: tuple[tuple[str, str | None], ...] = (
-    ("standard", None),          # react driver (the default one)
-    ("minimal-first", None),     # react driver, a minimal toolset until the first call
-    ("standard", "react-b"),     # a second, named react driver
-    ("bench-fake", None),        # DriverLoop from actors.FakeDriver: no model, one step a turn
-)
+PING = {"provider": "ping", "model": "ping-1"}
 
 
 async def _echo(arguments: Mapping[str, Any], ctx: Any) -> str:
@@ -65,14 +66,84 @@ ECHO_TOOL = Tool(
 )
 
 
+# -- stand-in models ----------------------------------------------------------------------
+
+
+class ChainModel:
+    """Calls ``bench_echo`` until the turn holds ``length`` tool results, then answers:
+    a loop of ``length + 1`` steps, all CPU."""
+
+    cpu_bound = True
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
+        await trio.lowlevel.checkpoint()
+        results = 0
+        for message in reversed(request.messages):
+            if message.role == "user":
+                break
+            results += message.role == "tool"
+        if results < self.length:
+            yield ToolCallChunk(f"chain-{len(request.messages)}", TOOL_NAME, json.dumps({"text": str(results)}))
+            yield Finish("tool-calls")
+            return
+        yield TextDelta(f"done after {results} calls")
+        yield Usage(0, 3)
+        yield Finish("stop")
+
+
+class SleepyModel:
+    """A latency-bound stand-in: waits ``delay(request)`` real seconds (a trio sleep, as
+    a network read would), then answers. Records how late each answer came back."""
+
+    def __init__(self, delay: Any) -> None:
+        self.delay = delay
+        self.calls = 0
+        self.late: list[float] = []  # seconds past the intended delay when resumed
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
+        delay = self.delay(request)
+        due = trio.current_time() + delay
+        await trio.sleep_until(due)
+        self.late.append(trio.current_time() - due)
+        self.calls += 1
+        yield TextDelta("pong")
+        yield Usage(0, 1)
+        yield Finish("stop")
+
+
+class NoopBody:
+    async def run_turn(self, turn: Any) -> str:
+        return "completed"
+
+
+class NoopDriver:
+    """The cheapest loop there is: a turn that takes no step (nothing but the runtime)."""
+
+    async def create_agent(self, owner: Any, options: Any) -> Any:
+        from actors import create_with_body
+
+        return await create_with_body(owner, options, NoopBody())
+
+    async def resume(self, owner: Any, options: Any) -> Any:
+        from actors import resume_with_body
+
+        return await resume_with_body(owner, options, NoopBody())
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
 class Recorder:
-    """Times followups and admissions through an outermost ``agent/pre-step`` listener."""
+    """Times followups to the admission of their turn's first step, through an
+    outermost ``agent/pre-step`` listener (it reads the clock after ``await next_(pre)``,
+    right before ``step/start``)."""
 
     def __init__(self) -> None:
-        self.sent: dict[str, float] = {}  # agent id -> when its pending followup was sent
+        self.sent: dict[str, float] = {}  # agent id -> intended arrival of its followup
         self.admission: list[float] = []
-        self.admitted: dict[str, trio.Event] = {}
-        self.recording = True
 
     def setup(self, ctx: Any) -> None:
         ctx.on("agent/pre-step", self._listener, prepend=True)
@@ -82,20 +153,16 @@ class Recorder:
         if pre.step == 1:
             t0 = self.sent.pop(pre.agent_id, None)
             if t0 is not None:
-                if self.recording:
-                    self.admission.append(trio.current_time() - t0)
-                event = self.admitted.pop(pre.agent_id, None)
-                if event is not None:
-                    event.set()
+                self.admission.append(trio.current_time() - t0)
         return verdict
 
 
 class GcPauses:
-    """CPython's cyclic-GC pauses while active (the usual cause of latency tails)."""
+    """CPython's cyclic-GC pauses while inside (the usual cause of latency tails)."""
 
     def __init__(self) -> None:
-        self.pauses: list[tuple[int, float]] = []
-        self.active = False
+        self.pauses: list[float] = []
+        self.by_generation: list[int] = [0, 0, 0]
         self._started = 0.0
 
     def __enter__(self) -> GcPauses:
@@ -108,17 +175,17 @@ class GcPauses:
     def _callback(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self._started = time.perf_counter()
-        elif self.active:
-            self.pauses.append((info["generation"], time.perf_counter() - self._started))
+        else:
+            self.pauses.append(time.perf_counter() - self._started)
+            self.by_generation[info["generation"]] += 1
 
     def summary(self) -> dict[str, Any]:
         return {
             "collections": len(self.pauses),
-            "over_1ms": sum(1 for _, p in self.pauses if p > 1e-3),
-            "max_ms": max((p for _, p in self.pauses), default=0.0) * 1e3,
-            "max_ms_by_generation": {
-                str(g): max((p for gen, p in self.pauses if gen == g), default=0.0) * 1e3 for g in (0, 1, 2)
-            },
+            "by_generation": self.by_generation,
+            "p99_ms": percentile(self.pauses, 99) * 1e3,
+            "max_ms": max(self.pauses, default=0.0) * 1e3,
+            "over_10ms": sum(1 for p in self.pauses if p > 0.01),
         }
 
 
@@ -139,32 +206,23 @@ def _prepare(rt: Runtime) -> None:
     rt.register_tool(ECHO_TOOL)
     rt.register_driver("react-b", ReactDriver())
     rt.dock.register(DriverLoop.from_driver("bench-fake", FakeDriver("bench-fake")))
+    rt.dock.register(DriverLoop.from_driver("bench-noop", NoopDriver()))
+    rt.register_adapter("chain", ChainModel(4))
+
+
+def _automatic(text: str) -> Message:
+    return Message("user", (TextBlock(text),), source=ProducerSource(PRODUCER))
 
 
 async def _create(
-    rt: Runtime, home: _Home, recorder: Recorder, session_id: str, loop: str, driver: str | None
+    rt: Runtime, home: _Home, session_id: str, loop: str = "standard", *,
+    recorder: Recorder | None = None, model: Mapping[str, str] = PING, driver: str | None = None,
 ) -> Any:
     return await rt.create_agent(
-        session_id=session_id,
-        loop=loop,
-        driver=driver,
-        setup=recorder.setup,
-        agent_options={"provider": "ping", "model": "ping-1", "cwd": str(home.work)},
+        session_id=session_id, loop=loop, driver=driver,
+        setup=recorder.setup if recorder is not None else None,
+        agent_options={**model, "cwd": str(home.work)},
     )
-
-
-async def _create_many(
-    rt: Runtime, home: _Home, recorder: Recorder, prefix: str, n: int, progress: Progress | None = None
-) -> list[Any]:
-    handles = []
-    for i in range(n):
-        loop, driver = MIX[i % len(MIX)]
-        handles.append(await _create(rt, home, recorder, f"{prefix}-{i}", loop, driver))
-        if progress is not None and i % 64 == 0:
-            progress(i / n, f"creating {n} agents")
-    for handle in handles:
-        await handle.agent.session.flush()
-    return handles
 
 
 async def _dispose(handles: list[Any]) -> None:
@@ -173,230 +231,408 @@ async def _dispose(handles: list[Any]) -> None:
             nursery.start_soon(handle.dispose)
 
 
-# -- workload 1: many agents -------------------------------------------------------------
+async def _clients(agents: list[Any], k: int, text: str, latencies: list[float] | None = None) -> None:
+    """Every agent's client sends ``k`` followups, one after the other's turn ended."""
+
+    async def client(agent: Any) -> None:
+        for _ in range(k):
+            t0 = trio.current_time()
+            agent.followup(text)
+            await agent.wait_idle()
+            if latencies is not None:
+                latencies.append(trio.current_time() - t0)
+
+    async with trio.open_nursery() as nursery:
+        for agent in agents:
+            nursery.start_soon(client, agent)
 
 
-async def run_many(params: dict[str, Any], progress: Progress) -> dict[str, Any]:
-    """``params``: ``n``, ``k``, ``waves``, ``tracemalloc_agents``, optional ``home_parent``."""
-    n, k, waves = params["n"], params["k"], params["waves"]
+def _steps(handles: list[Any]) -> int:
+    return sum(sum(1 for e in h.agent.session.events if e.type == "step/start") for h in handles)
+
+
+# -- turns: the unit compared with the peer ------------------------------------------------
+
+
+async def run_turns(params: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """``params``: ``n``, ``k``; optional ``home_parent``."""
+    n, k = params["n"], params["k"]
     home = _Home(params.get("home_parent"))
-    recorder = Recorder()
-    turn_latency: list[float] = []
-    total_turns = n * k * waves
-    done = 0
+    latencies: list[float] = []
     try:
         async with Runtime.open(home.path / "home") as rt:
             _prepare(rt)
-            # Warm-up: one agent of every loop runs a turn, so lazy set-up is not counted.
-            warm = [await _create(rt, home, recorder, f"warm-{i}", *MIX[i]) for i in range(len(MIX))]
-            for handle in warm:
-                handle.agent.followup(TASK)
-                await handle.agent.wait_idle()
-            await _dispose(warm)
-            recorder.admission.clear()
-
-            # Memory per idle agent: RSS before and after creating n idle agents.
-            before = settled_rss()
-            handles = await _create_many(rt, home, recorder, "w0", n, lambda f, t: progress(0.15 * f, t))
-            idle_rss = settled_rss() - before
-
-            seconds = cpu = 0.0
-            steps = events = 0
-            wave_step_us: list[float] = []  # per wave: its seconds / its steps
-            for wave in range(waves):
-                if wave:
-                    handles = await _create_many(rt, home, recorder, f"w{wave}", n)
-
-                async def drive(agent: Any) -> None:
-                    nonlocal done
-                    for _ in range(k):
-                        t0 = trio.current_time()
-                        recorder.sent[agent.id] = t0
-                        agent.followup(TASK)
-                        await agent.wait_idle()
-                        turn_latency.append(trio.current_time() - t0)
-                        done += 1
-                        if done % 256 == 0:
-                            progress(0.15 + 0.8 * done / total_turns, f"N={n}: {done}/{total_turns} turns")
-
-                started, cpu_started = time.perf_counter(), time.process_time()
-                async with trio.open_nursery() as nursery:
-                    for handle in handles:
-                        nursery.start_soon(drive, handle.agent)
-                for handle in handles:  # persisted: the last event of every agent is durable
-                    await handle.agent.session.flush()
-                wave_seconds = time.perf_counter() - started
-                cpu += time.process_time() - cpu_started
-                seconds += wave_seconds
-                wave_steps = 0
+            warm = await _create(rt, home, "warm")
+            await _clients([warm.agent], 2, TASK)
+            await _dispose([warm])
+            progress(0.1, f"turns N={n}: creating")
+            handles = [await _create(rt, home, f"a{i}") for i in range(n)]
+            for handle in handles:
+                await handle.agent.session.flush()
+            progress(0.3, f"turns N={n}: running")
+            gc_pauses = GcPauses()
+            with gc_pauses:
+                started, cpu0 = time.perf_counter(), time.process_time()
+                await _clients([h.agent for h in handles], k, TASK, latencies)
                 for handle in handles:
-                    session_events = handle.agent.session.events
-                    events += len(session_events)
-                    wave_steps += sum(1 for e in session_events if e.type == "step/start")
-                steps += wave_steps
-                wave_step_us.append(wave_seconds / wave_steps * 1e6)
-                progress(0.15 + 0.8 * done / total_turns, f"N={n}: {done}/{total_turns} turns")
-                if wave < waves - 1:
-                    await _dispose(handles)
-            peak = peak_rss_bytes()
-            rss_after = rss_bytes()
+                    await handle.agent.session.flush()
+                seconds, cpu = time.perf_counter() - started, time.process_time() - cpu0
+            steps = _steps(handles)
             commits = rt.supervisor.writer.commits
-            loops = sorted({f"{loop}@{driver or 'default'}" for loop, driver in MIX[: min(n, len(MIX))]})
-
-            # Cross-check with tracemalloc (Python allocations only) on a smaller set.
-            traced_agents = min(n, params["tracemalloc_agents"])
-            tracemalloc.start()
-            try:
-                traced_before = tracemalloc.get_traced_memory()[0]
-                extra = await _create_many(rt, home, recorder, "traced", traced_agents)
-                settled_rss()
-                traced = tracemalloc.get_traced_memory()[0] - traced_before
-            finally:
-                tracemalloc.stop()
-            progress(1.0, f"N={n}: closing")
-            await _dispose(extra)
     finally:
         home.remove()
+    turns = n * k
     return {
-        "n": n,
-        "k": k,
-        "waves": waves,
-        "loops": loops,
-        "turns": total_turns,
-        "steps": steps,
-        "events": events,
-        "commits": commits,
-        "seconds": seconds,
-        "steps_per_s": steps / seconds,
-        "turns_per_s": total_turns / seconds,
-        # Median over waves of each wave's time per step (robust on a shared machine).
-        "us_per_step": percentile(wave_step_us, 50),
-        # CPU time of the whole process (both threads) per step: robust to neighbours.
-        "cpu_us_per_step": cpu / steps * 1e6,
-        "admission": summary_ms(recorder.admission),
-        "turn": summary_ms(turn_latency),
-        "mem_per_idle_agent_kb": idle_rss / n / 1024,
-        "tracemalloc_per_agent_kb": traced / traced_agents / 1024,
-        "tracemalloc_agents": traced_agents,
-        "peak_rss_mb": peak / 2**20,
-        "rss_after_run_mb": rss_after / 2**20,
+        "n": n, "k": k, "turns": turns, "steps": steps, "seconds": seconds, "commits": commits,
+        "turns_per_s": turns / seconds, "cpu_us_per_turn": cpu / turns * 1e6,
+        "turn": summary_ms(latencies), "gc": gc_pauses.summary(), "peak_rss_mb": peak_rss_bytes() / 2**20,
     }
 
 
-# -- workload 2: human priority under load -----------------------------------------------
-
-
-def _automatic(text: str) -> Message:
-    return Message("user", (TextBlock(text),), source=ProducerSource(PRODUCER))
-
-
-async def _priority_scenario(
-    name: str,
-    agents: int,
-    pending: int,
-    humans: int,
-    busy: int,
-    busy_interval: float,
-    parent: str | None,
-    progress: Progress,
-) -> dict[str, Any]:
-    """``agents`` idle agents hold ``pending`` automatic reservations between them (placed
-    ``inject``: queued for the agent's next step, so they stay pending instead of waking
-    it). Meanwhile ``busy`` other agents each run an automatic turn (a reservation of the
-    tool-call task) every ``busy_interval`` seconds: background load below saturation. A
-    person then follows up on one holder after another; the followup cancels that agent's
-    reservations (human input first) and is timed to its admission. The producer tops the
-    agent up again afterwards, so the count stays at ``pending``."""
-    home = _Home(parent)
-    recorder = Recorder()
-    per_agent = pending // agents
-    busy_turns = 0
-    gc_pauses = GcPauses()
+async def run_bare(params: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """The runtime alone: a no-op loop, persistence off. ``params``: ``n``, ``k``."""
+    n, k = params["n"], params["k"]
+    home = _Home(params.get("home_parent"))
     try:
-        async with Runtime.open(home.path / "home") as rt:
+        async with Runtime.open(home.path / "home", persist=False) as rt:
             _prepare(rt)
-            holders = [
-                await _create(rt, home, recorder, f"{name}-{i}", "standard", None) for i in range(agents)
-            ]
-            workers = [
-                await _create(rt, home, recorder, f"{name}-busy-{i}", "standard", None) for i in range(busy)
-            ]
+            handles = [await _create(rt, home, f"b{i}", "bench-noop") for i in range(n)]
+            await _clients([h.agent for h in handles[:1]], 10, "warm up")
+            started, cpu0 = time.perf_counter(), time.process_time()
+            await _clients([h.agent for h in handles], k, "x")
+            seconds, cpu = time.perf_counter() - started, time.process_time() - cpu0
+    finally:
+        home.remove()
+    turns = n * k
+    return {"n": n, "k": k, "turns": turns, "seconds": seconds, "turns_per_s": turns / seconds,
+            "cpu_us_per_turn": cpu / turns * 1e6}
+
+
+# -- people arriving open-loop ------------------------------------------------------------
+
+
+async def run_priority(params: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """``params``: ``scenario`` (idle, busy, saturated, saturated-ungated), ``holders``
+    (idle agents people talk to), ``automatic`` (agents running automatic turns),
+    ``think`` (seconds between one automatic turn's end and the next; 0 = back to back),
+    ``rate`` (people per second, Poisson), ``seconds`` (how long people arrive),
+    ``seed``. Each person's followup is timed from its *intended* arrival (so a late
+    sender counts against us) to the admission of its first step."""
+    scenario = params["scenario"]
+    slots = {"automatic_slots": 10**9} if scenario.endswith("ungated") else {}
+    home = _Home(params.get("home_parent"))
+    recorder = Recorder()
+    rng = random.Random(params.get("seed", 1))
+    automatic_turns = 0
+    try:
+        async with Runtime.open(home.path / "home", **slots) as rt:
+            _prepare(rt)
+            holders = [await _create(rt, home, f"h{i}", recorder=recorder) for i in range(params["holders"])]
+            workers = [await _create(rt, home, f"w{i}") for i in range(params["automatic"])]
+            for handle in holders:  # warm: each has answered once
+                handle.agent.followup("hello")
             for handle in holders:
-                for j in range(per_agent):
-                    handle.agent.reserve(_automatic(f"automatic context {j}"), "inject")
-            pending_at_start = sum(h.agent.inbox_size for h in holders)
+                await handle.agent.wait_idle()
+            recorder.admission.clear()
 
-            async def keep_busy(agent: Any, index: int) -> None:
-                nonlocal busy_turns
-                await trio.sleep(busy_interval * index / max(busy, 1))  # staggered
+            async def automatic(agent: Any) -> None:
+                nonlocal automatic_turns
+                await trio.sleep(rng.random() * max(params["think"], 0.01))
                 while True:
-                    started = trio.current_time()
-                    agent.reserve(_automatic(TASK))
+                    reservation = agent.reserve(_automatic(TASK))
                     await agent.wait_idle()
-                    busy_turns += 1
-                    await trio.sleep(max(0.0, busy_interval - (trio.current_time() - started)))
+                    if reservation.state == "admitted":
+                        automatic_turns += 1
+                    if params["think"]:
+                        await trio.sleep(params["think"])
 
-            with gc_pauses:
-                async with trio.open_nursery() as nursery:
-                    for index, handle in enumerate(workers):
-                        nursery.start_soon(keep_busy, handle.agent, index)
-                    if busy:
-                        await trio.sleep(busy_interval)  # the load is on before the first person
-                    warmup = 5
-                    measured_from = trio.current_time()
-                    busy_from = busy_turns
-                    for i in range(warmup + humans):
-                        recorder.recording = i >= warmup
-                        if i == warmup:
-                            measured_from, busy_from = trio.current_time(), busy_turns
-                            gc_pauses.active = True
-                        agent = holders[(i * 7919) % agents].agent
-                        admitted = recorder.admitted[agent.id] = trio.Event()
-                        recorder.sent[agent.id] = trio.current_time()
+            gc_pauses = GcPauses()
+            async with trio.open_nursery() as nursery:
+                for handle in workers:
+                    nursery.start_soon(automatic, handle.agent)
+                await trio.sleep(0.5)  # the load is on
+                # Without people first: the automatic throughput people must not cut.
+                before, t0, cpu0 = automatic_turns, trio.current_time(), time.process_time()
+                await trio.sleep(params["seconds"] / 2)
+                alone = (automatic_turns - before) / (trio.current_time() - t0)
+                alone_cpu = time.process_time() - cpu0
+                arrivals = []
+                t = trio.current_time()
+                end = t + params["seconds"]
+                while True:
+                    t += rng.expovariate(params["rate"])
+                    if t >= end:
+                        break
+                    arrivals.append(t)
+                before, t0, cpu0 = automatic_turns, trio.current_time(), time.process_time()
+                with gc_pauses:
+                    for i, due in enumerate(arrivals):
+                        await trio.sleep_until(due)
+                        agent = holders[i % len(holders)].agent
+                        recorder.sent[agent.id] = due
                         agent.followup(HUMAN_TEXT)
-                        await admitted.wait()
-                        await agent.wait_idle()
-                        for j in range(per_agent):  # the producer queues its context again
-                            agent.reserve(_automatic(f"automatic context {j}"), "inject")
-                        if i % 16 == 0:
-                            progress(i / (warmup + humans), f"{name}: {i}/{humans} humans")
-                    gc_pauses.active = False
-                    measured = trio.current_time() - measured_from
-                    busy_measured = busy_turns - busy_from
-                    nursery.cancel_scope.cancel()
-            pending_at_end = sum(h.agent.inbox_size for h in holders)
+                        progress(i / len(arrivals), f"priority {scenario}")
+                    await trio.sleep_until(end)
+                    for handle in holders:
+                        await handle.agent.wait_idle()
+                with_people = (automatic_turns - before) / (trio.current_time() - t0)
+                people_cpu = time.process_time() - cpu0
+                busy = rt.supervisor.admission
+                nursery.cancel_scope.cancel()
     finally:
         home.remove()
     return {
-        "scenario": name,
-        "agents": agents,
-        "pending": pending_at_start,
-        "pending_at_end": pending_at_end,
-        "per_agent": per_agent,
-        "busy_agents": busy,
-        "busy_turns_per_s": busy_measured / measured if measured > 0 else 0.0,
-        "humans": humans,
+        "scenario": scenario, "holders": params["holders"], "automatic_agents": params["automatic"],
+        "people": len(arrivals), "rate": params["rate"],
         "admission": summary_ms(recorder.admission),
+        "automatic_turns_per_s_alone": alone, "automatic_turns_per_s_with_people": with_people,
+        "cpu_share_alone": alone_cpu / (params["seconds"] / 2), "cpu_share_with_people": people_cpu / params["seconds"],
+        "gate": {"granted": busy.granted, "waited": busy.waited, "stalled": busy.stalled},
         "gc": gc_pauses.summary(),
     }
 
 
-async def run_priority(params: dict[str, Any], progress: Progress) -> dict[str, Any]:
-    """``params``: ``agents``, ``pending``, ``humans``, ``busy``, ``busy_interval``,
-    ``one_agent_humans``."""
-    parent = params.get("home_parent")
-    scenarios = [
-        ("spread", params["agents"], params["pending"], params["humans"], 0),
-        ("spread+busy", params["agents"], params["pending"], params["humans"], params["busy"]),
-        ("one-agent", 1, params["pending"], params["one_agent_humans"], 0),
-    ]
+# -- CPU per turn against history ----------------------------------------------------------
+
+
+async def run_history(params: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """One agent, ``turns`` tool-call turns back to back; CPU per turn per ``block``."""
+    turns, block = params["turns"], params["block"]
+    home = _Home(params.get("home_parent"))
+    blocks: list[float] = []
+    try:
+        async with Runtime.open(home.path / "home") as rt:
+            _prepare(rt)
+            agent = (await _create(rt, home, "long")).agent
+            for b in range(turns // block):
+                cpu0 = time.process_time()
+                for _ in range(block):
+                    agent.followup(TASK)
+                    await agent.wait_idle()
+                blocks.append((time.process_time() - cpu0) / block * 1e6)
+                progress((b + 1) * block / turns, f"history: {(b + 1) * block} turns")
+            events = agent.session.event_count
+            in_memory = agent.session.in_memory
+            messages = len(agent.transcript)
+    finally:
+        home.remove()
+    return {"turns": turns, "block": block, "cpu_us_per_turn_by_block": blocks,
+            "first_block_us": blocks[0], "last_block_us": blocks[-1], "last_vs_first": blocks[-1] / blocks[0],
+            "events": events, "events_in_memory": in_memory, "transcript_messages": messages}
+
+
+# -- memory: idle agents with a history -----------------------------------------------------
+
+
+def _seed(db: Path, template: str, prefix: str, n: int) -> None:
+    """Copy ``template``'s header and events to ``n`` new sessions, inside SQLite."""
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        # Benchmark data, not a user's: no fsync while copying it.
+        conn.execute("PRAGMA synchronous=OFF")
+        from runtime._serde import header_from_wire
+
+        header = header_from_wire(json.loads(conn.execute("SELECT header FROM sessions WHERE id = ?", (template,)).fetchone()[0]))
+        conn.execute("BEGIN IMMEDIATE")
+        for i in range(n):
+            sid = f"{prefix}{i}"
+            wire = header_to_wire(attrs.evolve(header, id=sid))
+            conn.execute("INSERT INTO sessions(id, header) VALUES (?, ?)", (sid, json.dumps(wire)))
+            conn.execute(
+                "INSERT INTO events(session_id, seq, type, time, data) "
+                "SELECT ?, seq, type, time, data FROM events WHERE session_id = ? ORDER BY seq",
+                (sid, template),
+            )
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+async def run_memory(params: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """``params``: ``n`` agents, ``history`` turns each, ``wave`` (agents resumed and run
+    at once). One agent makes the history with real turns; the store copies it to ``n``
+    sessions; each is resumed and runs one more turn; then all are idle."""
+    n, history, wave = params["n"], params["history"], params["wave"]
+    home = _Home(params.get("home_parent"))
+    try:
+        async with Runtime.open(home.path / "home") as rt:
+            _prepare(rt)
+            template = await _create(rt, home, "template")
+            await _clients([template.agent], history, "hello there, how are you today?")
+            await template.dispose()
+        progress(0.1, f"memory: seeding {n} histories")
+        await trio.to_thread.run_sync(_seed, home.path / "home" / "sessions.db", "template", "m", n)
+        progress(0.2, "memory: resuming")
+        async with Runtime.open(home.path / "home") as rt:
+            _prepare(rt)
+            await trio.sleep(0.1)
+            before = settled_rss()
+            handles: list[Any] = []
+            gc_pauses = GcPauses()
+            cpu0 = time.process_time()
+            with gc_pauses:
+                for start in range(0, n, wave):
+                    batch = [await rt.resume_agent(resume_session_id=f"m{i}") for i in range(start, min(n, start + wave))]
+                    await _clients([h.agent for h in batch], 1, "one more question")
+                    handles.extend(batch)
+                    progress(0.2 + 0.75 * len(handles) / n, f"memory: {len(handles)}/{n} agents")
+            cpu = time.process_time() - cpu0
+            after = settled_rss()
+            cache = rt.supervisor.history
+            sample = handles[-1].agent
+            result = {
+                "n": n, "history_turns": history + 1, "events_per_session": sample.session.event_count,
+                "kb_per_agent": (after - before) / n / 1024, "rss_mb": after / 2**20,
+                "peak_rss_mb": peak_rss_bytes() / 2**20, "cpu_ms_per_agent": cpu / n * 1e3,
+                "gc": gc_pauses.summary(), "warm_agents": len(cache), "warm_items": cache.held,
+                "evictions": cache.evictions,
+            }
+            await _dispose(handles)
+    finally:
+        home.remove()
+    return result
+
+
+async def run_idle(params: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """``params``: ``n`` idle agents on the ``standard`` loop, created one by one."""
+    n = params["n"]
+    home = _Home(params.get("home_parent"))
+    try:
+        async with Runtime.open(home.path / "home") as rt:
+            _prepare(rt)
+            await _dispose([await _create(rt, home, "warm")])
+            before = settled_rss()
+            handles = []
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            for i in range(n):
+                handles.append(await _create(rt, home, f"i{i}"))
+                if i % 1000 == 0:
+                    progress(i / n, f"idle: {i}/{n} agents")
+            for handle in handles:
+                await handle.agent.session.flush()
+            cpu, seconds = time.process_time() - cpu0, time.perf_counter() - t0
+            after = settled_rss()
+            result = {"n": n, "cpu_us_per_agent": cpu / n * 1e6, "seconds": seconds,
+                      "kb_per_agent": (after - before) / n / 1024, "rss_mb": after / 2**20,
+                      "peak_rss_mb": peak_rss_bytes() / 2**20}
+            await _dispose(handles)
+    finally:
+        home.remove()
+    return result
+
+
+# -- latency-bound: model calls of seconds ---------------------------------------------------
+
+
+def heavy_tailed(seed: int, low: float, high: float, alpha: float) -> Any:
+    """Pareto(``alpha``) delays from ``low`` seconds, cut at ``high``; deterministic."""
+    rng = random.Random(seed)
+
+    def delay(request: ModelRequest) -> float:
+        return min(high, low * (1.0 - rng.random()) ** (-1.0 / alpha))
+
+    return delay
+
+
+async def run_latency(params: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """``params``: ``n`` agents, one turn each (one model call), delays ``low``-``high``
+    real seconds, Pareto ``alpha``."""
+    n = params["n"]
+    home = _Home(params.get("home_parent"))
+    model = SleepyModel(heavy_tailed(params.get("seed", 7), params["low"], params["high"], params["alpha"]))
+    overhead: list[float] = []  # turn wall time less the model's own delay
+    try:
+        async with Runtime.open(home.path / "home") as rt:
+            _prepare(rt)
+            rt.register_adapter("sleepy", model)
+            before = settled_rss()
+            handles = [await _create(rt, home, f"l{i}", model={"provider": "sleepy", "model": "s"}) for i in range(n)]
+            for handle in handles:
+                await handle.agent.session.flush()
+            created = settled_rss()
+            gate = rt.supervisor.admission
+            peak_waiting = [0, 0]  # calls in flight, slots in use while they wait
+            cpu0, t0 = time.process_time(), trio.current_time()
+
+            async def client(agent: Any) -> None:
+                started = trio.current_time()
+                agent.followup("question")
+                await agent.wait_idle()
+                overhead.append(trio.current_time() - started)
+
+            async def watch() -> None:
+                while True:
+                    await trio.sleep(0.5)
+                    in_flight = len(handles) - model.calls
+                    if in_flight > peak_waiting[0]:
+                        peak_waiting[:] = [in_flight, gate.in_use]
+                    progress(min(1.0, (trio.current_time() - t0) / params["high"]), f"latency: {model.calls}/{n} calls")
+
+            async with trio.open_nursery() as nursery:
+                watcher = trio.CancelScope()
+
+                async def run_watch() -> None:
+                    with watcher:
+                        await watch()
+
+                nursery.start_soon(run_watch)
+                waiting_rss = 0
+                async with trio.open_nursery() as clients:
+                    for handle in handles:
+                        clients.start_soon(client, handle.agent)
+                    await trio.sleep(params["low"] / 2)  # everyone is waiting on the model
+                    waiting_rss = rss_bytes()
+                watcher.cancel()
+            cpu, wall = time.process_time() - cpu0, trio.current_time() - t0
+            await _dispose(handles)
+    finally:
+        home.remove()
+    return {
+        "n": n, "calls": model.calls, "low_s": params["low"], "high_s": params["high"], "alpha": params["alpha"],
+        "wall_s": wall, "cpu_us_per_call": cpu / model.calls * 1e6,
+        "turn_s": summary_ms(overhead),
+        "late_ms": summary_ms(model.late),
+        "kb_per_agent_idle": (created - before) / n / 1024, "kb_per_agent_waiting": (waiting_rss - before) / n / 1024,
+        "peak_in_flight": peak_waiting[0], "slots_in_use_then": peak_waiting[1],
+    }
+
+
+# -- loops that differ ------------------------------------------------------------------------
+
+#: loop name -> (loop, driver, model options, the client's text): what one turn does.
+LOOPS: dict[str, tuple[str, str | None, dict[str, str], str]] = {
+    "standard: 1 tool call": ("standard", None, PING, TASK),
+    "minimal-first: 3 parallel calls": ("minimal-first", None, PING, TASK_3),
+    "chain of 4 calls (react-b)": ("standard", "react-b", {"provider": "chain", "model": "chain-4"}, "go"),
+    "fake driver: no model": ("bench-fake", None, PING, "hello"),
+    "20 ms model": ("standard", None, {"provider": "sleepy", "model": "s"}, "hello"),
+}
+
+
+async def run_loops(params: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """Each loop alone: ``n`` agents x ``k`` turns; CPU and latency per turn."""
+    n, k = params["n"], params["k"]
     rows = []
-    for index, (name, agents, pending, humans, busy) in enumerate(scenarios):
-
-        def sub(fraction: float, label: str, index: int = index) -> None:
-            progress((index + fraction) / len(scenarios), label)
-
-        rows.append(
-            await _priority_scenario(name, agents, pending, humans, busy, params["busy_interval"], parent, sub)
-        )
-    return {"rows": rows}
+    for index, (name, (loop, driver, model, text)) in enumerate(LOOPS.items()):
+        home = _Home(params.get("home_parent"))
+        latencies: list[float] = []
+        try:
+            async with Runtime.open(home.path / "home") as rt:
+                _prepare(rt)
+                rt.register_adapter("sleepy", SleepyModel(lambda request: 0.02))
+                handles = [await _create(rt, home, f"x{i}", loop, model=model, driver=driver) for i in range(n)]
+                await _clients([handles[0].agent], 1, text)
+                steps0 = _steps(handles)
+                cpu0, t0 = time.process_time(), time.perf_counter()
+                await _clients([h.agent for h in handles], k, text, latencies)
+                for handle in handles:
+                    await handle.agent.session.flush()
+                cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
+                steps = _steps(handles) - steps0
+        finally:
+            home.remove()
+        turns = n * k
+        rows.append({"loop": name, "turns": turns, "steps_per_turn": steps / turns,
+                     "cpu_us_per_turn": cpu / turns * 1e6, "turns_per_s": turns / wall, "turn": summary_ms(latencies)})
+        progress((index + 1) / len(LOOPS), f"loops: {name}")
+    return {"n": n, "k": k, "rows": rows}

@@ -124,3 +124,10 @@ async def run_floor(params: dict[str, Any], progress: Progress) -> dict[str, Any
 
         rows.append(await _concurrent(n, params["k"], waves, sub, f"floor N={n}"))
     return {"hop": hop, "rows": rows}
+
+
+async def run_floor_bare(params: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """A plain trio task per agent: ``n`` pairs, ``k`` hops each (the bare comparison)."""
+    row = await _concurrent(params["n"], params["k"], 1, progress, f"floor N={params['n']}")
+    return {"n": row["n"], "k": row["k"], "turns": row["hops"], "turns_per_s": row["hops_per_s"],
+            "cpu_us_per_turn": row["cpu_us_per_hop"], "seconds": row["seconds"]}

@@ -1,21 +1,41 @@
-"""The peer: the same request/response pattern on autogen-core's SingleThreadedAgentRuntime.
+"""The peer: autogen-core's SingleThreadedAgentRuntime, doing what loopdock does.
 
-asyncio-based, so it always runs in its own process (``benchmarks._worker peer``) and
-never shares an event loop with trio. One agent instance per key of one agent type; each
-client awaits ``send_message`` (request -> handler -> response) ``k`` times.
+asyncio-based, so it always runs in its own process (``benchmarks._worker peer-*``) and
+never shares an event loop with trio. Both sides get the same GC threshold (the one
+``Runtime.open`` sets) and, for ``turns``, the same persistence code.
+
+- ``turns`` (same work as a loopdock turn): one ``RoutedAgent`` per key; the client's
+  request is one ``send_message``; the handler asks a scripted model (the same rule as
+  loopdock's ping: a ``call: tool {json}`` line -> a ``FunctionCall``; a tool result ->
+  ``pong: <result>``), runs the tool (an autogen ``FunctionTool``, called in the handler
+  as loopdock calls its tools, not through a tool agent), asks the model again, and
+  keeps the conversation (autogen ``LLMMessage`` values). Every turn writes the same 15
+  events loopdock writes for it, built as loopdock builds them, to a loopdock
+  ``SessionStore`` (same schema, same encoding, same SQL) through a group-commit writer
+  task with loopdock's window (1 ms) in a worker thread. Same commit policy, same disk.
+- ``bare``: an echo handler (request -> response): the runtime alone.
 """
 
 # No `from __future__ import annotations` here: autogen-core reads the handler's type
 # hints at class creation, and they must be real classes, not strings.
 import asyncio
+import gc
 import importlib.util
+import json
+import re
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from ._common import Progress, percentile, settled_rss, waves_for
+from ._common import Progress, peak_rss_bytes, summary_ms
 
 NAME = "autogen-core SingleThreadedAgentRuntime"
+GROUP_COMMIT_WINDOW = 0.001  # actors._store_writer.GROUP_COMMIT_WINDOW
+GC_THRESHOLD = (10_000, 10, 10)  # runtime._gc.GC_THRESHOLD, what loopdock runs with
+_CALL_LINE = re.compile(r"^\s*call:\s*(?P<name>[A-Za-z0-9_.:-]+)\s+(?P<args>\{.*\})\s*$")
 
 
 def available() -> bool:
@@ -24,16 +44,133 @@ def available() -> bool:
 
 @dataclass
 class Request:
-    number: int
+    text: str
 
 
 @dataclass
 class Reply:
-    number: int
+    text: str
 
 
-def _echo_agent_class() -> type:
-    from autogen_core import MessageContext, RoutedAgent, message_handler
+class Writer:
+    """The peer's store writer: loopdock's commit policy on asyncio (group commit with a
+    1 ms window, one transaction per batch, in a worker thread)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.pending: dict[str, list[Any]] = {}
+        self.headers: dict[str, Any] = {}
+        self.wakeup = asyncio.Event()
+        self.commits = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    def append(self, session: str, event: Any) -> None:
+        self.pending.setdefault(session, []).append(event)
+        self.idle.clear()
+        self.wakeup.set()
+
+    async def run(self) -> None:
+        from runtime._store import Write
+
+        while True:
+            await self.wakeup.wait()
+            await asyncio.sleep(GROUP_COMMIT_WINDOW)
+            self.wakeup.clear()
+            batch, self.pending = self.pending, {}
+            writes = [Write(sid, self.headers.pop(sid, None), tuple(events)) for sid, events in batch.items()]
+            await asyncio.to_thread(self.store.commit, writes)
+            self.commits += 1
+            if not self.pending:
+                self.idle.set()
+
+
+def _classes(writer: Writer) -> tuple[type, type]:
+    from autogen_core import CancellationToken, FunctionCall, MessageContext, RoutedAgent, message_handler
+    from autogen_core.models import (
+        AssistantMessage,
+        FunctionExecutionResult,
+        FunctionExecutionResultMessage,
+        UserMessage,
+    )
+    from autogen_core.tools import FunctionTool
+
+    from runtime._events import new_event
+
+    async def bench_echo(text: str) -> str:
+        return f"echo: {text}"
+
+    echo_tool = FunctionTool(bench_echo, "Echo the text back.", name="bench_echo")
+
+    def model(history: list[Any]) -> Any:
+        """The scripted model: the same rule as loopdock's ping."""
+        last = history[-1]
+        words = sum(len(str(m.content).split()) for m in history)  # ping counts its input too
+        if isinstance(last, UserMessage):
+            calls = []
+            for line in str(last.content).splitlines():
+                match = _CALL_LINE.match(line)
+                if match and isinstance(json.loads(match["args"]), dict):
+                    calls.append(FunctionCall(id=f"call-{len(history)}", name=match["name"], arguments=match["args"]))
+            if calls:
+                return calls, words
+        subject = "\n".join(r.content for r in last.content) if isinstance(last, FunctionExecutionResultMessage) else ""
+        return "pong: " + subject, words
+
+    class Worker(RoutedAgent):
+        def __init__(self) -> None:
+            super().__init__("bench worker")
+            self.history: list[Any] = []
+            self.seq = 0
+            self.turns = 0
+            self.session = str(self.id.key)
+            writer.headers[self.session] = _header(self.session)
+
+        def log(self, event_type: str, data: dict[str, Any]) -> None:
+            writer.append(self.session, new_event(event_type, self.seq, time.time_ns() // 1_000_000, data))
+            self.seq += 1
+
+        @message_handler
+        async def on_request(self, message: Request, ctx: MessageContext) -> Reply:
+            self.turns += 1
+            turn = self.turns
+            msg_id = f"m-{self.session}-{self.seq}"
+            self.log("agent/inbox/spliced", {"op": "insert", "list": "nextTurn", "placement": "followup", "messageId": msg_id})
+            self.log("turn/start", {"turn": turn})
+            self.log("agent/inbox/spliced", {"op": "claim", "list": "nextTurn", "placement": "followup", "messageId": msg_id})
+            user = UserMessage(content=message.text, source="user")
+            self.history.append(user)
+            step = 0
+            while True:
+                step += 1
+                self.log("step/start", {"turn": turn, "step": step})
+                if step == 1:
+                    self.log("user/message", {"role": "user", "content": [{"type": "text", "text": message.text}],
+                                              "id": msg_id, "source": {"kind": "user"}})
+                self.log("request/header", {"turn": turn, "step": step, "provider": "scripted", "model": "scripted-1"})
+                await asyncio.sleep(0)  # a model call is an await, as ping's is a checkpoint
+                answer, _ = model(self.history)
+                if isinstance(answer, list):
+                    self.history.append(AssistantMessage(content=answer, source="model"))
+                    self.log("assistant/message", {"role": "assistant", "id": f"a-{self.seq}", "content": [
+                        {"type": "tool_call", "callId": c.id, "name": c.name, "arguments": c.arguments} for c in answer]})
+                    results = []
+                    for call in answer:
+                        self.log("tool/call", {"callId": call.id, "name": call.name, "arguments": call.arguments})
+                        output = await echo_tool.run_json(json.loads(call.arguments), CancellationToken(), call_id=call.id)
+                        results.append(FunctionExecutionResult(content=echo_tool.return_value_as_string(output),
+                                                               call_id=call.id, name=call.name, is_error=False))
+                    self.history.append(FunctionExecutionResultMessage(content=results))
+                    for result in results:
+                        self.log("tool/result", {"role": "tool", "id": f"t-{self.seq}", "source": {"kind": "tool", "callId": result.call_id},
+                                                 "content": [{"type": "tool_result", "callId": result.call_id, "content": result.content, "isError": False}]})
+                    self.log("step/end", {"turn": turn, "step": step})
+                    continue
+                self.history.append(AssistantMessage(content=answer, source="model"))
+                self.log("assistant/message", {"role": "assistant", "id": f"a-{self.seq}", "content": [{"type": "text", "text": answer}]})
+                self.log("step/end", {"turn": turn, "step": step})
+                self.log("turn/end", {"turn": turn, "reason": {"kind": "completed"}})
+                return Reply(answer)
 
     class Echo(RoutedAgent):
         def __init__(self) -> None:
@@ -41,92 +178,66 @@ def _echo_agent_class() -> type:
 
         @message_handler
         async def on_request(self, message: Request, ctx: MessageContext) -> Reply:
-            return Reply(message.number)
+            return Reply(message.text)
 
-    return Echo
+    return Worker, Echo
 
 
-async def _run(params: dict[str, Any], progress: Progress) -> dict[str, Any]:
+def _header(session_id: str) -> Any:
+    from runtime._events import SessionHeader
+
+    return SessionHeader(id=session_id, created_at=time.time_ns() // 1_000_000, cwd="/tmp")
+
+
+TASK = 'call: bench_echo {"text": "hi"}'
+
+
+async def _run(kind: str, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
     from autogen_core import AgentId, SingleThreadedAgentRuntime
 
-    echo = _echo_agent_class()
+    from runtime._store import SessionStore
+
+    n, k = params["n"], params["k"]
+    scratch = Path(tempfile.mkdtemp(prefix="loopdock-bench-peer-"))
+    store = SessionStore.open(scratch / "sessions.db")
+    writer = Writer(store)
+    worker, echo = _classes(writer)
     runtime = SingleThreadedAgentRuntime()
+    await worker.register(runtime, "worker", worker)
     await echo.register(runtime, "echo", echo)
     runtime.start()
-    clock = time.perf_counter
+    writer_task = asyncio.create_task(writer.run())
+    latencies: list[float] = []
     try:
-        # A single message, sequentially: the peer's cost of one exchange.
-        single = AgentId("echo", "single")
-        for i in range(200):
-            await runtime.send_message(Request(i), single)
-        # Median of batch means (robust on a shared machine); p50/p99 from a timed pass.
-        count = params["sequential_messages"]
-        batches = 10
-        per_batch = max(1, count // batches)
-        means = []
-        cpu_started = time.process_time()
-        for _ in range(batches):
-            started = clock()
-            for i in range(per_batch):
-                await runtime.send_message(Request(i), single)
-            means.append((clock() - started) / per_batch)
-        cpu = time.process_time() - cpu_started
-        samples = []
-        for i in range(count):
-            t0 = clock()
-            await runtime.send_message(Request(i), single)
-            samples.append(clock() - t0)
-        sequential = {
-            "messages": count,
-            "mean_us": percentile(means, 50) * 1e6,
-            "cpu_us": cpu / (per_batch * batches) * 1e6,
-            "p50_us": percentile(samples, 50) * 1e6,
-            "p99_us": percentile(samples, 99) * 1e6,
-        }
+        agent_type = "worker" if kind == "turns" else "echo"
+        text = TASK if kind == "turns" else "x"
+        ids = [AgentId(agent_type, f"a{i}") for i in range(n)]
+        # autogen creates an agent on its first message: one warm-up request each.
+        await asyncio.gather(*(runtime.send_message(Request(text), agent) for agent in ids))
+        await writer.idle.wait()
 
-        rows = []
-        ns, k = params["ns"], params["k"]
-        for index, n in enumerate(ns):
-            waves = waves_for(n, k, params["min_turns"])
-            latencies: list[float] = []
-            seconds = cpu = 0.0
-            mem_per_agent = None
-            for wave in range(waves):
-                ids = [AgentId("echo", f"n{n}-w{wave}-a{i}") for i in range(n)]
-                before = settled_rss() if wave == 0 else 0
-                # autogen creates an agent on its first message: this makes n idle agents.
-                await asyncio.gather(*(runtime.send_message(Request(-1), agent) for agent in ids))
-                if wave == 0:
-                    mem_per_agent = (settled_rss() - before) / n
+        async def client(agent: Any) -> None:
+            for _ in range(k):
+                t0 = time.perf_counter()
+                await runtime.send_message(Request(text), agent)
+                latencies.append(time.perf_counter() - t0)
 
-                async def client(agent: Any) -> None:
-                    for i in range(k):
-                        t0 = clock()
-                        await runtime.send_message(Request(i), agent)
-                        latencies.append(clock() - t0)
-
-                started, cpu_started = clock(), time.process_time()
-                await asyncio.gather(*(client(agent) for agent in ids))
-                seconds += clock() - started
-                cpu += time.process_time() - cpu_started
-                progress((index + (wave + 1) / waves) / len(ns), f"autogen-core N={n}")
-            messages = n * k * waves
-            rows.append({
-                "n": n,
-                "k": k,
-                "waves": waves,
-                "messages": messages,
-                "seconds": seconds,
-                "msgs_per_s": messages / seconds,
-                "cpu_us_per_msg": cpu / messages * 1e6,
-                "p50_ms": percentile(latencies, 50) * 1e3,
-                "p99_ms": percentile(latencies, 99) * 1e3,
-                "mem_per_idle_kb": mem_per_agent / 1024 if mem_per_agent is not None else None,
-            })
+        progress(0.3, f"peer {kind} N={n}")
+        started, cpu0 = time.perf_counter(), time.process_time()
+        await asyncio.gather(*(client(agent) for agent in ids))
+        await writer.idle.wait()  # persisted: the last event of every agent is durable
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu0
     finally:
+        writer_task.cancel()
         await runtime.stop()
-    return {"sequential": sequential, "rows": rows}
+        store.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+    turns = n * k
+    return {"n": n, "k": k, "turns": turns, "seconds": seconds, "turns_per_s": turns / seconds,
+            "cpu_us_per_turn": cpu / turns * 1e6, "commits": writer.commits, "turn": summary_ms(latencies),
+            "peak_rss_mb": peak_rss_bytes() / 2**20}
 
 
-def run_peer(params: dict[str, Any], progress: Progress) -> dict[str, Any]:
-    return asyncio.run(_run(params, progress))
+def run_peer(kind: str, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    gc.set_threshold(*GC_THRESHOLD)  # what loopdock's Runtime.open sets: same collector settings
+    return asyncio.run(_run(kind, params, progress))

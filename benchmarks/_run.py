@@ -1,4 +1,5 @@
-"""``loopdock bench``: runs every workload, then prints the table and writes JSON and PNG."""
+"""``loopdock bench``: runs every workload (repeated, alternating loopdock and the peer),
+then prints the table and writes JSON and PNG."""
 
 from __future__ import annotations
 
@@ -15,33 +16,32 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from . import _peer_autogen
-from ._common import (
-    PROGRESS_PREFIX,
-    Progress,
-    ProgressBar,
-    load_average,
-    machine,
-    waves_for,
-)
+from ._common import PROGRESS_PREFIX, Progress, ProgressBar, load_average, machine
 from ._report import compute, plot, print_table
 from ._worker import run_phase
 
-# The sizes. `quick` must stay well under two minutes on a 2-core machine.
+#: Where results go unless ``--out`` says otherwise: outside the source tree, so that a
+#: run never overwrites the committed results (benchmarks/results, written on purpose).
+DEFAULT_OUT = Path(tempfile.gettempdir()) / "loopdock-bench"
+
+# The sizes. `quick` must stay well under a minute or two on a 2-core machine; `full`
+# under ten minutes.
 CONFIGS: dict[str, dict[str, Any]] = {
     "full": {
-        "ns": [1, 100, 1000, 10000],
-        "k": 10,  # turns per agent, one tool call each
-        "min_turns": 2000,  # small N repeats in waves of fresh agents until this many turns
-        "tracemalloc_agents": 1000,
-        "sequential_hops": 50000,
-        "peer_sequential": 5000,
-        # busy: agents each starting an automatic tool-call turn every busy_interval s
+        "repeats": 5,
+        "turns": {"n": 1000, "k": 5},
+        "bare": {"n": 1000, "k": 10},
         "priority": {
-            "agents": 1000, "pending": 10000, "humans": 1000, "busy": 100, "busy_interval": 0.2, "one_agent_humans": 20,
+            "holders": 200, "rate": 50, "seconds": 3,
+            # automatic agents and their think time (s) between turns
+            "scenarios": {"idle": [0, 0], "busy": [100, 0.25], "saturated": [200, 0], "saturated-ungated": [200, 0]},
         },
-        # The bridge (benchmarks/_bridge.py): round trips one at a time and in bursts, host
-        # events ingested, relayed to a GoalBar page (at most relay_window in flight), and
-        # GoalBar wakes one at a time and under a flood. timeout: the client's whole run.
+        "history": {"turns": 2000, "block": 100},
+        "loops": {"n": 50, "k": 4},
+        "memory": {"n": 10000, "history": 100, "wave": 1000},
+        "idle": {"n": 100000},
+        "latency": {"n": 10000, "low": 0.5, "high": 30.0, "alpha": 1.2},
+        # The bridge (benchmarks/_bridge.py); one run.
         "bridge": {
             "sequential": 5000, "warmup": 200, "bursts": 50, "burst_size": 200, "agents": 8,
             "ingest_events": 200000, "ingest_sessions": 20, "relay_events": 100000, "relay_window": 2000,
@@ -49,15 +49,18 @@ CONFIGS: dict[str, dict[str, Any]] = {
         },
     },
     "quick": {
-        "ns": [1, 10, 100],
-        "k": 5,
-        "min_turns": 300,
-        "tracemalloc_agents": 100,
-        "sequential_hops": 20000,
-        "peer_sequential": 2000,
+        "repeats": 2,
+        "turns": {"n": 100, "k": 3},
+        "bare": {"n": 100, "k": 5},
         "priority": {
-            "agents": 100, "pending": 1000, "humans": 200, "busy": 10, "busy_interval": 0.02, "one_agent_humans": 20,
+            "holders": 20, "rate": 40, "seconds": 1,
+            "scenarios": {"idle": [0, 0], "busy": [10, 0.05], "saturated": [30, 0], "saturated-ungated": [30, 0]},
         },
+        "history": {"turns": 200, "block": 50},
+        "loops": {"n": 10, "k": 2},
+        "memory": {"n": 200, "history": 20, "wave": 100},
+        "idle": {"n": 1000},
+        "latency": {"n": 200, "low": 0.05, "high": 1.0, "alpha": 1.2},
         "bridge": {
             "sequential": 1000, "warmup": 100, "bursts": 10, "burst_size": 100, "agents": 8,
             "ingest_events": 50000, "ingest_sessions": 10, "relay_events": 20000, "relay_window": 2000,
@@ -81,11 +84,7 @@ def _in_child(phase: str, params: dict[str, Any], progress: Progress) -> dict[st
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
         process = subprocess.Popen(
             [sys.executable, "-m", "benchmarks._worker", phase, json.dumps(params), str(out)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
         )
         tail: deque[str] = deque(maxlen=40)
         assert process.stderr is not None
@@ -98,12 +97,38 @@ def _in_child(phase: str, params: dict[str, Any], progress: Progress) -> dict[st
         code = process.wait()
         if code != 0 or not out.exists():
             raise PhaseError(f"phase {phase} failed (exit {code}):\n" + "\n".join(tail))
-        return json.loads(out.read_text())
+        result: dict[str, Any] = json.loads(out.read_text())
+        return result
+
+
+def plan(cfg: dict[str, Any], have_peer: bool) -> list[tuple[str, str, dict[str, Any], int | None]]:
+    """Every phase to run, in order: (key, phase, params, repeat). Repeated figures
+    alternate loopdock and the peer (and which goes first) from one repeat to the next."""
+    steps: list[tuple[str, str, dict[str, Any], int | None]] = []
+    for r in range(cfg["repeats"]):
+        pairs = [("turns", "turns", cfg["turns"]), ("peer-turns", "peer-turns", cfg["turns"])]
+        bare = [("bare", "bare", cfg["bare"]), ("peer-bare", "peer-bare", cfg["bare"]),
+                ("floor-bare", "floor-bare", cfg["bare"])]
+        if not have_peer:
+            pairs, bare = pairs[:1], [bare[0], bare[2]]
+        if r % 2:
+            pairs, bare = pairs[::-1], bare[::-1]
+        steps += [(key, phase, params, r) for key, phase, params in pairs + bare]
+        prio = cfg["priority"]
+        for scenario, (automatic, think) in prio["scenarios"].items():
+            params = {"scenario": scenario, "holders": prio["holders"], "automatic": automatic, "think": think,
+                      "rate": prio["rate"], "seconds": prio["seconds"], "seed": r + 1}
+            steps.append((f"priority:{scenario}", "priority", params, r))
+        steps.append(("history", "history", cfg["history"], r))
+        steps.append(("loops", "loops", cfg["loops"], r))
+    for key in ("memory", "idle", "latency", "bridge"):
+        steps.append((key, key, cfg[key], None))
+    return steps
 
 
 def run(
     mode: str = "quick",
-    out_dir: str | os.PathLike[str] = "benchmarks/results",
+    out_dir: str | os.PathLike[str] = DEFAULT_OUT,
     *,
     isolate: bool = True,
     config: dict[str, Any] | None = None,
@@ -122,56 +147,24 @@ def run(
     cfg.update(config or {})
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    ns, k, min_turns = cfg["ns"], cfg["k"], cfg["min_turns"]
-
-    # Phase weights: a rough guess of each phase's duration, for the progress bar only.
-    many_weights = [1.0 + n * k * waves_for(n, k, min_turns) / 2000 for n in ns]
     have_peer = peer and _peer_autogen.available()
-    weights = {
-        "floor": 1.0,
-        "peer": 2.0 if have_peer else 0.0,
-        "priority": 2.0 + cfg["priority"]["pending"] / 2000,
-        "bridge": 1.0 + cfg["bridge"]["ingest_events"] / 100000 + cfg["bridge"]["sequential"] / 2000,
-    }
-    bar = ProgressBar(sum(many_weights) + sum(weights.values()), progress_stream, enabled=show_progress)
-
-    def phase(name: str, label: str, weight: float, params: dict[str, Any], child: bool) -> dict[str, Any]:
-        progress = bar.phase(label, weight)
-        try:
-            if child:
-                return _in_child(name, params, progress)
-            return run_phase(name, params, progress)
-        finally:
-            bar.end_phase()
-
+    steps = plan(cfg, have_peer)
+    bar = ProgressBar(len(steps), progress_stream, enabled=show_progress)
     started = time.monotonic()
-    results: dict[str, Any] = {"schema": 1, "mode": mode, "machine": machine(), "config": cfg}
+    results: dict[str, Any] = {"schema": 2, "mode": mode, "machine": machine(), "config": cfg, "runs": {}}
+    results["peer"] = {"name": _peer_autogen.NAME, "status": "ok" if have_peer else
+                       ("not installed" if peer else "skipped"), "hint": "pip install 'loopdock[bench]'"}
     try:
-        results["floor"] = phase(
-            "floor", "floor: trio channels", weights["floor"],
-            {"ns": ns, "k": k, "min_turns": min_turns, "sequential_hops": cfg["sequential_hops"]}, isolate,
-        )
-        if have_peer:
-            peer_result = phase(
-                "peer", "peer: autogen-core", weights["peer"],
-                {"ns": ns, "k": k, "min_turns": min_turns, "sequential_messages": cfg["peer_sequential"]}, True,
-            )
-            results["peer"] = {"name": _peer_autogen.NAME, "status": "ok", **peer_result}
-        else:
-            results["peer"] = {
-                "name": _peer_autogen.NAME,
-                "status": "not installed" if peer else "skipped",
-                "hint": "pip install 'loopdock[bench]'",
-            }
-        results["many"] = []
-        for n, weight in zip(ns, many_weights):
-            params = {
-                "n": n, "k": k, "waves": waves_for(n, k, min_turns), "tracemalloc_agents": cfg["tracemalloc_agents"],
-            }
-            results["many"].append(phase("many", f"agents: N={n}", weight, params, isolate))
-        results["priority"] = phase("priority", "human priority", weights["priority"], cfg["priority"], isolate)
-        # The bridge's client always runs in a process of its own (its own trio loop).
-        results["bridge"] = phase("bridge", "bridge: websocket", weights["bridge"], cfg["bridge"], isolate)
+        for key, phase, params, repeat in steps:
+            label = key if repeat is None else f"{key} (run {repeat + 1}/{cfg['repeats']})"
+            progress = bar.phase(label, 1.0)
+            try:
+                child = isolate or phase.startswith("peer-") or phase == "bridge"
+                result = _in_child(phase, params, progress) if child else run_phase(phase, params, progress)
+            finally:
+                bar.end_phase()
+            result["load_average"] = load_average()
+            results["runs"].setdefault(key, []).append(result)
     finally:
         bar.close()
     results["seconds"] = time.monotonic() - started
@@ -179,8 +172,7 @@ def run(
     compute(results)
 
     stem = f"bench-{mode}"
-    json_path = out / f"{stem}.json"
-    png_path = out / f"{stem}.png"
+    json_path, png_path = out / f"{stem}.json", out / f"{stem}.png"
     results["files"] = {"json": str(json_path), "png": None}
     plotted = plot(results, png_path)
     if plotted is None:
@@ -199,20 +191,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="small sizes (N = 1, 10, 100); under two minutes")
-    parser.add_argument("--out", default="benchmarks/results", help="where to write bench-<mode>.json/.png")
+    parser.add_argument("--quick", action="store_true", help="small sizes; about a minute, judges no target")
+    parser.add_argument("--out", default=str(DEFAULT_OUT), help=f"where to write bench-<mode>.json/.png (default {DEFAULT_OUT})")
     parser.add_argument("--in-process", action="store_true", help="run loopdock's phases in this process")
     parser.add_argument("--no-peer", action="store_true", help="skip the autogen-core peer")
+    parser.add_argument(
+        "--tables", metavar="JSON", nargs="?", const="benchmarks/results/bench-full.json",
+        help="run nothing: regenerate the tables in README.md and benchmarks/README.md from JSON",
+    )
 
 
 def run_from_args(args: argparse.Namespace) -> int:
+    if args.tables:
+        from ._tables import write_docs
+
+        for path in write_docs(Path(args.tables)):
+            print(f"loopdock bench: tables written to {path}")
+        return 0
     try:
-        run(
-            "quick" if args.quick else "full",
-            args.out,
-            isolate=not args.in_process,
-            peer=not args.no_peer,
-        )
+        run("quick" if args.quick else "full", args.out, isolate=not args.in_process, peer=not args.no_peer)
     except PhaseError as exc:
         print(f"loopdock bench: {exc}", file=sys.stderr)
         return 1

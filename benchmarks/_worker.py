@@ -15,35 +15,38 @@ from typing import Any
 
 from ._common import PROGRESS_PREFIX, Progress
 
-PHASES = ("floor", "many", "priority", "bridge", "peer")
+#: phase -> (module, function); ``peer-*`` phases run asyncio, the rest trio.
+PHASES = {
+    "turns": ("_agents", "run_turns"),
+    "bare": ("_agents", "run_bare"),
+    "priority": ("_agents", "run_priority"),
+    "history": ("_agents", "run_history"),
+    "memory": ("_agents", "run_memory"),
+    "idle": ("_agents", "run_idle"),
+    "latency": ("_agents", "run_latency"),
+    "loops": ("_agents", "run_loops"),
+    "floor-bare": ("_floor", "run_floor_bare"),
+    "floor": ("_floor", "run_floor"),
+    "bridge": ("_bridge", "run_bridge"),
+}
 
 
 def run_phase(phase: str, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
     """Run one phase here and return its figures."""
-    if phase == "peer":  # asyncio only: trio is not even imported
+    if phase.startswith("peer-"):  # asyncio only: trio is not even imported
         from ._peer_autogen import run_peer
 
-        return run_peer(params, progress)
+        return run_peer(phase.removeprefix("peer-"), params, progress)
+    if phase not in PHASES:
+        raise ValueError(f"unknown phase {phase!r}; phases: {', '.join(PHASES)}, peer-turns, peer-bare")
+    import importlib
 
     import trio
 
-    if phase == "floor":
-        from ._floor import run_floor
-
-        return trio.run(run_floor, params, progress)
-    if phase == "many":
-        from ._agents import run_many
-
-        return trio.run(run_many, params, progress)
-    if phase == "priority":
-        from ._agents import run_priority
-
-        return trio.run(run_priority, params, progress)
-    if phase == "bridge":
-        from ._bridge import run_bridge
-
-        return trio.run(run_bridge, params, progress)
-    raise ValueError(f"unknown phase {phase!r}; phases: {', '.join(PHASES)}")
+    module, function = PHASES[phase]
+    run = getattr(importlib.import_module(f"benchmarks.{module}"), function)
+    result: dict[str, Any] = trio.run(run, params, progress)
+    return result
 
 
 def _child_progress() -> Progress:
@@ -61,7 +64,7 @@ def _child_progress() -> Progress:
 
 def main(argv: list[str]) -> int:
     phase, params, out = argv
-    if phase != "peer":
+    if not phase.startswith("peer-"):
         from loopdock import configure_logging
 
         configure_logging(verbose=False)  # warnings only: progress lines own stderr

@@ -22,14 +22,18 @@ from typing import Any
 import trio
 
 from actors import (
+    AUTOMATIC_SLOTS,
+    WARM_HISTORY,
     WATCHER_POLICY,
     Action,
+    AdmissionGate,
     AgentActor,
     AgentHandle,
     CommandRegistry,
     CommandResult,
     CreateAgentOptions,
     Driver,
+    HistoryCache,
     LiveEvent,
     ReactDriver,
     ResumeAgentOptions,
@@ -105,6 +109,9 @@ class Runtime:
         skills: SkillCatalog | None = None,
         loopx: LoopxSettings | None = None,
         gc_threshold: tuple[int, int, int] | None = GC_THRESHOLD,
+        automatic_slots: int = AUTOMATIC_SLOTS,
+        warm_history: int = WARM_HISTORY,
+        persist: bool = True,
     ) -> AsyncIterator[Runtime]:
         """Open the runtime on ``home`` (else ``$LOOPDOCK_HOME``, else
         ``$XDG_DATA_HOME/loopdock``, i.e. ``~/.local/share/loopdock``).
@@ -134,15 +141,26 @@ class Runtime:
         this threshold (default ``(10_000, 10, 10)``: a many-agent runtime's growing
         history otherwise sets off a full collection every ~70,000 allocations) if the
         process still has CPython's default; ``None`` leaves the collector alone.
+        ``automatic_slots``: how many automatic turns compute at once, runtime-wide (a
+        person's turn never waits for one; see ``actors.AdmissionGate``).
+        ``warm_history``: how many messages and events of idle agents' history stay in
+        memory in all (least recently active evicted first, read back from the store at
+        their next turn; see ``actors.HistoryCache``).
+        ``persist=False`` writes nothing: sessions keep their whole log in memory and
+        vanish with the runtime (for measuring the runtime without its store).
         """
         hide_environment_block()
+        admission = AdmissionGate(automatic_slots)
+        history = HistoryCache(warm_history)
         dock_config = _dock_config(config)
         environ = env if env is not None else os.environ
         catalog = skills if skills is not None else SkillCatalog.from_env(Path.cwd(), environ)
         path = resolve_home(home)
         # Held until the store is closed; see runtime/_home_lock.py for why it fails at once.
         with await trio.to_thread.run_sync(acquire_home, path), _gc_threshold(gc_threshold):
-            async with cls._open(path, dock_config, environ, catalog, shell, loopx) as rt:
+            async with cls._open(
+                path, dock_config, environ, catalog, shell, loopx, admission, history, persist
+            ) as rt:
                 yield rt
 
     @classmethod
@@ -155,6 +173,9 @@ class Runtime:
         catalog: SkillCatalog,
         shell: ShellPolicy | None,
         loopx: LoopxSettings | None,
+        admission: AdmissionGate,
+        history: HistoryCache,
+        persist: bool,
     ) -> AsyncIterator[Runtime]:
         store = await trio.to_thread.run_sync(SessionStore.open, path / "sessions.db")
         try:
@@ -167,7 +188,7 @@ class Runtime:
             body_error: BaseException | None = None
             store_failure: list[Exception] = []
             async with trio.open_nursery() as nursery:
-                writer = StoreWriter(store)
+                writer = StoreWriter(store, persist=persist)
 
                 async def run_writer(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
                     # The one actor whose failure ends the runtime: without it nothing
@@ -182,6 +203,9 @@ class Runtime:
                 def watcher_failed(error: Exception, action: Action) -> None:
                     log.warning("skill catalog watcher failed", error=repr(error), action=action)
 
+                def gate_failed(error: Exception, action: Action) -> None:
+                    log.warning("admission gate's stall watcher failed", error=repr(error), action=action)
+
                 await nursery.start(run_writer, name="store writer")
                 # The skill tool's listing then re-reads the disk only after a change; a
                 # watcher that keeps failing leaves every lookup checking the disk.
@@ -192,8 +216,17 @@ class Runtime:
                     ),
                     name="skill catalog watcher",
                 )
+                # A stall watcher that keeps failing leaves a stalled slot counted: automatic
+                # turns then wait longer, people's turns never do.
+                nursery.start_soon(
+                    functools.partial(
+                        supervised, admission.run, name="admission gate", policy=WATCHER_POLICY,
+                        report=gate_failed,
+                    ),
+                    name="admission gate",
+                )
                 supervisor = Supervisor(
-                    nursery, store, writer, default_adapters(environ), tools
+                    nursery, store, writer, default_adapters(environ), tools, admission=admission, history=history
                 )
                 supervisor.expanders.append(functools.partial(expand_skill_invocations, catalog=catalog))
                 supervisor.provide("agentPresets", AgentPresets())

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from itertools import chain
 from pathlib import Path
@@ -287,6 +287,46 @@ class SessionStore:
         ]
         return header, events
 
+    def load_events(
+        self, session_id: str, start: int = 0, stop: int | None = None, types: Collection[str] | None = None
+    ) -> list[Event]:
+        """The session's events with ``start <= seq < stop`` (all from ``start`` when
+        ``stop`` is None), only those of ``types`` if given, in seq order."""
+        sql = "SELECT seq, type, time, data FROM events WHERE session_id = ? AND seq >= ?"
+        params: list[Any] = [session_id, start]
+        if stop is not None:
+            sql += " AND seq < ?"
+            params.append(stop)
+        if types is not None:
+            wanted = sorted(types)
+            sql += f" AND type IN ({','.join('?' * len(wanted))})"
+            params.extend(wanted)
+        with self._use("load events") as conn:
+            rows = conn.execute(sql + " ORDER BY seq", params).fetchall()
+        return [_event_from_row(row) for row in rows]
+
+    def load_outline(
+        self, session_id: str, types: Collection[str]
+    ) -> tuple[SessionHeader, int, int, list[Event]] | None:
+        """What resuming a session needs without its whole log, from one snapshot: the
+        header, the number of events, the last event's time, and the events of
+        ``types``; None if the session is unknown."""
+        wanted = sorted(types)
+        with self._use("load a session outline") as conn, _transaction(conn, "BEGIN"):
+            row = conn.execute("SELECT header FROM sessions WHERE id = ?", (session_id,)).fetchone()
+            if row is None:
+                return None
+            last = conn.execute(
+                "SELECT seq, time FROM events WHERE session_id = ? ORDER BY seq DESC LIMIT 1", (session_id,)
+            ).fetchone()
+            rows = conn.execute(
+                "SELECT seq, type, time, data FROM events WHERE session_id = ? "
+                f"AND type IN ({','.join('?' * len(wanted))}) ORDER BY seq",
+                [session_id, *wanted],
+            ).fetchall()
+        count, last_time = (0, 0) if last is None else (last[0] + 1, last[1])
+        return header_from_wire(json.loads(row[0])), count, last_time, [_event_from_row(r) for r in rows]
+
     def commit(self, batch: Sequence[Write]) -> dict[str, StoreError]:
         """Write the batch in one transaction; returns the sessions whose part it refused.
 
@@ -334,6 +374,11 @@ class SessionStore:
                 yield self._conn
             except sqlite3.Error as exc:
                 raise StoreError(f"{what} failed on {str(self._path)!r}: {exc}") from exc
+
+
+def _event_from_row(row: tuple[int, str, int, str]) -> Event:
+    seq, type_, time, data = row
+    return event_from_wire({"seq": seq, "type": type_, "time": time, "data": json.loads(data)})
 
 
 @contextmanager

@@ -7,7 +7,8 @@ how many tasks there are. Allowed, and nothing else:
 - per live agent, exactly its own ``run`` task, and inside that agent's companions
   nursery exactly one task per companion the runtime registered for it (the LoopX
   continuation, when the runtime has the LoopX integration);
-- the store writer and the skill catalog's watcher, once each;
+- the store writer, the skill catalog's watcher and the admission gate's stall
+  watcher, once each;
 - a starter per configured agent that is starting, or has not started yet.
 
 A disposed agent has no task left: its ``run`` task ends only once everything in its
@@ -51,7 +52,7 @@ def assert_no_leaked_agent_tasks(runtime: Any) -> None:
     supervisor, dock = runtime.supervisor, runtime.dock
     live: dict[str, AgentActor] = dict(supervisor.agents)
     runs: dict[str, trio.lowlevel.Task] = {}
-    writers, watchers, starters, unexpected = [], [], [], []
+    writers, watchers, gates, starters, unexpected = [], [], [], [], []
     for task in supervisor.nursery.child_tasks:
         owner = _runs_for(task, supervisor)
         if isinstance(owner, AgentActor):
@@ -62,12 +63,16 @@ def assert_no_leaked_agent_tasks(runtime: Any) -> None:
             writers.append(task)
         elif owner is runtime.skills:
             watchers.append(task)
+        elif owner is supervisor.admission:
+            gates.append(task)
         elif owner is dock and task.name.startswith("configured agent "):
             starters.append(task.name.removeprefix("configured agent "))
         else:
             unexpected.append(task.name)
     assert unexpected == [], f"tasks nobody owns: {unexpected}"
-    assert (len(writers), len(watchers)) == (1, 1), "the store writer and the skill watcher, once each"
+    assert (len(writers), len(watchers), len(gates)) == (1, 1, 1), (
+        "the store writer, the skill watcher and the admission gate's stall watcher, once each"
+    )
     assert sorted(runs) == sorted(live), f"live agents without their run task: {sorted(set(live) - set(runs))}"
     not_started = {entry.id for entry in dock.config.agents} - set(dock.configured)
     assert len(starters) == len(set(starters)) and set(dock.starting) <= set(starters) <= not_started, (

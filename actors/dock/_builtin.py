@@ -26,8 +26,9 @@ async def _standard_setup(ctx: AgentContext) -> None:
 async def _minimal_first_setup(ctx: AgentContext) -> None:
     await ctx.get("agentPresets").mount(ctx, "standard")
     agent = ctx.agent
-    # Per-agent state in the setup's closure: where the current turn's messages start.
-    turn_start = {"index": len(agent.transcript)}
+    # Per-agent state in the setup's closure: where the current turn's messages start
+    # (set at every turn's first step, before its first request).
+    turn_start = {"index": 0}
 
     async def mark_turn_start(pre: PreStep, next_: Next[PreStep, Verdict]) -> Verdict:
         if pre.step == 1:

@@ -267,14 +267,14 @@ class LoopDock:
     async def _inspect(self, session_id: str) -> tuple[Route | None, str | None]:
         """The stored binding and the effective preset of a session about to be resumed."""
         live = self._owner.sessions.get(session_id)
-        events: Sequence[Event]
+        events: Sequence[Event]  # only the binding events: nothing else is read here
         if live is not None:
-            events, header = live.events, live.header
+            events, header = live.retained(BINDING_EVENT), live.header
         else:
-            loaded = await trio.to_thread.run_sync(self._owner.store.load, session_id)
+            loaded = await trio.to_thread.run_sync(self._owner.store.load_outline, session_id, (BINDING_EVENT,))
             if loaded is None:
                 return None, None  # the driver reports SESSION_NOT_FOUND
-            header, events = loaded
+            header, _, _, events = loaded
         return read_binding(events), newest_selected_preset(events) or header.agent_preset
 
     # -- setups the dock adds to every agent ---------------------------------------------
@@ -284,7 +284,7 @@ class LoopDock:
         keeping the session's effective preset; an existing binding is never overwritten."""
 
         def record_binding(ctx: AgentContext) -> None:
-            if read_binding(ctx.session.events) is not None:
+            if read_binding(ctx.session.retained(BINDING_EVENT)) is not None:
                 return
             ctx.session.append(BINDING_EVENT, binding_data(binding, _effective_preset(ctx)))
 
@@ -412,4 +412,4 @@ def _effective_preset(ctx: AgentContext) -> str | None:
     presets = ctx.owner.services.get("agentPresets")
     if isinstance(presets, AgentPresets):
         return presets.composed_preset(ctx)
-    return newest_selected_preset(ctx.session.events) or ctx.session.header.agent_preset
+    return newest_selected_preset(ctx.session.retained(BINDING_EVENT)) or ctx.session.header.agent_preset

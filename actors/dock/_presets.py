@@ -74,7 +74,7 @@ class AgentPresets:
         else the one the session was created with."""
         return (
             self._mounted.get(ctx.agent.id)
-            or newest_selected_preset(ctx.session.events)
+            or newest_selected_preset(ctx.session.retained(BINDING_EVENT))
             or ctx.session.header.agent_preset
         )
 

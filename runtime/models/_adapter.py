@@ -7,7 +7,7 @@ can log ``llm/retry``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol, Union
 
 import attrs
@@ -38,7 +38,8 @@ class ModelRequest:
     provider: str
     model: str
     system: str
-    messages: tuple[Message, ...]
+    # A tuple, or an agent's transcript snapshot (runtime.TranscriptView): immutable either way.
+    messages: Sequence[Message]
     tools: tuple[ToolSpec, ...] = ()
     max_tokens: int = 4096
     reasoning_effort: str | None = None
@@ -87,6 +88,12 @@ Chunk = Union[TextDelta, ReasoningDelta, ToolCallChunk, Usage, Finish]
 
 
 class ModelAdapter(Protocol):
-    """A model provider. ``stream`` must be cancellable at every await."""
+    """A model provider. ``stream`` must be cancellable at every await.
+
+    An adapter whose calls only compute (no network, no disk) says so with a class
+    attribute ``cpu_bound = True``: an automatic turn then keeps its admission slot
+    across the call (``actors.AdmissionGate``). Any other adapter is taken to wait on
+    I/O, and a turn gives its slot back while it waits.
+    """
 
     def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]: ...

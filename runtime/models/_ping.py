@@ -14,13 +14,13 @@ A "token" is a whitespace-separated word: crude, but deterministic and easy to a
 from __future__ import annotations
 
 import json
-import operator
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Sequence
 
 import trio
 
-from .._messages import Message, ToolCallBlock, ToolResultBlock
+from .._messages import Message, ToolResultBlock
+from .._transcript import tool_call_count, word_count
 from ._adapter import Chunk, Finish, FinishReason, ModelRequest, TextDelta, ToolCallChunk, Usage
 
 PING_MODEL = "ping-1"
@@ -53,16 +53,14 @@ def _parse_calls(text: str) -> list[tuple[str, str]]:
     return calls
 
 
-_WORD_COUNT: Callable[[Message], int] = operator.attrgetter("word_count")
-_TOOL_CALLS: Callable[[Message], tuple[ToolCallBlock, ...]] = operator.attrgetter("tool_calls")
-
-
 def _input_tokens(request: ModelRequest) -> int:
-    # Message.word_count is this same count, computed once per (frozen) message.
-    return count_words(request.system) + sum(map(_WORD_COUNT, request.messages))
+    # Message.word_count is this same count, computed once per (frozen) message; an
+    # agent's request carries a transcript snapshot whose total is kept as it grows, so
+    # a step costs the same whatever the length of the history.
+    return count_words(request.system) + word_count(request.messages)
 
 
-def _pong_subject(messages: tuple[Message, ...]) -> str:
+def _pong_subject(messages: Sequence[Message]) -> str:
     """What the pong echoes: the tool results if the model is being shown some, else
     the last user message's text (empty when there is none)."""
     if messages and messages[-1].role == "tool":
@@ -79,6 +77,9 @@ class PingAdapter:
     convention)."""
 
     models: tuple[str, ...] = (PING_MODEL,)
+    #: It computes and never waits on I/O: a turn keeps its admission slot across a
+    #: call (see ``ModelAdapter``).
+    cpu_bound = True
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
         # One schedule point per request: a model call is a checkpoint, as trio asks.
@@ -93,7 +94,7 @@ class PingAdapter:
         if calls:
             # Ids continue after the calls already in the conversation, so they stay
             # unique within a session without the adapter keeping any state.
-            first = 1 + sum(map(len, map(_TOOL_CALLS, request.messages)))
+            first = 1 + tool_call_count(request.messages)
             output_tokens = 0
             for offset, (name, arguments) in enumerate(calls):
                 output_tokens += count_words(name) + count_words(arguments)

@@ -172,10 +172,10 @@ async def test_an_agent_whose_evaluator_fails_is_retired_and_its_siblings_go_on(
         b = await rt.create_agent(session_id="b")
         original = type(a.agent)._run_turn
 
-        async def broken(self):
+        async def broken(self, *args):
             if self.id == "a":
                 raise RuntimeError("a bug outside any turn")
-            await original(self)
+            await original(self, *args)
 
         monkeypatch.setattr(type(a.agent), "_run_turn", broken)
         a.agent.followup("go")

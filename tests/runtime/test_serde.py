@@ -67,3 +67,26 @@ def test_messages_round_trip(source):
     wire = message_to_wire(message)
     assert list(wire) == ["id", "role", "content", *(["source"] if source else [])]
     assert message_from_wire(json.loads(json.dumps(wire))) == message
+
+
+def test_the_direct_read_path_builds_what_cattrs_builds():
+    """Messages read back from the store take a direct path for the shipped shapes; it
+    must give exactly what the general (cattrs) path gives, and leave the rest to it."""
+    from runtime import _serde
+
+    samples = [
+        Message("user", (TextBlock("hi there"),), UserSource()),
+        Message("assistant", (TextBlock("x"), ToolCallBlock("c1", "read_file", '{"path": "a"}'))),
+        Message("tool", (ToolResultBlock("c1", "body", True),), ToolSource("c1")),
+        Message("tool", (ToolResultBlock("c2", "ok"),), ToolSource("c2")),
+        Message("user", (TextBlock("rpc"),), UserSource(rpc_id="r1")),
+    ]
+    for message in samples:
+        wire = message_to_wire(message)
+        assert message_from_wire(wire) == message
+        for block in wire["content"]:
+            fast = _serde._fast_block(block)
+            assert fast is None or fast == _serde.converter.structure(block, _serde.Block)
+    assert _serde._fast_block({"type": "text", "text": 5}) is None  # cattrs decides odd values
+    assert _serde._fast_block({"type": "text", "text": "a", "extra": 1}) is None
+    assert _serde._fast_source({"kind": "user", "rpcId": "r1"}) is None

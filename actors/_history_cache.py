@@ -1,0 +1,59 @@
+"""HistoryCache: how much of idle agents' history a runtime keeps in memory.
+
+The session log is in the store; an agent only needs its history (its transcript, and
+its session's recent events) in memory while it runs a turn. Dropping it the moment an
+agent goes idle would make every turn of a busy conversational agent read its whole
+history back, so idle histories are kept, least recently active first out, until they
+hold more than ``budget`` items (messages plus events) in all. An evicted agent costs
+O(1) memory whatever its history, and reads its transcript back from the store at its
+next turn (one read per cold turn: what a model call needs anyway, the whole
+conversation).
+
+``budget=0`` evicts every history as soon as its agent goes idle.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+#: Messages and events of idle agents kept in memory in all (about 30-60 MB).
+WARM_HISTORY = 50_000
+
+
+class Evictable(Protocol):
+    def history_weight(self) -> int:
+        """Messages and events this agent holds in memory."""
+
+    def evict_history(self) -> None:
+        """Drop what can be read back from the store."""
+
+
+class HistoryCache:
+    def __init__(self, budget: int = WARM_HISTORY) -> None:
+        if budget < 0:
+            raise ValueError(f"a history budget cannot be negative ({budget})")
+        self.budget = budget
+        self.held = 0
+        self.evictions = 0
+        self._idle: dict[Evictable, int] = {}  # least recently idle first
+
+    def idle(self, agent: Evictable) -> None:
+        """``agent`` went idle: keep its history, evicting the oldest over the budget."""
+        self.busy(agent)
+        weight = agent.history_weight()
+        self._idle[agent] = weight
+        self.held += weight
+        while self.held > self.budget and self._idle:
+            oldest = next(iter(self._idle))
+            self.held -= self._idle.pop(oldest)
+            oldest.evict_history()
+            self.evictions += 1
+
+    def busy(self, agent: Evictable) -> None:
+        """``agent`` runs a turn (or is gone): its history is not evictable."""
+        weight = self._idle.pop(agent, None)
+        if weight is not None:
+            self.held -= weight
+
+    def __len__(self) -> int:
+        return len(self._idle)

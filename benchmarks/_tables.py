@@ -1,0 +1,228 @@
+"""Markdown tables from a results JSON, and the docs' generated sections.
+
+``loopdock bench --tables [JSON]`` rewrites every block between ``<!-- bench:NAME -->``
+and ``<!-- /bench:NAME -->`` in README.md and benchmarks/README.md from the JSON (by
+default the committed ``benchmarks/results/bench-full.json``): the tables are never
+copied by hand, and a test checks the committed docs match the committed JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = {"README.md": ("summary",), "benchmarks/README.md": ("details",), "benchmarks/PROFILE.md": ("profile",)}
+_VERDICT = {True: "met", False: "**missed**", None: "not judged"}
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:,.{digits}f}"
+
+
+def spread(figure: dict[str, Any] | None, digits: int = 1, scale: float = 1.0) -> str:
+    """``median (min-max)`` of a figure over its runs."""
+    if not figure or figure.get("median") is None:
+        return "-"
+    med, lo, hi = (figure[k] * scale for k in ("median", "min", "max"))
+    if figure["runs"] < 2:
+        return fmt(med, digits)
+    return f"{fmt(med, digits)} ({fmt(lo, digits)}-{fmt(hi, digits)})"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _source(results: dict[str, Any]) -> str:
+    m = results["machine"]
+    return (
+        f"From `benchmarks/results/bench-{results['mode']}.json`: {results['mode']} run of commit "
+        f"`{m.get('git_commit') or '-'}`, {m['date']}, {m['cpu_count']} CPUs ({m.get('cpu_model') or 'unknown CPU'}), "
+        f"Python {m['python']}, trio {m['trio']}, autogen-core {m.get('autogen_core') or 'not installed'}; "
+        f"load average {m.get('load_average_at_start')} at the start, {m.get('load_average_at_end')} at the end; "
+        f"{results['config']['repeats']} runs per repeated figure, shown as median (min-max)."
+    )
+
+
+def targets_table(results: dict[str, Any]) -> str:
+    rows = []
+    for t in results["targets"]:
+        measured = "-" if t["measured"] is None else f"{fmt(t['measured'], 2)} {t['unit']}"
+        note = f" ({t['note']})" if t.get("note") else ""
+        rows.append([t["target"], measured + note, t["size"], _VERDICT[t["passed"]]])
+    return _table(["target", "measured", "at", ""], rows)
+
+
+def render(results: dict[str, Any]) -> dict[str, str]:
+    f, r, cfg = results["figures"], results["ratios"], results["config"]
+    out: dict[str, str] = {"Targets": targets_table(results)}
+
+    rows = []
+    for label, key in (("loopdock: a turn (ping -> tool -> ping, 15 events persisted)", "turns"),
+                       ("autogen-core: the same turn, the same events and store", "peer-turns"),
+                       ("loopdock bare: no-op loop, persistence off", "bare"),
+                       ("autogen-core bare: echo handler", "peer-bare"),
+                       ("a plain trio task per agent (channel hop)", "floor-bare")):
+        if key in f:
+            rows.append([label, spread(f[key]["turns_per_s"], 0), spread(f[key]["cpu_us_per_turn"], 0),
+                         spread(f[key].get("turn.p99_ms"), 1)])
+    text = _table(["N = " + f"{cfg['turns']['n']:,} agents, requests one after the other per agent", "requests/s",
+                   "CPU us per request", "request p99 ms"], rows)
+    lines = [f"- {label}: {spread(r[key], 2)}x" for label, key in (
+        ("loopdock turns/s / autogen-core's", "turns_vs_peer"), ("in CPU per turn", "turns_cpu_vs_peer"),
+        ("bare: loopdock / autogen-core", "bare_vs_peer"), ("bare, in CPU", "bare_cpu_vs_peer"),
+        ("bare: loopdock / a plain trio task", "bare_vs_floor")) if key in r]
+    out["Same work and the bare runtime"] = text + "\n\n" + "\n".join(lines)
+
+    rows = []
+    for scenario in ("idle", "busy", "saturated", "saturated-ungated"):
+        key = f"priority:{scenario}"
+        if key not in f:
+            continue
+        automatic = cfg["priority"]["scenarios"][scenario]
+        rows.append([
+            scenario + (" (gate off)" if scenario.endswith("ungated") else ""), f"{automatic[0]}",
+            spread(f[key]["automatic_turns_per_s_alone"], 0), spread(r.get(f"automatic_kept:{scenario}"), 2),
+            spread(f[key]["admission.p50_ms"], 2), spread(f[key]["admission.p99_ms"], 1),
+            spread(f[key]["admission.max_ms"], 1), spread(f[key]["gc.max_ms"], 1),
+        ])
+    p = cfg["priority"]
+    out["People first, open-loop arrivals"] = (
+        f"{p['rate']} people/s (Poisson) for {p['seconds']} s per run at {p['holders']} idle agents, timed from the intended "
+        "arrival to the admission of the turn's first step.\n\n"
+        + _table(["scenario", "automatic agents", "automatic turns/s without people", "kept with people (x)",
+                  "admission p50 ms", "p99 ms", "max ms", "longest GC pause ms"], rows))
+
+    if "history" in f:
+        h = f["history"]
+        out["CPU per turn against history"] = _table(
+            ["one agent, tool-call turns back to back", "CPU us per turn"],
+            [[f"turns 1-{cfg['history']['block']}", spread(h["first_block_us"], 0)],
+             [f"turns {cfg['history']['turns'] - cfg['history']['block'] + 1:,}-{cfg['history']['turns']:,}",
+              spread(h["last_block_us"], 0)],
+             ["ratio", spread(h["last_vs_first"], 2) + "x"],
+             ["events in memory at the end (of the log's)", f"{fmt(h['events_in_memory']['median'], 0)} of {fmt(h['events']['median'], 0)}"]])
+
+    if "loops" in f:
+        lf = f["loops"]
+        names = sorted({path.split("]")[0][5:] for path in lf if path.startswith("rows[")})
+        rows = [[name, spread(lf[f"rows[{name}].steps_per_turn"], 1), spread(lf[f"rows[{name}].cpu_us_per_turn"], 0),
+                 spread(lf[f"rows[{name}].turn.p50_ms"], 1), spread(lf[f"rows[{name}].turn.p99_ms"], 1)] for name in names]
+        out["Loops that differ"] = (f"Each loop alone: {cfg['loops']['n']} agents x {cfg['loops']['k']} turns.\n\n"
+                                    + _table(["loop", "steps per turn", "CPU us per turn", "turn p50 ms", "turn p99 ms"], rows))
+
+    rows = []
+    if "memory" in f:
+        m = f["memory"]
+        rows.append([f"{cfg['memory']['n']:,} agents, each resumed with {cfg['memory']['history']} turns of history and run one more, then idle",
+                     f"{spread(m['kb_per_agent'], 1)} KB per agent", f"GC pause p99 {spread(m['gc.p99_ms'], 2)} ms, "
+                     f"max {spread(m['gc.max_ms'], 1)} ms; {fmt(m['warm_agents']['median'], 0)} histories kept warm"])
+    if "idle" in f:
+        i = f["idle"]
+        rows.append([f"{cfg['idle']['n']:,} idle agents (standard loop), created one by one",
+                     f"{spread(i['kb_per_agent'], 1)} KB per agent, RSS {spread(i['rss_mb'], 2, 1 / 1024)} GB",
+                     f"creation {spread(i['cpu_us_per_agent'], 0)} us CPU per agent"])
+    if "latency" in f:
+        lat, c = f["latency"], cfg["latency"]
+        rows.append([f"{c['n']:,} agents, one model call each of {c['low']}-{c['high']} s (Pareto {c['alpha']}, real seconds)",
+                     f"{spread(lat['kb_per_agent_waiting'], 1)} KB per waiting agent",
+                     f"{spread(lat['cpu_us_per_call'], 0)} us CPU per call; answer handled {spread(lat['late_ms.p50_ms'], 1)} / "
+                     f"{spread(lat['late_ms.p99_ms'], 1)} ms (p50 / p99) after it was due; {fmt(lat['peak_in_flight']['median'], 0)} "
+                     f"calls in flight with {fmt(lat['slots_in_use_then']['median'], 0)} admission slots in use"])
+    if rows:
+        out["Memory and scale (one run each)"] = _table(["workload", "memory", "other"], rows)
+
+    if "bridge" in results["runs"]:
+        b = results["runs"]["bridge"][0]
+        if b.get("status") == "ok":
+            out["Bridge (one run)"] = _table(["round trip over loopback", "p50 ms", "p99 ms"], [
+                ["websocket ping -> pong", fmt(b["ping"]["p50_ms"], 3), fmt(b["ping"]["p99_ms"], 3)],
+                ["pre-step -> verdict through a HostHandler gate", fmt(b["pre_step_sequential"]["p50_ms"], 3),
+                 fmt(b["pre_step_sequential"]["p99_ms"], 3)],
+                ["one session event -> the GoalBar frame showing it", fmt(b["goalbar"]["wake_to_frame"]["p50_ms"], 3),
+                 fmt(b["goalbar"]["wake_to_frame"]["p99_ms"], 3)],
+            ]) + f"\n\nHost events mirrored: {fmt(b['ingest']['events_per_s'], 0)} events/s."
+    return out
+
+
+#: PROFILE.md's figures: (what, run key, path in the figures) -- each row names its source.
+PROFILE_FIGURES = (
+    ("people: admission p50 ms, saturated, gate on", "priority:saturated", "admission.p50_ms"),
+    ("people: admission p50 ms, saturated, gate off", "priority:saturated-ungated", "admission.p50_ms"),
+    ("people: admission p99 ms, saturated, gate on", "priority:saturated", "admission.p99_ms"),
+    ("people: admission p99 ms, saturated, gate off", "priority:saturated-ungated", "admission.p99_ms"),
+    ("automatic turns/s without people, gate on", "priority:saturated", "automatic_turns_per_s_alone"),
+    ("automatic turns/s without people, gate off", "priority:saturated-ungated", "automatic_turns_per_s_alone"),
+    ("slots that stopped counting (stalled), gate on", "priority:saturated", "gate.stalled"),
+    ("longest GC pause ms while people arrived, gate on", "priority:saturated", "gc.max_ms"),
+    ("CPU us per turn, turns 1-{block}", "history", "first_block_us"),
+    ("CPU us per turn, the last {block} of {turns:,}", "history", "last_block_us"),
+    ("events held in memory after {turns:,} turns", "history", "events_in_memory"),
+    ("loopdock CPU us per turn (same work)", "turns", "cpu_us_per_turn"),
+    ("autogen-core CPU us per turn (same work)", "peer-turns", "cpu_us_per_turn"),
+    ("loopdock CPU us per bare turn", "bare", "cpu_us_per_turn"),
+    ("autogen-core CPU us per echo", "peer-bare", "cpu_us_per_turn"),
+    ("trio task CPU us per hop", "floor-bare", "cpu_us_per_turn"),
+    ("KB per idle agent, {n:,} agents after {history}-turn histories", "memory", "kb_per_agent"),
+    ("GC pauses over that phase: p99 ms", "memory", "gc.p99_ms"),
+    ("GC pauses over that phase: max ms", "memory", "gc.max_ms"),
+    ("full (generation 2) collections over that phase", "memory", "gc.by_generation"),
+    ("KB per idle agent, {idle_n:,} agents", "idle", "kb_per_agent"),
+    ("CPU us per latency-bound model call", "latency", "cpu_us_per_call"),
+)
+
+
+def profile_table(results: dict[str, Any]) -> str:
+    cfg = results["config"]
+    sizes = {**cfg["history"], **cfg["memory"], "idle_n": cfg["idle"]["n"]}
+    rows = []
+    for label, key, path in PROFILE_FIGURES:
+        label = label.format(**sizes)
+        figures = results["figures"].get(key, {})
+        if path == "gc.by_generation":
+            run = results["runs"].get(key, [{}])[0]
+            value = str(run.get("gc", {}).get("by_generation", ["-"] * 3)[2])
+        else:
+            value = spread(figures.get(path), 1)
+        rows.append([label, value, f"`{key}` / `{path}`"])
+    return _table(["figure", "median (min-max)", "run / figure in the JSON"], rows)
+
+
+def blocks(results: dict[str, Any]) -> dict[str, str]:
+    """The docs' generated blocks by name."""
+    sections = render(results)
+    summary = _source(results) + "\n\n" + sections["Targets"]
+    details = _source(results) + "\n\n" + "\n\n".join(f"### {name}\n\n{text}" for name, text in sections.items())
+    return {"summary": summary, "details": details, "profile": _source(results) + "\n\n" + profile_table(results)}
+
+
+def replace_blocks(text: str, generated: dict[str, str]) -> str:
+    for name, body in generated.items():
+        pattern = re.compile(rf"(<!-- bench:{name} -->\n)(?:.*?\n)?(<!-- /bench:{name} -->)", re.S)
+        text, count = pattern.subn(lambda m: m.group(1) + body + "\n" + m.group(2), text)
+        if count == 0 and f"<!-- bench:{name} -->" in text:
+            raise ValueError(f"unterminated bench block {name!r}")
+    return text
+
+
+def write_docs(json_path: Path, root: Path = ROOT) -> list[Path]:
+    results = json.loads(Path(json_path).read_text())
+    generated = blocks(results)
+    written = []
+    for doc, names in DOCS.items():
+        path = root / doc
+        text = path.read_text()
+        new = replace_blocks(text, {name: generated[name] for name in names})
+        if new != text:
+            path.write_text(new)
+        written.append(path)
+    return written

@@ -1,0 +1,111 @@
+"""History off the heap: sessions trim durable events, idle agents' transcripts are
+evicted and read back, and every reader still sees the exact log. Memory is asserted
+as counts of what is held (events, messages), never as bytes or time."""
+
+from loopdock import Runtime
+from runtime._serde import message_to_wire
+
+TASK = 'call: read_file {"path": "README.md"}'
+
+
+def wire(transcript):
+    return [message_to_wire(m) for m in transcript]
+
+
+async def run_turns(agent, n, text="hello"):
+    for i in range(n):
+        agent.followup(f"{text} {i}")
+        await agent.wait_idle()
+
+
+async def test_a_sessions_memory_stays_flat_while_its_log_grows(tmp_path):
+    async with Runtime.open(tmp_path / "home") as rt:
+        agent = (await rt.create_agent(session_id="long")).agent
+        held = []
+        for _ in range(4):
+            await run_turns(agent, 10)
+            await agent.session.flush()  # what is durable can be trimmed...
+            await run_turns(agent, 1)  # ...and is, at the next turn's start
+            held.append(agent.session.in_memory)
+        assert agent.session.event_count > 4 * 11 * 6
+        # Two turns' events in memory (the previous one and the last), whatever the log's length.
+        assert held == [held[0]] * 4 and held[0] <= 20
+        await agent.session.flush()
+        stored = rt.supervisor.store.load("long")[1]
+        assert list(agent.session.events) == stored
+        assert agent.session.events_since(5) == stored[5:]
+        assert await agent.session.read_events(3) == stored[3:]
+
+
+async def test_an_evicted_agent_reads_its_transcript_back_and_goes_on_exactly(tmp_path):
+    async with Runtime.open(tmp_path / "a", warm_history=0) as cold, Runtime.open(tmp_path / "b") as warm:
+        evicted = (await cold.create_agent(session_id="s")).agent
+        kept = (await warm.create_agent(session_id="s")).agent
+        for agent in (evicted, kept):
+            await run_turns(agent, 3)
+            agent.followup(TASK)
+            await agent.wait_idle()
+            await run_turns(agent, 2, "again")
+        assert evicted._transcript is None and kept._transcript is not None
+        assert cold.supervisor.history.evictions >= 6 and len(warm.supervisor.history) == 1
+        # The same conversation either way (ids differ between runtimes: compare the rest).
+        strip = [{k: v for k, v in m.items() if k != "id"} for m in wire(evicted.transcript)]
+        assert strip == [{k: v for k, v in m.items() if k != "id"} for m in wire(kept.transcript)]
+        assert len(evicted.transcript) == 6 * 2 + 2
+        assert [e.type for e in evicted.session.events] == [e.type for e in kept.session.events]
+
+
+async def test_the_cache_evicts_the_least_recently_active_over_its_budget(tmp_path):
+    async with Runtime.open(tmp_path / "home", warm_history=40) as rt:
+        agents = [(await rt.create_agent(session_id=f"a{i}")).agent for i in range(4)]
+        for agent in agents:
+            await run_turns(agent, 3)
+        cache = rt.supervisor.history
+        assert cache.held <= 40
+        assert agents[0]._transcript is None  # the oldest went first
+        assert agents[-1]._transcript is not None  # the newest is still warm
+        await run_turns(agents[0], 1)  # a cold agent comes back with its whole history
+        assert [m.text for m in agents[0].transcript][::2] == ["hello 0", "hello 1", "hello 2", "hello 0"]
+
+
+async def test_resume_reads_an_outline_and_the_transcript_only_when_a_turn_needs_it(tmp_path):
+    async with Runtime.open(tmp_path / "home") as rt:
+        agent = (await rt.create_agent(session_id="r")).agent
+        await run_turns(agent, 5)
+        before = wire(agent.transcript)
+        events = list(agent.session.events)
+    async with Runtime.open(tmp_path / "home") as rt:
+        handle = await rt.resume_agent(resume_session_id="r")
+        agent = handle.agent
+        assert agent.session.in_memory == 0 and agent._transcript is None
+        assert agent.turns == 5 and agent.session.event_count == len(events)
+        assert list(agent.session.events) == events  # read back, exact
+        await run_turns(agent, 1, "after")
+        assert wire(agent.transcript)[: len(before)] == before
+        assert [m.text for m in agent.transcript][-2:] == ["after 0", "pong: after 0"]
+        assert agent.turns == 6
+
+
+async def test_an_interrupted_turn_is_closed_from_the_outline(tmp_path):
+    async with Runtime.open(tmp_path / "home") as rt:
+        agent = (await rt.create_agent(session_id="i")).agent
+        await run_turns(agent, 1)
+        agent.session.append("turn/start", {"turn": 2})
+        await agent.session.flush()
+        rt.supervisor.leave(agent)  # as if the process died mid-turn: no turn/end
+        await agent.stop()
+    async with Runtime.open(tmp_path / "home") as rt:
+        agent = (await rt.resume_agent(resume_session_id="i")).agent
+        last = agent.session.events[-1]
+        assert last.type == "turn/end" and last.data == {"turn": 2, "reason": {"kind": "interrupted"}}
+
+
+async def test_without_persistence_nothing_is_written_and_the_log_stays_in_memory(tmp_path):
+    async with Runtime.open(tmp_path / "home", persist=False, warm_history=0) as rt:
+        agent = (await rt.create_agent(session_id="m")).agent
+        await run_turns(agent, 3)
+        await agent.session.flush()
+        await run_turns(agent, 1)
+        assert agent.session.in_memory == agent.session.event_count  # nothing trimmed
+        assert [m.text for m in agent.transcript][-1] == "pong: hello 0"
+        assert rt.supervisor.store.load("m") is None
