@@ -29,10 +29,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
-import yaml
 
 from runtime._errors import InvalidSessionIdError
 from runtime._ids import check_session_id
+from runtime._yaml import YamlFileError, load_yaml_file
 
 from ._errors import DockError
 from ._loops import ID_PATTERN, check_driver_name, check_loop_id
@@ -293,44 +293,13 @@ def config_to_dict(config: DockConfig) -> dict[str, Any]:
     }
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key repeated in one mapping (PyYAML keeps the last)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        first_line: dict[object, int] = {}
-        for key_node, _ in node.value:
-            # Merge keys (`<<`) may legitimately be overridden; only literal keys count.
-            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node)
-            if key in first_line:
-                raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping",
-                    node.start_mark,
-                    f"found duplicate key {key!r} (first given on line {first_line[key] + 1})",
-                    key_node.start_mark,
-                )
-            first_line[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep=deep)
-
-
 def load_config(path: str | os.PathLike[str]) -> DockConfig:
     """Read a YAML config file. An empty file, or one holding only ``null``, means defaults."""
-    name = os.fspath(path)
     try:
-        with open(name, "rb") as file:
-            value = yaml.load(file, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
-    except FileNotFoundError:
-        raise _error(f"config file {name} not found") from None
-    except OSError as exc:
-        raise _error(f"cannot read config file {name}: {exc.strerror or exc}") from None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise _error(f"{name}: {where}{exc.problem or exc.context}") from None
-    except yaml.YAMLError as exc:  # e.g. a reader error on bytes that are not UTF-8
-        raise _error(f"{name}: {exc}") from None
+        value = load_yaml_file(path, what="config file")
+    except YamlFileError as exc:
+        raise _error(str(exc)) from None
     try:
         return parse_config(value)
     except DockError as exc:
-        raise _error(f"{name}: {exc}") from None
+        raise _error(f"{os.fspath(path)}: {exc}") from None
