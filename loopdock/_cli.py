@@ -25,6 +25,8 @@ from runtime._logging import configure_logging
 
 from ._runtime import Runtime
 from ._serve import serve_command
+from .experiment._command import add_arguments as add_experiment_arguments
+from .experiment._command import run_command as run_experiment_command
 
 # loopdock's founding demo: two agents, two models, two loops, one runtime.
 DEMO_AGENTS = (
@@ -143,6 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     patch.add_argument("--drivers", default="default", help="dock drivers, comma separated (default: default)")
     patch.add_argument("--ping", action="store_true", help="register the offline ping model as DSH's default")
     patch.add_argument("--home", help="runtime home holding bridge.token (default: $LOOPDOCK_HOME or ./.loopdock)")
+    experiment = commands.add_parser("experiment", help="one task set across a model x loop matrix: run, report, export")
+    add_experiment_arguments(experiment)
     args = parser.parse_args(argv)
     configure_logging(verbose=args.verbose)
     if args.command == "bench":
@@ -158,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             dsh_patch_command(
                 args.url, args.out, dock=args.dock, drivers=drivers, ping=args.ping, home=args.home, out=sys.stdout
             )
+        elif args.command == "experiment":
+            return run_experiment_command(args, sys.stdout, sys.stderr)
         elif args.command == "serve":
             trio.run(serve_command, args.home, args.host, args.port, sys.stdout, not args.no_loopx, args.project)
         else:

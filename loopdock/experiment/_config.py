@@ -334,7 +334,7 @@ def _concurrency(value: object, path: str) -> Concurrency:
     return Concurrency(default=default, providers=limits)
 
 
-def _prices(value: object, path: str) -> dict[str, Price]:
+def parse_prices(value: object, path: str) -> dict[str, Price]:
     if not isinstance(value, Mapping):
         raise _error(f"{path} must be a mapping of 'provider/model' to {{input, output}}, got {value!r}")
     return {str(label): _price(item, f"{path}.{label}") for label, item in value.items()}
@@ -399,7 +399,7 @@ def parse_experiment(value: object, *, base: Path, default_name: str | None = No
         )
     tasks = tuple(_task(t, f"tasks[{i}]", base) for i, t in enumerate(_list(fields["tasks"], "tasks")))
     _unique(tasks, lambda t: t.id, "tasks")
-    prices = _prices(fields["prices"], "prices") if "prices" in fields else {}
+    prices = parse_prices(fields["prices"], "prices") if "prices" in fields else {}
     models = tuple(_model(m, f"models[{i}]", prices) for i, m in enumerate(_list(fields["models"], "models")))
     _unique(models, lambda m: m.label, "models")
     loops = tuple(_loop(lp, f"loops[{i}]") for i, lp in enumerate(_list(fields["loops"], "loops")))

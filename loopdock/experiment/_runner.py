@@ -68,6 +68,7 @@ class Progress:
     failed: int  # rollouts this run gave up on
     running: int
     spent: float
+    cells: tuple[tuple[str, int, int], ...] = ()  # (model x loop, scored, planned)
     result: RolloutResult | None = None
     note: str = ""
 
@@ -164,6 +165,8 @@ class _Run:
         self.failed = 0
         self.not_started = 0
         self.running = 0
+        self.cell_done: dict[str, int] = {}
+        self.cell_total: dict[str, int] = {}
 
     def _judge_cost(self, result: RolloutResult) -> float:
         if not result.judge_input_tokens and not result.judge_output_tokens:
@@ -176,8 +179,9 @@ class _Run:
         return 0.0
 
     def _report(self, kind: Literal["planned", "finished"], result: RolloutResult | None = None, note: str = "") -> None:
+        cells = tuple((label, self.cell_done.get(label, 0), total) for label, total in self.cell_total.items())
         self.on_progress(
-            Progress(kind, self.total, self.done, self.failed, self.running, self.budget.spent, result, note)
+            Progress(kind, self.total, self.done, self.failed, self.running, self.budget.spent, cells, result, note)
         )
 
     async def rollout(self, rollout: Rollout, attempt: int) -> None:
@@ -199,6 +203,7 @@ class _Run:
                 gate.succeeded()
                 self.done += 1
                 self.scored += 1
+                self.cell_done[rollout.cell] = self.cell_done.get(rollout.cell, 0) + 1
                 self._report("finished", result)
                 return
             if outcome == "budget":
@@ -421,6 +426,10 @@ async def run_in_runtime(
     await _record_plan(rt, plan_fields(experiment, rollouts, len(pending)))
     run.total = len(rollouts)
     run.done = len(rollouts) - len(pending)
+    for rollout in rollouts:
+        run.cell_total[rollout.cell] = run.cell_total.get(rollout.cell, 0) + 1
+        if rollout.key in done:
+            run.cell_done[rollout.cell] = run.cell_done.get(rollout.cell, 0) + 1
     providers = {m.provider for m in experiment.models}
     run.gates = {p: ProviderGate(experiment.concurrency.limit(p)) for p in providers}
     run._report("planned", note=f"{len(pending)} to run, {run.done} already scored")
