@@ -6,8 +6,6 @@ Offline only: the ping model and scripted stand-ins (tests/loopdock/experiment_m
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import attrs
 import pytest
 import trio
@@ -18,6 +16,7 @@ from loopdock.experiment._history import read_run
 from loopdock.experiment._report import build_report, cells_json
 from loopdock.experiment._text import render_text
 from runtime import ModelError
+from runtime._store import SessionStore
 from runtime.models import Reply, ScriptedAdapter, ToolCall, Usage
 
 from .experiment_models import FIX_FILES, deepseek_stand_in
@@ -37,15 +36,11 @@ async def run(home, experiment, **kwargs):
 
 
 def history(home, name):
-    from runtime._store import SessionStore
-
     with SessionStore.open(home / "sessions.db") as store:
         return read_run(store, name)
 
 
 def session_ids(home):
-    from runtime._store import SessionStore
-
     with SessionStore.open(home / "sessions.db") as store:
         return {h.id: store.last_seq(h.id) for h in store.list_headers()}
 
