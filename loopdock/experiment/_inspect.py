@@ -148,7 +148,8 @@ def _log(run: str, group: list[tuple[RolloutResult, list[Event]]], planned: int,
 
 def export_inspect(store: SessionStore, history: RunHistory, report: Report, out: Path) -> list[Path]:
     """Blocking: write one ``.eval`` per (task, model, loop) of ``report`` into ``out``;
-    returns the files. MISSING_EXTRA without inspect_ai."""
+    returns the files. MISSING_EXTRA without inspect_ai. Call it outside any trio run
+    (inspect_ai's synchronous writer refuses to run inside one)."""
     try:
         from inspect_ai.log import write_eval_log
     except ImportError:
