@@ -82,6 +82,8 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         f"scored now, {summary.failed} failed, {summary.not_started} not run (budget){spent}",
         file=out,
     )
+    for provider, count in summary.throttles.items():
+        print(f"{provider} pushed back {count} times (retried calls or failed rollouts); its concurrency was lowered", file=out)
     if not summary.complete:
         print(f"rerun with --resume to run the rest: loopdock experiment run {args.file} --resume", file=out)
     print(f"report: loopdock experiment report {summary.run}" + (f" --home {args.home}" if args.home else ""), file=out)

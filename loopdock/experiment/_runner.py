@@ -84,6 +84,7 @@ class RunSummary:
     spent: float  # the run's total, earlier invocations included
     estimate: Estimate | None
     currency: str
+    throttles: Mapping[str, int] = attrs.field(factory=dict)  # provider -> how often it pushed back
 
     @property
     def complete(self) -> bool:
@@ -446,6 +447,7 @@ async def run_in_runtime(
         spent=run.budget.spent,
         estimate=guess,
         currency=experiment.currency,
+        throttles={p: gate.throttles for p, gate in run.gates.items() if gate.throttles},
     )
 
 
