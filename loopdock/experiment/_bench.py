@@ -15,7 +15,7 @@ import argparse
 import os
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TextIO
 
@@ -93,9 +93,9 @@ class Measured:
     cpu: float
 
 
-def _measure(function: object, *args: object) -> Measured:
+def _measure(function: Callable[..., Awaitable[object]], *args: object) -> Measured:
     wall, cpu = time.perf_counter(), time.process_time()
-    trio.run(function, *args)  # type: ignore[arg-type]
+    trio.run(function, *args)
     return Measured(time.perf_counter() - wall, time.process_time() - cpu)
 
 
