@@ -336,3 +336,46 @@ async def test_each_attempt_starts_from_a_fresh_working_directory(tmp_path):
     assert [(r.attempt, r.status) for r in results] == [(1, "error"), (2, "scored")]
     workdir = tmp_path / "home" / "experiments" / "fresh" / "work" / results[1].key
     assert sorted(p.name for p in workdir.iterdir()) == ["seed.txt"]
+
+
+async def test_a_cancelled_run_leaves_its_rollouts_durable_and_unscored_and_resumes(tmp_path):
+    held = trio.Event()
+    calls = []
+
+    async def respond(request):
+        text = request.messages[-1].text
+        calls.append(text)
+        if text == "slow" and not held.is_set():
+            held.set()
+            await trio.sleep_forever()
+        return f"pong: {text}"
+
+    spec = {**SMALLEST, "tasks": [{"id": "t", "samples": [{"input": "quick", "target": "quick"}, {"input": "slow", "target": "slow"}]}],
+            "models": ["h/h"], "loops": ["standard"], "repeats": 1, "concurrency": 2}  # fmt: skip
+    experiment = parse_experiment(spec, base=tmp_path, default_name="cancelled")
+    home = tmp_path / "home"
+    adapter = ScriptedAdapter(respond)
+
+    scored = trio.Event()
+
+    def on_progress(progress):
+        if progress.result is not None and progress.result.done:
+            scored.set()
+
+    async def first_run():
+        await run(home, experiment, adapters={"h": adapter}, on_progress=on_progress)
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first_run)
+            await held.wait()  # "slow" is in its model call
+            await scored.wait()  # "quick" is scored
+            nursery.cancel_scope.cancel()
+    latest = history(home, "cancelled").latest()
+    assert sorted((r.sample, r.status) for r in latest.values()) == [("1", "scored"), ("2", "incomplete")]
+    [slow] = [r for r in latest.values() if r.sample == "2"]
+    assert slow.ended is None and slow.steps == 1  # its turn was closed, nothing was scored
+    calls.clear()
+    with trio.fail_after(60):
+        summary = await run(home, experiment, adapters={"h": adapter})
+    assert (summary.skipped, summary.scored, calls) == (1, 1, ["slow"])
