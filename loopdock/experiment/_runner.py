@@ -24,7 +24,7 @@ import attrs
 import structlog
 import trio
 
-from actors import PreStep, Reject, Verdict
+from actors import AgentContext, PreStep, Reject, SessionActor, Verdict
 from runtime._errors import LoopdockError, safe_message
 from runtime._events import Event
 from runtime._waterfall import Next
@@ -239,7 +239,7 @@ class _Run:
 
             return await next_(attrs.evolve(request, on_retry=on_retry))
 
-        def setup(ctx: Any) -> None:
+        def setup(ctx: AgentContext) -> None:
             # Inside the publication transaction: the session exists only with its identity.
             ctx.session.append(RECORD_EVENT, rollout_record(experiment.name, rollout, attempt))
             m = _Meter(lambda: ctx.session.events, price, self.budget, experiment.limits)
@@ -289,7 +289,7 @@ class _Run:
                 await handle.dispose()
 
     async def _score(
-        self, rollout: Rollout, session: Any, events: Sequence[Event], ended: Mapping[str, Any], workdir: Path,
+        self, rollout: Rollout, session: SessionActor, events: Sequence[Event], ended: Mapping[str, Any], workdir: Path,
         latency_ms: int,
     ) -> Outcome:  # fmt: skip
         scorer = self.experiment.scorer_for(rollout.task)
@@ -390,7 +390,7 @@ async def _record_plan(rt: Runtime, fields: Mapping[str, Any]) -> None:
     text = f"experiment {fields['run']}: {fields['rollouts']} rollouts, {fields['pending']} to run"
     record = plan_record(fields, text)
 
-    def setup(ctx: Any) -> None:
+    def setup(ctx: AgentContext) -> None:
         ctx.session.append(RECORD_EVENT, record)
 
     session_id = run_session_id(str(fields["run"]))
