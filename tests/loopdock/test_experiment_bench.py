@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import re
 
-from loopdock._cli import main
 
-
-def test_the_bench_runs_bare_agents_and_the_runner_and_prints_ratios(capsys):
+def test_the_bench_runs_bare_agents_and_the_runner_and_prints_ratios(capsys, main):
     assert main(["experiment", "bench", "--rollouts", "20", "--latency", "0.01"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("experiment runner bench: 20 rollouts at once, 2 model calls each, 0.01 s per call\n")
@@ -19,6 +17,6 @@ def test_the_bench_runs_bare_agents_and_the_runner_and_prints_ratios(capsys):
     assert re.search(r"^runner rollouts/s: [\d.]+x the bare agents' \(the floor is 1000/s\)$", out, re.M)
 
 
-def test_the_bench_refuses_nonsense(capsys):
+def test_the_bench_refuses_nonsense(capsys, main):
     assert main(["experiment", "bench", "--rollouts", "0"]) == 2
     assert "--rollouts and --turns must be >= 1" in capsys.readouterr().err

@@ -8,7 +8,6 @@ import math
 
 import pytest
 
-from loopdock._cli import main
 from loopdock.experiment._history import RunHistory
 from loopdock.experiment._html import render_html
 from loopdock.experiment._plot import pareto_front, render_png
@@ -107,7 +106,7 @@ def test_the_plot_is_a_png_and_the_html_page_embeds_it():
     assert "no plot: the plot needs matplotlib" in render_html(report, None, "no plot: the plot needs matplotlib")
 
 
-def test_the_cli_runs_reports_and_prints_json(tmp_path, capsys):
+def test_the_cli_runs_reports_and_prints_json(tmp_path, capsys, main):
     experiment = tmp_path / "tiny.yml"
     experiment.write_text("{tasks: [{id: greet, input: hello, target: pong}], scorer: includes, "
                           "models: [{provider: ping, model: ping-1}], loops: [standard, minimal-first], repeats: 2}\n")  # fmt: skip
