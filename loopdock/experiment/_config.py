@@ -219,8 +219,16 @@ def _function_ref(value: object, path: str) -> str:
 
 def _judge(fields: Mapping[str, Any], path: str) -> Judge:
     prompt = _optional(fields, "prompt", path, _text)
-    if prompt is not None and "{answer}" not in prompt:
-        raise _error(f"{path}.prompt must contain {{answer}} (and may contain {{input}} and {{target}})")
+    if prompt is not None:
+        if "{answer}" not in prompt:
+            raise _error(f"{path}.prompt must contain {{answer}} (and may contain {{input}} and {{target}})")
+        try:
+            prompt.format(input="", target="", answer="")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise _error(
+                f"{path}.prompt: only {{input}}, {{target}} and {{answer}} may stand in braces (write {{{{ and }}}} "
+                f"for a brace itself): {type(exc).__name__} {exc}"
+            ) from None
     return Judge(
         provider=_text(fields["provider"], f"{path}.provider"),
         model=_text(fields["model"], f"{path}.model"),

@@ -95,6 +95,9 @@ def test_models_as_strings_params_prices_and_loops_with_drivers():
         ({"scorer": {"kind": "regex", "pattern": "("}},
          "scorer.pattern is not a valid regular expression: missing ), unterminated subpattern at position 0"),
         ({"scorer": {"kind": "judge", "provider": "ping"}}, "scorer.model is required"),
+        ({"scorer": {"kind": "judge", "provider": "p", "model": "m", "prompt": "Grade {answer} as {json}"}},
+         "scorer.prompt: only {input}, {target} and {answer} may stand in braces (write {{ and }} for a brace "
+         "itself): KeyError 'json'"),
         ({"models": [{"provider": "ping"}]}, "models[0].model is required"),
         ({"models": ["ping"]}, "models[0] must be 'provider/model' or a mapping {provider, model, ...}, got 'ping'"),
         ({"models": ["ping/ping-1", {"provider": "ping", "model": "ping-1"}]}, "models[1] repeats models[0] ('ping/ping-1')"),
