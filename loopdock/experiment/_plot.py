@@ -47,18 +47,18 @@ def render_png(report: Report) -> bytes:
     # Free cells (the offline ping model) all sit at 0: tokens then tell them apart.
     by_cost = all(c.cost is not None for c in cells) and any(c.cost for c in cells)
     points = [(_x(c, by_cost), c.success_rate) for c in cells]
-    figure, axes = plt.subplots(figsize=(7, 4.5), dpi=110)
+    figure, axes = plt.subplots(figsize=(9, 4.5), dpi=110)
     try:
-        for index, (cell, (x, y)) in enumerate(zip(cells, points)):
-            axes.errorbar([x], [y], yerr=[[y - cell.success_low], [cell.success_high - y]], fmt="o", capsize=4)
-            # Cells at the same point get their labels stacked, not printed over each other.
-            same = sum(1 for other in points[:index] if other == (x, y))
-            axes.annotate(cell.label, (x, y), textcoords="offset points", xytext=(6, 6 - 11 * same), fontsize=8)
+        # Cells are named in a legend beside the axes: labels next to points would overlap
+        # wherever cells are close (and cells often are).
+        for cell, (x, y) in zip(cells, points):
+            axes.errorbar([x], [y], yerr=[[y - cell.success_low], [cell.success_high - y]], fmt="o", capsize=4,
+                          label=cell.label)  # fmt: skip
         front = pareto_front(points)
         if len(front) > 1:
             axes.plot([points[i][0] for i in front], [points[i][1] for i in front], "--", color="grey",
                       label="Pareto front")  # fmt: skip
-            axes.legend(loc="lower right", fontsize=8)
+        axes.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, borderaxespad=0)
         axes.set_xlabel(f"cost per rollout ({report.currency})" if by_cost else "tokens per rollout")
         axes.set_ylabel("success rate (95% Wilson interval)")
         axes.set_ylim(-0.05, 1.05)
