@@ -21,6 +21,8 @@ def _bar(done: int, total: int) -> str:
 
 
 def _duration(seconds: float) -> str:
+    if seconds < 1:
+        return "under 1s"
     seconds = int(seconds)
     return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
