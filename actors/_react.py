@@ -30,6 +30,7 @@ from runtime.models import (
     ReasoningDelta,
     TextDelta,
     ToolCallChunk,
+    Usage,
 )
 from runtime.tools import ToolContext
 
@@ -57,11 +58,11 @@ class ReactBody:
                 {"turn": turn.number, "step": turn.step, "provider": request.provider, "model": request.model},
             )
             if getattr(adapter, "cpu_bound", False):  # it computes: keep the slot
-                message, finish = await _collect(adapter.stream(request))
+                message, finish, usage = await _collect(adapter.stream(request))
             else:
                 async with turn.outside():  # the model may take seconds: no slot meanwhile
-                    message, finish = await _collect(adapter.stream(request))
-            turn.record("assistant/message", message)
+                    message, finish, usage = await _collect(adapter.stream(request))
+            turn.record("assistant/message", message, usage=usage)
             calls = message.tool_calls
             for call in calls:
                 turn.log("tool/call", {"callId": call.call_id, "name": call.name, "arguments": call.arguments})
@@ -79,11 +80,12 @@ class ReactBody:
                 return "completed"
 
 
-async def _collect(stream: AsyncIterator[Chunk]) -> tuple[Message, str]:
+async def _collect(stream: AsyncIterator[Chunk]) -> tuple[Message, str, Usage | None]:
     text: list[str] = []
     reasoning: list[str] = []
     calls: list[ToolCallBlock] = []
     finish = "stop"
+    usage: Usage | None = None
     async for chunk in stream:
         if isinstance(chunk, TextDelta):
             text.append(chunk.text)
@@ -91,6 +93,8 @@ async def _collect(stream: AsyncIterator[Chunk]) -> tuple[Message, str]:
             reasoning.append(chunk.text)
         elif isinstance(chunk, ToolCallChunk):
             calls.append(ToolCallBlock(chunk.call_id, chunk.name, chunk.arguments))
+        elif isinstance(chunk, Usage):
+            usage = chunk
         elif isinstance(chunk, Finish):
             finish = chunk.reason
     blocks: list[Block] = []
@@ -99,7 +103,7 @@ async def _collect(stream: AsyncIterator[Chunk]) -> tuple[Message, str]:
     if text:
         blocks.append(TextBlock("".join(text)))
     blocks.extend(calls)
-    return Message(role="assistant", content=tuple(blocks)), finish
+    return Message(role="assistant", content=tuple(blocks)), finish, usage
 
 
 def _result_message(call_id: str, content: str, is_error: bool) -> Message:

@@ -230,6 +230,12 @@ class SessionActor:
         while self._published and (not self._durable or self._committed < target):
             if self._store_error is not None:
                 raise self._store_error
+            if self._writer.stopped:
+                # The writer was cancelled along with everything else (an outer cancel
+                # scope, Ctrl-C) before this session's last events: a shielded close
+                # still makes them durable, instead of waiting forever.
+                await self._writer.drain()
+                continue
             self._writer.expedite()  # someone waits: no group-commit delay
             await self._commits.wait()
         if self._store_error is not None:

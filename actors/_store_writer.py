@@ -54,6 +54,9 @@ class StoreWriter:
         # One commit at a time: two overlapping drains could land a session's later
         # batch before its earlier one.
         self._lock = trio.Lock()
+        #: Set once ``run`` has ended (cancelled, e.g. with its runtime by Ctrl-C): a
+        #: ``flush`` then drains itself instead of waiting for a task that is gone.
+        self.stopped = False
 
     def schedule(self, session: Durable) -> None:
         if self.failure is not None:  # nobody will commit it: say so at once
@@ -75,14 +78,18 @@ class StoreWriter:
         self._urgent.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Commit scheduled sessions until cancelled; cancel only after a final ``drain``."""
+        """Commit scheduled sessions until cancelled; cancel only after a final ``drain``
+        (if it is cancelled first, with everything around it, later flushes drain)."""
         task_status.started()
-        while True:
-            await self._wakeup.wait()
-            if self.window > 0:
-                with trio.move_on_after(self.window):
-                    await self._urgent.wait()
-            await self.drain()
+        try:
+            while True:
+                await self._wakeup.wait()
+                if self.window > 0:
+                    with trio.move_on_after(self.window):
+                        await self._urgent.wait()
+                await self.drain()
+        finally:
+            self.stopped = True
 
     async def drain(self) -> None:
         """Commit everything scheduled so far (and what arrives meanwhile)."""

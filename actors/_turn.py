@@ -19,7 +19,7 @@ from runtime._options import AgentOptions
 from runtime._serde import message_to_wire
 from runtime._transcript import Transcript
 from runtime._waterfall import Waterfall
-from runtime.models import ModelRequest, RetryNotice
+from runtime.models import ModelRequest, RetryNotice, Usage
 from runtime.tools import AgentTools
 
 from ._admission import Slot
@@ -145,10 +145,17 @@ class Turn:
     def end_step(self) -> None:
         self.log("step/end", {"turn": self.number, "step": self.step})
 
-    def record(self, event_type: str, message: Message) -> Event:
-        """Log a message event and add the message to the model-visible transcript."""
+    def record(self, event_type: str, message: Message, *, usage: Usage | None = None) -> Event:
+        """Log a message event and add the message to the model-visible transcript.
+
+        ``usage`` (what the model call that produced ``message`` cost) is kept beside the
+        message as ``data.usage = {inputTokens, outputTokens}``, where DSH's log keeps it
+        too: token counts and costs are then derivable from the log alone."""
         self.agent.transcript.append(message)
-        return self.log(event_type, message_to_wire(message))
+        data = message_to_wire(message)
+        if usage is not None:
+            data["usage"] = {"inputTokens": usage.input_tokens, "outputTokens": usage.output_tokens}
+        return self.log(event_type, data)
 
     def model_request(self) -> ModelRequest:
         agent, options = self.agent, self.agent.options

@@ -31,6 +31,8 @@ from runtime.tools import ShellPolicy
 from . import _goal, _install, _sessions
 from ._runtime import Runtime
 from ._serve import serve_command
+from .experiment._command import add_arguments as add_experiment_arguments
+from .experiment._command import run_command as run_experiment_command
 
 DESCRIPTION = """\
 loopdock: a trio runtime in which every agent runs its own agent loop.
@@ -259,6 +261,9 @@ def _parser() -> argparse.ArgumentParser:
 
     bench = command("bench", "measure many agents, human priority, floor and peer (benchmarks/)")
     add_bench_arguments(bench)
+
+    experiment = command("experiment", "one task set across a model x loop matrix: run, report, export")
+    add_experiment_arguments(experiment)
     return parser
 
 
@@ -318,6 +323,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "bench":
             return run_bench(args)
+        if args.command == "experiment":
+            return run_experiment_command(args, sys.stdout, sys.stderr)
         return _dispatch(args, sys.stdout)
     except TurnFailedError as exc:
         print(f"loopdock: {exc.code}: {exc}", file=sys.stderr)

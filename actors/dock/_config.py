@@ -30,16 +30,17 @@ from __future__ import annotations
 
 import os
 import re
-import reprlib
 import types
 from collections.abc import Iterable, Mapping
-from typing import Any, BinaryIO
+from typing import Any
 
 import attrs
-import yaml
 
 from runtime._errors import InvalidSessionIdError
 from runtime._ids import check_session_id
+from runtime._yaml import MAX_QUOTE, MAX_YAML_NODES, YamlFileError, load_yaml_file
+from runtime._yaml import cut as _cut
+from runtime._yaml import short_repr as _quote
 
 from ._errors import DockError
 from ._loops import ID_PATTERN
@@ -49,11 +50,9 @@ from ._loops import ID_PATTERN
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _PACKAGE_REF = re.compile(rf"{_NAME}(\.{_NAME})*(:{_NAME}(\.{_NAME})*)?")
 
-#: The most YAML nodes (keys, values, items) a config file may hold with every alias
-#: expanded; far above any real dock config (an agent entry is about 20).
-MAX_CONFIG_NODES = 100_000
-#: The longest quote of a value (or key) in an error message.
-MAX_QUOTE = 120
+#: The most YAML nodes a config file may hold with every alias expanded (an agent entry
+#: is about 20).
+MAX_CONFIG_NODES = MAX_YAML_NODES
 #: The longest error message: a path of long keys plus a quoted value, cut again.
 MAX_MESSAGE = 1_000
 
@@ -111,25 +110,6 @@ class DockConfig:
 
 def _error(message: str) -> DockError:
     return DockError("INVALID_CONFIG", _cut(message, MAX_MESSAGE))
-
-
-def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _quote(value: object) -> str:
-    """``repr(value)`` cut to MAX_QUOTE characters, built from a bounded part of it: at
-    most a few items of each container and a few levels deep (reprlib), so shared or
-    huge values cost little."""
-    short = reprlib.Repr()
-    short.maxlevel = 3
-    short.maxdict = short.maxlist = short.maxtuple = short.maxset = 4
-    short.maxstring = short.maxother = short.maxlong = MAX_QUOTE
-    try:
-        text = short.repr(value)
-    except Exception:  # a repr that fails, e.g. an int past Python's digit limit
-        text = f"<{type(value).__name__}>"
-    return _cut(text, MAX_QUOTE)
 
 
 def _key(key: object) -> str:
@@ -340,101 +320,13 @@ def config_to_dict(config: DockConfig) -> dict[str, Any]:
     }
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key repeated in one mapping (PyYAML keeps the last)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        first_line: dict[object, int] = {}
-        for key_node, _ in node.value:
-            # Merge keys (`<<`) may legitimately be overridden; only literal keys count.
-            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node)
-            if key in first_line:
-                raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping",
-                    node.start_mark,
-                    f"found duplicate key {_quote(key)} (first given on line {first_line[key] + 1})",
-                    key_node.start_mark,
-                )
-            first_line[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep=deep)
-
-
-def _children(node: yaml.Node) -> list[yaml.Node]:
-    if isinstance(node, yaml.MappingNode):
-        return [part for pair in node.value for part in pair]
-    if isinstance(node, yaml.SequenceNode):
-        return list(node.value)
-    return []
-
-
-def _expanded_size(root: yaml.Node, limit: int) -> int:
-    """How many nodes the document holds with every alias expanded, up to ``limit + 1``
-    (also the answer for an alias inside its own anchor, which never ends).
-
-    An alias is the very node it names, so the document is a graph; each node's size is
-    computed once, after its children's, without recursion (no depth limit to hit).
-    """
-    sizes: dict[int, int] = {}
-    open_nodes: set[int] = set()  # on the current path: meeting one again is a cycle
-    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
-    while stack:
-        node, children_done = stack.pop()
-        key = id(node)
-        if children_done:
-            open_nodes.discard(key)
-            size = 1 + sum(sizes[id(child)] for child in _children(node))
-            if size > limit:
-                return limit + 1
-            sizes[key] = size
-        elif key in open_nodes:
-            return limit + 1
-        elif key not in sizes:
-            open_nodes.add(key)
-            stack.append((node, True))
-            stack.extend((child, False) for child in _children(node) if id(child) not in sizes)
-    return sizes[id(root)]
-
-
-def _load_yaml(file: BinaryIO, name: str) -> object:
-    """``yaml.load`` with the strict loader, after checking the expanded size."""
-    loader = _StrictLoader(file)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        if _expanded_size(node, MAX_CONFIG_NODES) > MAX_CONFIG_NODES:
-            raise _error(
-                f"{name}: more than {MAX_CONFIG_NODES} values once its aliases are expanded "
-                "(or an alias inside its own anchor); not loaded"
-            )
-        return loader.construct_document(node)
-    finally:
-        loader.dispose()
-
-
 def load_config(path: str | os.PathLike[str]) -> DockConfig:
     """Read a YAML config file. An empty file, or one holding only ``null``, means defaults."""
-    name = os.fspath(path)
     try:
-        with open(name, "rb") as file:
-            value = _load_yaml(file, name)
-    except FileNotFoundError:
-        raise _error(f"config file {name} not found") from None
-    except OSError as exc:
-        raise _error(f"cannot read config file {name}: {exc.strerror or exc}") from None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise _error(f"{name}: {where}{exc.problem or exc.context}") from None
-    except yaml.YAMLError as exc:  # e.g. a reader error on bytes that are not UTF-8
-        raise _error(f"{name}: {exc}") from None
-    except RecursionError:  # PyYAML composes nested collections recursively
-        raise _error(f"{name}: nested too deeply") from None
-    except ValueError as exc:  # a scalar PyYAML cannot build, e.g. an int past 4300 digits
-        raise _error(f"{name}: {exc}") from None
+        value = load_yaml_file(path, what="config file")
+    except YamlFileError as exc:
+        raise _error(str(exc)) from None
     try:
         return parse_config(value)
     except DockError as exc:
-        raise _error(f"{name}: {exc}") from None
+        raise _error(f"{os.fspath(path)}: {exc}") from None

@@ -16,7 +16,7 @@ from runtime import (
     UnknownAdapterError,
     UnknownToolError,
 )
-from runtime.models import Reply, RetryNotice, ScriptedAdapter, ToolCall
+from runtime.models import Finish, Reply, RetryNotice, ScriptedAdapter, TextDelta, ToolCall, Usage
 from runtime.tools import Tool
 
 SCRIPTED = {"provider": "scripted", "model": "script-1"}
@@ -429,6 +429,36 @@ async def test_a_turn_logs_the_dsh_event_sequence(rt):
     events = handle.agent.session.events
     assert [e.seq for e in events] == list(range(len(events)))
     assert handle.agent.session.committed_count == len(events)
+
+
+async def test_each_assistant_message_keeps_the_usage_of_its_model_call(rt):
+    adapter = ScriptedAdapter([
+        Reply(tool_calls=[ToolCall("list_dir", {"path": "."})], usage=Usage(120, 7)),
+        Reply(text="done", usage=Usage(150, 1)),
+    ])
+    handle = await scripted_agent(rt, adapter)
+    handle.agent.followup("look")
+    with trio.fail_after(5):
+        await handle.agent.wait_idle()
+    usages = [e.data.get("usage") for e in handle.agent.session.events if e.type == "assistant/message"]
+    assert usages == [{"inputTokens": 120, "outputTokens": 7}, {"inputTokens": 150, "outputTokens": 1}]
+    # The usage sits beside the message, not in it: the model never sees it.
+    assert all(not hasattr(m, "usage") for m in handle.agent.transcript)
+
+
+async def test_a_model_that_reports_no_usage_leaves_none_in_the_log(rt):
+    class Silent:
+        async def stream(self, request):
+            yield TextDelta("hi")
+            yield Finish("stop")
+
+    rt.register_adapter("silent", Silent())
+    handle = await rt.create_agent(session_id="quiet", agent_options={"provider": "silent", "model": "s"})
+    handle.agent.followup("hello")
+    with trio.fail_after(5):
+        await handle.agent.wait_idle()
+    [message] = [e.data for e in handle.agent.session.events if e.type == "assistant/message"]
+    assert "usage" not in message
 
 
 # -- bad input ---------------------------------------------------------------------------

@@ -20,12 +20,12 @@ from actors.dock._config import (
     AgentEntry,
     DockConfig,
     Route,
-    _StrictLoader,
     config_to_dict,
     load_config,
     parse_config,
 )
 from actors.dock._errors import DockError
+from runtime._yaml import _StrictLoader
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agents.example.yml"
 

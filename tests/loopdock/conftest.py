@@ -1,5 +1,7 @@
-"""A runtime in a child process (``home_child.py``), for the tests that compete with it
-or kill it: started with its stdout read line by line, its stderr kept in a file."""
+"""Fixtures of the loopdock (public face) tests: ``children``, a runtime in a child
+process (``home_child.py``) for the tests that compete with it or kill it, started with
+its stdout read line by line and its stderr kept in a file; ``main``, loopdock's main in
+this process."""
 
 from __future__ import annotations
 
@@ -9,7 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import structlog
 import trio
+
+from loopdock._cli import main as _main
 
 CHILD = Path(__file__).with_name("home_child.py")
 
@@ -57,3 +62,13 @@ class Children:
 @pytest.fixture
 def children(tmp_path_factory) -> Children:
     return Children(tmp_path_factory.mktemp("children"))
+
+
+@pytest.fixture
+def main():
+    """``loopdock``'s main. It configures structlog to print to the stderr of the moment
+    (capsys's, closed after the test): the configuration is put back afterwards, so that
+    later tests' warnings do not go to a closed file."""
+    saved = structlog.get_config()
+    yield _main
+    structlog.configure(**saved)

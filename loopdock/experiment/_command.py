@@ -1,0 +1,145 @@
+"""``loopdock experiment``: run, report, export and bench, for the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TextIO
+
+import trio
+
+from runtime._home import resolve_home
+from runtime._yaml import YamlFileError, load_yaml_file
+
+from ._bench import bench_command
+from ._config import RUN_NAME, load_experiment, parse_prices
+from ._errors import ExperimentError
+from ._history import open_store, read_run, read_run_at
+from ._html import render_html
+from ._inspect import export_inspect
+from ._plot import render_png
+from ._progress import ProgressDisplay
+from ._report import build_report, cells_json
+from ._runner import run_experiment
+from ._spec import Price
+from ._text import render_text
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    home_help = "runtime home (default: $LOOPDOCK_HOME, else $XDG_DATA_HOME/loopdock, i.e. ~/.local/share/loopdock)"
+    actions = parser.add_subparsers(dest="experiment_command", required=True)
+    run = actions.add_parser(
+        "run", help="run every rollout of an experiment file (each one a durable session)",
+        description="Run every (task, sample, model, loop, repeat) of FILE as one agent session in the runtime "
+        "home. With --resume, a run of the same name goes on: scored rollouts are skipped, the rest run again.",
+    )  # fmt: skip
+    run.add_argument("file", help="the experiment (YAML)")
+    run.add_argument("--resume", action="store_true", help="go on with an earlier run of the same name")
+    run.add_argument("--home", help=home_help)
+    report = actions.add_parser("report", help="the report of a run: table, paired deltas, plot and HTML")
+    report.add_argument("run", help="the run's name")
+    report.add_argument("--home", help=home_help)
+    report.add_argument("--json", action="store_true", help="print the cells as JSON (and write no files)")
+    report.add_argument("--out", help="directory for report.html and success-vs-cost.png (default: HOME/reports/RUN)")
+    report.add_argument("--prices", help="YAML mapping 'provider/model' to {input, output} per million tokens")
+    export = actions.add_parser("export", help="write the run as Inspect AI logs (.eval) for `inspect view`")
+    export.add_argument("run", help="the run's name")
+    export.add_argument("--home", help=home_help)
+    export.add_argument("--out", help="directory for the .eval files (default: HOME/reports/RUN/inspect)")
+    bench = actions.add_parser("bench", help="runner overhead per rollout and rollouts/s with a latency-bound model")
+    bench.add_argument("--rollouts", type=int, default=1000, help="rollouts in the run (default 1000), all at once")
+    bench.add_argument("--latency", type=float, default=0.5, help="the stand-in model's seconds per call (default 0.5)")
+    bench.add_argument("--turns", type=int, default=2, help="model calls per rollout (default 2: a tool call, an answer)")
+
+
+def _prices(path: str) -> dict[str, Price]:
+    try:
+        value = load_yaml_file(path, what="prices file")
+    except YamlFileError as exc:
+        raise ExperimentError("INVALID_EXPERIMENT", str(exc)) from None
+    return parse_prices(value, path)
+
+
+def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    experiment = load_experiment(args.file)
+    home = resolve_home(args.home)
+    if not args.resume and (home / "sessions.db").is_file():
+        with open_store(home) as store:
+            history = read_run(store, experiment.name)
+        if history.plans or history.results:
+            scored = sum(1 for r in history.latest().values() if r.done)
+            raise ExperimentError(
+                "INVALID_EXPERIMENT",
+                f"{home} already holds a run {experiment.name!r} ({scored} rollouts scored): pass --resume to go on "
+                "with it, or give the experiment another name",
+            )
+    display = ProgressDisplay(err, tty=err.isatty(), currency=experiment.currency)
+    summary = trio.run(lambda: run_experiment(experiment, home=home, on_progress=display))
+    spent = f"; spent {summary.spent:.4g} {summary.currency}" if summary.spent else ""
+    print(
+        f"experiment {summary.run}: {summary.total} rollouts, {summary.skipped} scored before, {summary.scored} "
+        f"scored now, {summary.failed} failed, {summary.not_started} not run (budget){spent}",
+        file=out,
+    )
+    for provider, count in summary.throttles.items():
+        print(f"{provider} pushed back {count} times (retried calls or failed rollouts); its concurrency was lowered", file=out)
+    if not summary.complete:
+        print(f"rerun with --resume to run the rest: loopdock experiment run {args.file} --resume", file=out)
+    print(f"report: loopdock experiment report {summary.run}" + (f" --home {args.home}" if args.home else ""), file=out)
+    return 0 if summary.complete else 1
+
+
+def _check_run_name(name: str) -> str:
+    if not RUN_NAME.fullmatch(name):
+        raise ExperimentError("UNKNOWN_RUN", f"{name!r} is not a run name (letters, digits, _ and -)")
+    return name
+
+
+def _report(args: argparse.Namespace, out: TextIO) -> int:
+    home = resolve_home(args.home)
+    history = read_run_at(home, _check_run_name(args.run))
+    report = build_report(history, _prices(args.prices) if args.prices else None)
+    if args.json:
+        print(json.dumps(cells_json(report), indent=2), file=out)
+        return 0
+    print(render_text(report), file=out, end="")
+    folder = Path(args.out) if args.out else home / "reports" / report.run
+    folder.mkdir(parents=True, exist_ok=True)
+    png: bytes | None = None
+    note = ""
+    try:
+        png = render_png(report)
+    except ExperimentError as exc:
+        note = f"no plot: {exc}"
+        print(note, file=out)
+    if png is not None:
+        (folder / "success-vs-cost.png").write_bytes(png)
+        print(f"plot: {folder / 'success-vs-cost.png'}", file=out)
+    (folder / "report.html").write_text(render_html(report, png, note), encoding="utf-8")
+    print(f"html: {folder / 'report.html'}", file=out)
+    return 0
+
+
+def _export(args: argparse.Namespace, out: TextIO) -> int:
+    home = resolve_home(args.home)
+    history = read_run_at(home, _check_run_name(args.run))
+    folder = Path(args.out) if args.out else home / "reports" / history.run / "inspect"
+    with open_store(home) as store:
+        files = export_inspect(store, history, build_report(history), folder)
+    for file in files:
+        print(file, file=out)
+    print(f"open with: inspect view --log-dir {folder}", file=out)
+    return 0
+
+
+def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Run ``loopdock experiment ...``; the exit status: 0 done, 1 a run left rollouts
+    to do (rerun with --resume). Errors are raised (ExperimentError) for the CLI to print."""
+    if args.experiment_command == "run":
+        return _run(args, out, err)
+    if args.experiment_command == "report":
+        return _report(args, out)
+    if args.experiment_command == "export":
+        return _export(args, out)
+    return bench_command(args, out, err)

@@ -1,0 +1,100 @@
+"""The report as one static HTML page: no script, no external file (the plot is
+embedded), so it can be mailed or attached to a pull request as it is."""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from collections.abc import Collection
+
+from ._report import Report
+from ._text import fmt, interval, money, signed
+
+_STYLE = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; padding: 0 1em; }
+h1 { font-size: 1.4em; } h2 { font-size: 1.1em; margin-top: 2em; }
+table { border-collapse: collapse; margin: .5em 0; }
+th, td { padding: .25em .6em; border-bottom: 1px solid #ddd; text-align: left; vertical-align: top; }
+td.n { text-align: right; font-variant-numeric: tabular-nums; }
+th { background: #f4f4f4; }
+.good { color: #176117; } .bad { color: #9b1c1c; } .muted { color: #777; }
+details { margin: .3em 0; } pre { white-space: pre-wrap; margin: 0; max-width: 60em; }
+"""
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value))
+
+
+def _row(cells: list[str], numeric: Collection[int] = ()) -> str:
+    return "<tr>" + "".join(f'<td class="n">{c}</td>' if i in numeric else f"<td>{c}</td>"
+                            for i, c in enumerate(cells)) + "</tr>"  # fmt: skip
+
+
+def _head(names: list[str]) -> str:
+    return "<tr>" + "".join(f"<th>{_e(n)}</th>" for n in names) + "</tr>"
+
+
+def render_html(report: Report, png: bytes | None, plot_note: str = "") -> str:
+    out = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>experiment {_e(report.run)}</title><style>{_STYLE}</style></head><body>",
+        f"<h1>experiment {_e(report.run)}</h1>",
+        f"<p>{report.planned} rollouts planned, {report.scored} scored, "
+        f"{sum(c.failed for c in report.cells)} failed, {sum(c.pending for c in report.cells)} not run yet. "
+        f"Cost in {_e(report.currency)}. Success is a score of 1, with a 95% Wilson interval; "
+        f"latency is per rollout, on the runner's clock.</p>",
+        "<h2>Cells</h2><table>",
+        _head(["model", "loop", "n", "success", "rate", "95% CI", "turns", "in tok", "out tok", "cost/rollout",
+               "cost", "p50 ms", "p95 ms", "limit hits", "failed", "pending"]),  # fmt: skip
+    ]
+    for c in report.cells:
+        out.append(_row([
+            _e(c.model), _e(c.loop), str(c.samples), f"{c.successes}/{c.samples}", fmt(c.success_rate),
+            f"[{c.success_low:.2f}, {c.success_high:.2f}]", fmt(c.turns, 1), str(c.input_tokens),
+            str(c.output_tokens), money(c.cost_per_rollout), money(c.cost), fmt(c.latency_p50_ms, 0),
+            fmt(c.latency_p95_ms, 0), str(c.limit_hits), str(c.failed), str(c.pending),
+        ], numeric=set(range(2, 16)) - {5}))  # fmt: skip
+    out.append("</table>")
+    if png is not None:
+        data = base64.b64encode(png).decode()
+        out.append(f"<h2>Success vs cost</h2><img alt='success vs cost per cell' src='data:image/png;base64,{data}'>")
+    elif plot_note:
+        out.append(f"<p class='muted'>{_e(plot_note)}</p>")
+    if report.deltas:
+        out += ["<h2>Paired deltas (a &minus; b, per sample)</h2>",
+                "<p>For every (task, sample) both cells ran: the mean over repeats on one side minus the "
+                "other's, then the mean of those differences with a 95% t interval.</p><table>",
+                _head(["kind", "a", "b", "pairs", "success", "95% CI", "cost per rollout", "95% CI"])]  # fmt: skip
+        for d in report.deltas:
+            tone = "" if math.isnan(d.success_low) or d.success_low <= 0 <= d.success_high else (
+                "good" if d.success_low > 0 else "bad")  # fmt: skip
+            out.append(_row([
+                _e(d.kind), _e(d.a), _e(d.b), str(d.pairs), f"<span class='{tone}'>{signed(d.success)}</span>",
+                interval(d.success_low, d.success_high), signed(d.cost, 4), interval(d.cost_low, d.cost_high, 4),
+            ], numeric={3, 4, 6}))  # fmt: skip
+        out.append("</table>")
+    if report.tasks:
+        labels = [label for label, _, _ in report.tasks[0][1]]
+        out += ["<h2>Success per task</h2><table>", _head(["task", *labels])]
+        for task, row in report.tasks:
+            out.append(_row([_e(task), *(f"{s}/{n}" for _, s, n in row)], numeric=set(range(1, len(row) + 1))))
+        out.append("</table>")
+    out += ["<h2>Rollouts</h2><table>",
+            _head(["task", "sample", "cell", "repeat", "attempt", "status", "score", "turns", "tokens",
+                   "ms", "ended", "answer", "session"])]  # fmt: skip
+    for r in report.rollouts:
+        ended = r.ended or {}
+        why = ended.get("reason") or ended.get("cause") or ""
+        ended_text = f"{ended.get('kind', '')}{': ' + str(why) if why else ''}" if ended else (r.error or "")
+        answer = f"<details><summary>{_e(r.answer[:60])}</summary><pre>{_e(r.answer)}\n\n{_e(r.explanation)}</pre></details>" \
+            if r.answer else ""  # fmt: skip
+        out.append(_row([
+            _e(r.task), _e(r.sample), _e(f"{r.model_label} x {r.loop_label}"), str(r.repeat), str(r.attempt),
+            _e(r.status), "-" if r.value is None else f"{r.value:g}", str(r.steps),
+            str(r.input_tokens + r.output_tokens), "-" if r.latency_ms is None else str(r.latency_ms),
+            _e(ended_text), answer, f"<code>{_e(r.session_id)}</code>",
+        ], numeric={3, 4, 6, 7, 8, 9}))  # fmt: skip
+    out.append("</table></body></html>")
+    return "\n".join(out) + "\n"

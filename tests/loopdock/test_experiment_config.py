@@ -1,0 +1,159 @@
+"""Experiment files: the smallest one as the issue writes it, the shipped one, and every
+mistake named by its exact field path (as the dock's config does)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loopdock.experiment import ExperimentError, load_experiment, parse_experiment
+from loopdock.experiment._spec import FileSource, Limits, Loop, Price, Scorer
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALLEST = {
+    "tasks": [{"id": "greet", "input": "hello", "target": "pong"}],
+    "scorer": "includes",
+    "models": [{"provider": "ping", "model": "ping-1"}],
+    "loops": ["standard", "minimal-first"],
+    "repeats": 2,
+}
+
+
+def rejects(value: object, message: str, base: Path = ROOT) -> None:
+    with pytest.raises(ExperimentError) as info:
+        parse_experiment(value, base=base, default_name="x")
+    assert info.value.code == "INVALID_EXPERIMENT"
+    assert str(info.value) == message
+
+
+def test_the_smallest_file_means_what_it_says():
+    experiment = parse_experiment(SMALLEST, base=ROOT, default_name="smallest")
+    assert experiment.name == "smallest"
+    [task] = experiment.tasks
+    [sample] = task.samples
+    assert (task.id, sample.id, sample.input, sample.target) == ("greet", "1", "hello", ("pong",))
+    assert experiment.scorer == Scorer("includes")
+    assert [m.label for m in experiment.models] == ["ping/ping-1"]
+    assert experiment.loops == (Loop("standard"), Loop("minimal-first"))
+    assert experiment.repeats == 2 and experiment.limits == Limits() and experiment.retries == 2
+
+
+def test_the_shipped_files_load():
+    smallest = load_experiment(ROOT / "examples" / "experiments" / "smallest.yml")
+    assert smallest.name == "smallest" and smallest.repeats == 2
+    fix = load_experiment(ROOT / "examples" / "experiments" / "fix-files" / "experiment.yml")
+    assert [s.id for s in fix.tasks[0].samples] == ["greeting", "config-port", "calc-add", "sum", "docs-index"]
+    assert fix.tasks[0].samples[3].files == {
+        "data/numbers.txt": FileSource(path=ROOT / "examples/experiments/fix-files/files/data/numbers.txt")
+    }
+    assert [m.price for m in fix.models] == [Price(2, 8), Price(9, 27)]
+    assert fix.compare == (("deepseek/deepseek-v4-flash x standard", "deepseek/deepseek-v4-pro x minimal-first"),)
+
+
+def test_models_as_strings_params_prices_and_loops_with_drivers():
+    experiment = parse_experiment(
+        {**SMALLEST, "models": ["ping/ping-1", {"provider": "p", "model": "m", "params": {"max_tokens": 99}}],
+         "loops": [{"loop": "standard", "driver": "default"}], "prices": {"p/m": {"input": 1, "output": 2.5}},
+         "concurrency": {"default": 3, "p": 7}, "limits": {"turns": 4, "tokens": 1000, "time": 1.5, "budget": 2}},
+        base=ROOT, default_name="x",
+    )  # fmt: skip
+    ping, other = experiment.models
+    assert (ping.provider, ping.model, ping.price) == ("ping", "ping-1", None)
+    assert other.agent_options() == {"provider": "p", "model": "m", "max_tokens": 99}
+    assert other.price == Price(1, 2.5)
+    assert experiment.loops == (Loop("standard", "default"),) and experiment.loops[0].label == "standard@default"
+    assert (experiment.concurrency.limit("p"), experiment.concurrency.limit("ping")) == (7, 3)
+    assert experiment.limits == Limits(turns=4, tokens=1000, time=1.5, budget=2.0)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"model": ["ping/ping-1"]}, "unknown key model; known keys: name, tasks, scorer, models, loops, repeats, "
+         "limits, concurrency, retries, currency, prices, compare"),
+        ({"tasks": []}, "tasks must be a non-empty list, got []"),
+        ({"tasks": [{"input": "x", "target": "y"}]}, "tasks[0].id is required"),
+        ({"tasks": [{"id": "a", "target": "y"}]},
+         "tasks[0] needs exactly one of input (one sample), samples or dataset; got none"),
+        ({"tasks": [{"id": "a", "input": "x", "target": "y"}, {"id": "a", "input": "z", "target": "y"}]},
+         "tasks[1] repeats tasks[0] ('a')"),
+        ({"tasks": [{"id": "a", "samples": [{"input": "x", "target": 3}]}]},
+         "tasks[0].samples[0].target must be a string or a non-empty list of strings, got 3"),
+        ({"tasks": [{"id": "a", "samples": [{"id": 1, "input": "x", "target": "t"}, {"id": "1", "input": "y", "target": "t"}]}]},
+         "tasks[0]: sample id '1' is used twice (samples 1 and 2)"),
+        ({"tasks": [{"id": "a", "input": "x"}]}, "tasks[0] sample '1' has no target, which the includes scorer needs"),
+        ({"tasks": [{"id": "a", "input": "x", "target": "t", "files": {"../up.txt": {"text": "no"}}}]},
+         "tasks[0].files key '../up.txt' must be a relative path inside the working directory"),
+        ({"tasks": [{"id": "a", "input": "x", "target": "t", "files": {"f": "missing.txt"}}]},
+         f"tasks[0].files.f: {ROOT / 'missing.txt'} does not exist"),
+        ({"scorer": "fuzzy"}, "scorer must be one of exact, includes, regex or a mapping with a kind (python, judge, ...), "
+         "got 'fuzzy'"),
+        ({"scorer": {"kind": "python"}}, "scorer.function is required"),
+        ({"scorer": {"kind": "python", "function": "no_colon"}},
+         "scorer.function must be a reference 'module:function', got 'no_colon'"),
+        ({"scorer": {"kind": "regex", "pattern": "("}},
+         "scorer.pattern is not a valid regular expression: missing ), unterminated subpattern at position 0"),
+        ({"scorer": {"kind": "judge", "provider": "ping"}}, "scorer.model is required"),
+        ({"scorer": {"kind": "judge", "provider": "p", "model": "m", "prompt": "Grade {answer} as {json}"}},
+         "scorer.prompt: only {input}, {target} and {answer} may stand in braces (write {{ and }} for a brace "
+         "itself): KeyError 'json'"),
+        ({"models": [{"provider": "ping"}]}, "models[0].model is required"),
+        ({"models": ["ping"]}, "models[0] must be 'provider/model' or a mapping {provider, model, ...}, got 'ping'"),
+        ({"models": ["ping/ping-1", {"provider": "ping", "model": "ping-1"}]}, "models[1] repeats models[0] ('ping/ping-1')"),
+        ({"models": [{"provider": "ping", "model": "ping-1", "params": {"temperature": 0}}]},
+         "unknown key models[0].params.temperature; known keys: max_tokens, reasoning_effort, system_prompt"),
+        ({"models": [{"provider": "ping", "model": "ping-1", "params": {"max_tokens": 0}}]},
+         "models[0].params.max_tokens must be a positive integer, got 0"),
+        ({"models": [{"provider": "ping", "model": "ping-1", "price": {"input": -1, "output": 0}}]},
+         "models[0].price.input must be a number >= 0, got -1"),
+        ({"loops": ["Standard"]}, "loops[0] must be a loop id (matching ^[a-z0-9][a-z0-9._-]*$), got 'Standard'"),
+        ({"repeats": True}, "repeats must be a positive integer, got True"),
+        ({"limits": {"turns": 0}}, "limits.turns must be a positive integer, got 0"),
+        ({"limits": {"time": "1m"}}, "limits.time must be a number > 0, got '1m'"),
+        ({"limits": {"steps": 3}}, "unknown key limits.steps; known keys: turns, tokens, time, budget"),
+        ({"concurrency": {"deepseek": 0}}, "concurrency.deepseek must be a positive integer, got 0"),
+        ({"retries": -1}, "retries must be an integer >= 0, got -1"),
+        ({"compare": [[{"model": "ping/ping-1", "loop": "standard"}, {"model": "ping/ping-2", "loop": "standard"}]]},
+         "compare[0][1].model 'ping/ping-2' is not one of the models: ping/ping-1"),
+        ({"name": "has.dot"}, "name must be a run name matching [A-Za-z0-9][A-Za-z0-9_-]{0,63} (it defaults to the "
+         "file's name), got 'has.dot'"),
+    ],
+)  # fmt: skip
+def test_mistakes_are_named_by_their_path(change, message):
+    rejects({**SMALLEST, **change}, message)
+
+
+def test_a_dataset_error_names_the_file_and_line(tmp_path):
+    (tmp_path / "d.jsonl").write_text('{"input": "a", "target": "b"}\n\n{"input": "", "target": "b"}\n')
+    rejects({**SMALLEST, "tasks": [{"id": "t", "dataset": "d.jsonl"}]},
+            "tasks[0].dataset (d.jsonl line 3).input must be a non-empty string, got ''", base=tmp_path)  # fmt: skip
+    (tmp_path / "d.jsonl").write_text('{"input": "a", "target": "b"}\nnot json\n')
+    with pytest.raises(ExperimentError, match=r"tasks\[0\]\.dataset \(d\.jsonl line 2\): not JSON"):
+        parse_experiment({**SMALLEST, "tasks": [{"id": "t", "dataset": "d.jsonl"}]}, base=tmp_path, default_name="x")
+
+
+def test_a_dataset_numbers_its_samples_and_resolves_files_beside_itself(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "seed.txt").write_text("seed")
+    (tmp_path / "data" / "d.jsonl").write_text(
+        '{"input": "a", "target": ["b", "c"], "files": {"in/seed.txt": "seed.txt"}}\n{"id": 7, "input": "x", "target": "y"}\n'
+    )
+    experiment = parse_experiment({**SMALLEST, "tasks": [{"id": "t", "dataset": "data/d.jsonl", "files": {"shared.txt": {"text": "s"}}}]},
+                                  base=tmp_path, default_name="x")  # fmt: skip
+    first, second = experiment.tasks[0].samples
+    assert (first.id, first.target, second.id) == ("1", ("b", "c"), "7")
+    assert first.files == {"shared.txt": FileSource(text="s"), "in/seed.txt": FileSource(path=tmp_path / "data" / "seed.txt")}
+
+
+def test_file_errors_name_the_file(tmp_path):
+    path = tmp_path / "e.yml"
+    path.write_text("tasks: []\ntasks: []\n")
+    with pytest.raises(ExperimentError, match=r"e\.yml: line 2, column 1: found duplicate key 'tasks' \(first given on line 1\)"):
+        load_experiment(path)
+    path.write_text("tasks: [{id: a, input: x, target: y}]\nscorer: includes\nmodels: [ping/ping-1]\nloops: [standard]\nrepeats: 0\n")
+    with pytest.raises(ExperimentError) as info:
+        load_experiment(path)
+    assert str(info.value) == f"{path}: repeats must be a positive integer, got 0"
+    with pytest.raises(ExperimentError, match="experiment file .*nope.yml not found"):
+        load_experiment(tmp_path / "nope.yml")
