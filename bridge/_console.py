@@ -24,9 +24,9 @@ from typing import Any
 import attrs
 import trio
 
-from actors import LiveEvent
+from actors import LiveEvent, Subscription
 from actors.dock import Route
-from runtime._errors import LoopdockError
+from runtime._errors import LoopdockError, SubscriberDroppedError
 from runtime._logging import get_logger
 
 from ._dsh_binding import BINDING_RECORD, dsh_binding
@@ -157,15 +157,38 @@ class ConsoleHandler(HandlerLayer):
     # -- the runtime's own agents --------------------------------------------------------------
 
     async def watch_runtime(
-        self, subscription: Any, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+        self,
+        subscription: Subscription[LiveEvent],
+        resubscribe: Callable[[], Subscription[LiveEvent]],
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Follow the runtime's live agent events (``rt.subscribe_live()``, taken before
-        the runtime's first checkpoint so that no configured agent is missed) until cancelled."""
+        the runtime's first checkpoint so that no configured agent is missed) until
+        cancelled or the runtime closes. Nothing here ends ``serve``: an event this fails
+        to show is logged and skipped, and a subscription dropped for falling behind (a
+        burst of thousands of agents) is replaced by ``resubscribe()`` (rows then catch up
+        at each agent's next event)."""
         task_status.started()
-        with subscription:
-            async for item in subscription:
-                view = self._runtime_view(item.agent_id) if item.type in ("agent/created", "agent/status") else None
-                self.apply_live("runtime", item, view)
+        while True:
+            try:
+                with subscription:
+                    async for item in subscription:
+                        self._apply_runtime_item(item)
+                return  # the runtime closed its live stream
+            except SubscriberDroppedError:
+                log.warning("console fell behind the runtime's live events; following them again")
+                subscription = resubscribe()
+
+    def _apply_runtime_item(self, item: LiveEvent) -> None:
+        try:
+            if item.agent_id not in self.rows and item.type not in ("agent/created", "agent/disposed"):
+                # Its creation was missed (a dropped subscription): its row starts now.
+                created = LiveEvent("agent/created", item.agent_id, {"sessionId": item.agent_id})
+                self.apply_live("runtime", created, self._runtime_view(item.agent_id))
+            view = self._runtime_view(item.agent_id) if item.type in ("agent/created", "agent/status") else None
+            self.apply_live("runtime", item, view)
+        except Exception as exc:  # contained: one row may be stale, the console goes on
+            log.warning("console could not show an event", agent_id=item.agent_id, type=item.type, error=repr(exc))
 
     # -- the rows ------------------------------------------------------------------------------
 
@@ -174,7 +197,8 @@ class ConsoleHandler(HandlerLayer):
         data: Mapping[str, Any] = item.data
         row = self.rows.get(item.agent_id)
         if view is not None and row is not None:  # the turn just ended shows with the status
-            (row.loop, row.driver), row.turns, row.last_turn = _route(view.binding), view.turns, view.last_turn
+            (row.loop, row.driver), row.turns = _route(view.binding), view.turns
+            row.last_turn = view.last_turn or row.last_turn  # None: out of memory, not changed
         if item.type == "agent/created":
             announced = data.get("sessionId")
             session_id = announced if isinstance(announced, str) else item.agent_id

@@ -14,7 +14,7 @@ from typing import TextIO
 import trio
 
 from actors import CommandResult, LiveEvent, Subscription
-from actors.dock import load_config, read_binding
+from actors.dock import BINDING_EVENT, load_config, read_binding
 from actors.loopx import INIT_COMMAND_NAME, LoopxIntegration, LoopxSettings
 from bridge import DshAgent, DshAgentMirror, HandlerLayer, HostHandler, load_or_create_token, serve_bridge
 from bridge._console import ConsoleHandler, RuntimeView
@@ -104,10 +104,14 @@ def runtime_view(rt: Runtime) -> Callable[[str], RuntimeView | None]:
         agent = rt.get_agent(agent_id)
         if agent is None:
             return None
-        events = agent.session.events
-        ends = [e.data.get("reason", {}).get("kind") for e in events if e.type == "turn/end"]
-        turns = sum(1 for e in events if e.type == "turn/start")
-        return RuntimeView(read_binding(events), turns, str(ends[-1]) if ends else None)
+        session = agent.session
+        # Only what the session keeps in memory: its bindings, its turn count, and its
+        # events since the previous turn started (which hold the last turn's end). Never
+        # a store read on the event loop, whatever the history's length.
+        in_memory = session.events_since(session.event_count - session.in_memory)
+        ends = [e.data.get("reason", {}).get("kind") for e in in_memory if e.type == "turn/end"]
+        binding = read_binding(session.retained(BINDING_EVENT))
+        return RuntimeView(binding, session.turn_count, str(ends[-1]) if ends else None)
 
     return view
 
@@ -138,7 +142,7 @@ async def compose_handlers(
         await nursery.start(mirror.run)
     goalbar = GoalBarHandler(service, project_for, nursery, inner=inner)
     console = ConsoleHandler(goalbar, runtime_view(rt))
-    await nursery.start(console.watch_runtime, live)
+    await nursery.start(console.watch_runtime, live, rt.subscribe_live)
     return console
 
 

@@ -3,10 +3,12 @@ ends a sibling or the runtime. Only the store writer's failure ends the runtime.
 
 import pytest
 import trio
+from structlog.testing import capture_logs
 
-from actors import COMPANION_POLICY, FAULT_KIND, Policy, StoreWriter, supervised
+from actors import COMPANION_POLICY, FAULT_KIND, AdmissionGate, Policy, StoreWriter, supervised
 from loopdock import Runtime
 from runtime import StoreUnusableError
+from runtime.skills import SkillCatalog
 
 
 def _faults(session) -> list[dict]:
@@ -241,3 +243,37 @@ async def test_a_failing_store_writer_ends_the_runtime_with_a_clear_error(tmp_pa
             with trio.fail_after(10):
                 await trio.sleep_forever()  # the runtime ends this, not the timeout
     assert isinstance(caught.value.__cause__, OSError)
+
+
+# -- the runtime's own watchers ---------------------------------------------------------
+
+
+async def test_the_runtimes_watchers_are_restarted_and_agents_go_on(tmp_path, monkeypatch, autojump_clock):
+    runs = {"gate": 0, "skills": 0}
+
+    def failing_once(kind, real):
+        async def run(self, *, task_status=trio.TASK_STATUS_IGNORED):
+            runs[kind] += 1
+            if runs[kind] == 1:
+                task_status.started()
+                raise ValueError(f"{kind} broke")
+            await real(self, task_status=task_status)
+
+        return run
+
+    monkeypatch.setattr(AdmissionGate, "run", failing_once("gate", AdmissionGate.run))
+    monkeypatch.setattr(SkillCatalog, "watch", failing_once("skills", SkillCatalog.watch))
+    with capture_logs() as logs:
+        async with Runtime.open(tmp_path / "home") as rt:
+            handle = await rt.create_agent(session_id="a")
+            with trio.fail_after(30):
+                while runs["gate"] < 2 or runs["skills"] < 2:
+                    await trio.sleep(0.5)
+            handle.agent.followup("hello")
+            await handle.agent.wait_idle()
+            assert handle.agent.session.events[-1].data["reason"]["kind"] == "completed"
+    failed = sorted((e["event"], e["action"]) for e in logs if e["event"].endswith("failed") and "action" in e)
+    assert failed == [
+        ("admission gate's stall watcher failed", "restarted"),
+        ("skill catalog watcher failed", "restarted"),
+    ]
