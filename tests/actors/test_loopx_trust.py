@@ -22,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import trio
+import trio.testing
 
 from actors._faults import FAULT_KIND
 from actors.loopx import LoopxSettings
@@ -122,6 +123,7 @@ async def test_a_cancelled_turn_latches_across_a_restart_and_is_resumed_when_a_p
         with trio.fail_after(PHASE):
             handle.agent.followup("/loopx write the notes")
             await first_turn.wait()
+            await trio.testing.wait_all_tasks_blocked()  # the reservation's watcher takes in its admission
             (turn_id,) = driver.admitted
             handle.agent.cancel("the person pressed stop")
             await driver.wait_quiescent()
@@ -204,6 +206,7 @@ async def test_a_restart_in_the_middle_of_a_turn_resumes_it_without_a_person(
         with trio.fail_after(PHASE):
             handle.agent.followup("/loopx write the notes")
             await in_turn.wait()
+            await trio.testing.wait_all_tasks_blocked()  # the reservation's watcher takes in its admission
         (turn_id,) = rt.loopx.continuations["s-restart"].admitted
     # closing the runtime ended the turn (aborted: disposed)
 

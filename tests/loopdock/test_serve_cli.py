@@ -166,6 +166,7 @@ async def test_serve_serves_the_goalbar_of_a_session_bound_in_real_loopx(
                     "kind": "visible", "sessionId": session, "goalId": goal, "agentId": agent,
                     "goalText": "Publish the served GoalBar", "lifecycleState": "active",
                     "processed": 0, "remaining": 2, "total": 2, "pending": False,
+                    "agentRunning": False,  # no live agent of that session here: no continuation either
                 }, "outcome": "read"}
                 reply = await ask(ws, "goalbarRead", {"sessionId": "dsh-session-unbound"}, "r2")
                 assert reply["data"]["state"] == {"kind": "hidden", "sessionId": "dsh-session-unbound",
