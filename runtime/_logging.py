@@ -75,6 +75,6 @@ def configure_logging(*, verbose: bool = False) -> None:
     if not any(getattr(h, "_loopdock", False) for h in logger.handlers):
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("loopdock %(levelname)s %(name)s: %(message)s"))
-        handler._loopdock = True  # type: ignore[attr-defined]
+        handler._loopdock = True  # type: ignore[attr-defined]  # our mark, so a second call adds no second handler
         logger.addHandler(handler)
     logger.propagate = False
