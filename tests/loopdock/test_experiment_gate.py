@@ -34,14 +34,22 @@ async def test_a_throttled_gate_halves_its_limit_waits_and_grows_back(autojump_c
     assert gate.limit == 8 and gate.throttles == 3
 
 
-async def test_rollouts_of_a_provider_never_exceed_its_concurrency(tmp_path, autojump_clock):
+async def test_rollouts_of_a_provider_never_exceed_its_concurrency(tmp_path):
+    # On trio's real clock: rollouts set up in worker threads (their directories, the
+    # store), and a virtual clock would leap ahead while they do.
     running = peak = 0
+    full = trio.Event()  # the first time three calls are in flight at once
 
     async def respond(request):
         nonlocal running, peak
         running += 1
         peak = max(peak, running)
-        await trio.sleep(1)
+        if running == 3:
+            full.set()
+        # Held until the gate let three in (a gate letting in fewer fails the run's
+        # deadline; one letting in more shows in the peak): the peak does not depend on
+        # how fast the rollouts set up.
+        await full.wait()
         running -= 1
         return "pong: x"
 
@@ -50,8 +58,9 @@ async def test_rollouts_of_a_provider_never_exceed_its_concurrency(tmp_path, aut
          "loops": ["standard"], "repeats": 12, "concurrency": {"slow": 3}},
         base=tmp_path, default_name="limited",
     )  # fmt: skip
-    async with Runtime.open(tmp_path / "home") as rt:
-        summary = await run_in_runtime(rt, experiment, adapters={"slow": ScriptedAdapter(respond)})
+    with trio.fail_after(60):
+        async with Runtime.open(tmp_path / "home") as rt:
+            summary = await run_in_runtime(rt, experiment, adapters={"slow": ScriptedAdapter(respond)})
     assert summary.scored == 24 and peak == 3
 
 
