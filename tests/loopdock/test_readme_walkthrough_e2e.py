@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import trio
+from line_reader import Lines
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 from trio_websocket import open_websocket
@@ -45,32 +46,6 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-class Lines:
-    def __init__(self, stream) -> None:
-        self.stream, self.buffer, self.lines = stream, b"", []
-
-    async def until(self, pattern: str) -> str:
-        with trio.fail_after(PHASE):  # says what came instead of hanging on
-            try:
-                return await self._until(pattern)
-            except trio.Cancelled:
-                print("\n".join(self.lines[-40:]))
-                raise
-
-    async def _until(self, pattern: str) -> str:
-        regex, index = re.compile(pattern), 0
-        while True:
-            for line in self.lines[index:]:
-                if regex.search(line):
-                    return line
-            index = len(self.lines)
-            chunk = await self.stream.receive_some()
-            assert chunk, f"ended before {pattern!r}: {self.lines}"
-            self.buffer += chunk
-            *done, self.buffer = self.buffer.split(b"\n")
-            self.lines += [line.decode() for line in done]
-
-
 async def test_the_walkthrough_takes_a_dsh_session_to_its_goals_goalbar(tmp_path, node22_bin):
     serve_block, client_block = sh_blocks("## A real DeepSeek Harness host")[:2]
     assert serve_block.strip() == "loopdock serve --port 8765"
@@ -91,7 +66,7 @@ async def test_the_walkthrough_takes_a_dsh_session_to_its_goals_goalbar(tmp_path
         serve = await trio.lowlevel.open_process(script(serve_block), cwd=tmp_path, env=env,
                                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
-            out, err = Lines(serve.stdout), Lines(serve.stderr)
+            out, err = Lines(serve.stdout, PHASE), Lines(serve.stderr, PHASE)
             await out.until(rf"^loopdock serve: ws://127\.0\.0\.1:{port} ")
             console = (await out.until("console: ")).split("console: ", 1)[1]
 

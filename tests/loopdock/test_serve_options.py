@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import trio
+from line_reader import Lines
 from trio_websocket import open_websocket
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,27 +29,6 @@ agents:
   - id: helper
     model: ping-1
 """
-
-
-class Lines:
-    """A subprocess stream read line by line, waited on for a line matching a pattern."""
-
-    def __init__(self, stream) -> None:
-        self.stream, self.buffer, self.lines = stream, b"", []
-
-    async def until(self, pattern: str) -> str:
-        regex = re.compile(pattern)
-        index = 0
-        while True:
-            for line in self.lines[index:]:
-                if regex.search(line):
-                    return line
-            index = len(self.lines)
-            chunk = await self.stream.receive_some()
-            assert chunk, f"the stream ended before {pattern!r}; got {self.lines}"
-            self.buffer += chunk
-            *done, self.buffer = self.buffer.split(b"\n")
-            self.lines += [line.decode() for line in done]
 
 
 def frame(type_, data, **ids):
