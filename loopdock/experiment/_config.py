@@ -24,7 +24,8 @@ from typing import Any, TypeVar
 import attrs
 
 from actors.dock._loops import ID_PATTERN as LOOP_ID
-from runtime._yaml import YamlFileError, load_yaml_file
+from runtime._yaml import YamlFileError, cut, load_yaml_file
+from runtime._yaml import short_repr as _quote
 
 from ._errors import ExperimentError
 from ._spec import (
@@ -49,13 +50,18 @@ _FUNCTION = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
 _SIMPLE_SCORERS = ("exact", "includes", "regex")
 
 
+#: The longest error message: values are quoted cut short (``_quote``), and the whole is
+#: cut again, so a file with huge values gets a readable error (as the dock config does).
+MAX_MESSAGE = 1_000
+
+
 def _error(message: str) -> ExperimentError:
-    return ExperimentError("INVALID_EXPERIMENT", message)
+    return ExperimentError("INVALID_EXPERIMENT", cut(message, MAX_MESSAGE))
 
 
 def _mapping(value: object, path: str, known: tuple[str, ...], required: tuple[str, ...] = ()) -> dict[str, Any]:
     if not isinstance(value, Mapping):
-        raise _error(f"{path or 'the experiment'} must be a mapping, got {value!r}")
+        raise _error(f"{path or 'the experiment'} must be a mapping, got {_quote(value)}")
     for key in value:
         if key not in known:
             where = f"{path}.{key}" if path else str(key)
@@ -68,26 +74,26 @@ def _mapping(value: object, path: str, known: tuple[str, ...], required: tuple[s
 
 def _list(value: object, path: str) -> list[Any]:
     if not isinstance(value, list) or not value:
-        raise _error(f"{path} must be a non-empty list, got {value!r}")
+        raise _error(f"{path} must be a non-empty list, got {_quote(value)}")
     return value
 
 
 def _text(value: object, path: str) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise _error(f"{path} must be a non-empty string, got {value!r}")
+        raise _error(f"{path} must be a non-empty string, got {_quote(value)}")
     return value
 
 
 def _positive_int(value: object, path: str) -> int:
     # bool is an int subclass; `repeats: true` is a mistake, not 1.
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise _error(f"{path} must be a positive integer, got {value!r}")
+        raise _error(f"{path} must be a positive integer, got {_quote(value)}")
     return value
 
 
 def _number(value: object, path: str, *, positive: bool) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0 or (positive and value == 0):
-        raise _error(f"{path} must be a number {'> 0' if positive else '>= 0'}, got {value!r}")
+        raise _error(f"{path} must be a number {'> 0' if positive else '>= 0'}, got {_quote(value)}")
     return float(value)
 
 
@@ -110,19 +116,19 @@ def _targets(value: object, path: str) -> tuple[str, ...]:
         return (value,)
     if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
         return tuple(value)
-    raise _error(f"{path} must be a string or a non-empty list of strings, got {value!r}")
+    raise _error(f"{path} must be a string or a non-empty list of strings, got {_quote(value)}")
 
 
 def _files(value: object, path: str, base: Path) -> dict[str, FileSource]:
     if not isinstance(value, Mapping):
-        raise _error(f"{path} must be a mapping of destination path to source, got {value!r}")
+        raise _error(f"{path} must be a mapping of destination path to source, got {_quote(value)}")
     files = {}
     for dest, source in value.items():
         where = f"{path}.{dest}"
         relative = PurePosixPath(dest) if isinstance(dest, str) else None
         # The working directory is the agent's whole world: nothing may land outside it.
         if relative is None or not dest or relative.is_absolute() or ".." in relative.parts:
-            raise _error(f"{path} key {dest!r} must be a relative path inside the working directory")
+            raise _error(f"{path} key {_quote(dest)} must be a relative path inside the working directory")
         if isinstance(source, str):
             source_path = (base / source).resolve()
             if not source_path.exists():
@@ -131,10 +137,10 @@ def _files(value: object, path: str, base: Path) -> dict[str, FileSource]:
         elif isinstance(source, Mapping):
             fields = _mapping(source, where, ("text",), ("text",))
             if not isinstance(fields["text"], str):
-                raise _error(f"{where}.text must be a string, got {fields['text']!r}")
+                raise _error(f"{where}.text must be a string, got {_quote(fields['text'])}")
             files[dest] = FileSource(text=fields["text"])
         else:
-            raise _error(f"{where} must be a source path or {{text: ...}}, got {source!r}")
+            raise _error(f"{where} must be a source path or {{text: ...}}, got {_quote(source)}")
     return files
 
 
@@ -145,7 +151,7 @@ def _sample(value: object, path: str, base: Path, default_id: str) -> Sample:
     fields = _mapping(value, path, _SAMPLE_KEYS, ("input",))
     metadata = fields.get("metadata", {})
     if not isinstance(metadata, Mapping):
-        raise _error(f"{path}.metadata must be a mapping, got {metadata!r}")
+        raise _error(f"{path}.metadata must be a mapping, got {_quote(metadata)}")
     return Sample(
         id=_id(fields["id"], f"{path}.id") if "id" in fields else default_id,
         input=_text(fields["input"], f"{path}.input"),
@@ -199,7 +205,7 @@ def _task(value: object, path: str, base: Path) -> Task:
     seen: dict[str, int] = {}
     for index, sample in enumerate(samples):
         if sample.id in seen:
-            raise _error(f"{path}: sample id {sample.id!r} is used twice (samples {seen[sample.id] + 1} and {index + 1})")
+            raise _error(f"{path}: sample id {_quote(sample.id)} is used twice (samples {seen[sample.id] + 1} and {index + 1})")
         seen[sample.id] = index
     if "files" in fields:
         shared = _files(fields["files"], f"{path}.files", base)
@@ -213,7 +219,7 @@ def _task(value: object, path: str, base: Path) -> Task:
 
 def _function_ref(value: object, path: str) -> str:
     if not isinstance(value, str) or not _FUNCTION.fullmatch(value):
-        raise _error(f"{path} must be a reference 'module:function', got {value!r}")
+        raise _error(f"{path} must be a reference 'module:function', got {_quote(value)}")
     return value
 
 
@@ -242,7 +248,7 @@ def _scorer(value: object, path: str) -> Scorer:
         if value not in _SIMPLE_SCORERS:
             raise _error(
                 f"{path} must be one of {', '.join(_SIMPLE_SCORERS)} or a mapping with a kind "
-                f"(python, judge, ...), got {value!r}"
+                f"(python, judge, ...), got {_quote(value)}"
             )
         return Scorer(kind=value)  # type: ignore[arg-type]  # checked just above
     kinds = {
@@ -253,13 +259,13 @@ def _scorer(value: object, path: str) -> Scorer:
         "judge": ("kind", "provider", "model", "max_tokens", "prompt"),
     }
     if not isinstance(value, Mapping) or value.get("kind") not in kinds:
-        raise _error(f"{path} must be a scorer name or a mapping whose kind is one of {', '.join(kinds)}, got {value!r}")
+        raise _error(f"{path} must be a scorer name or a mapping whose kind is one of {', '.join(kinds)}, got {_quote(value)}")
     kind = value["kind"]
     required = {"python": ("function",), "judge": ("provider", "model")}.get(kind, ())
     fields = _mapping(value, path, kinds[kind], required)
     ignore_case = fields.get("ignore_case", True)
     if not isinstance(ignore_case, bool):
-        raise _error(f"{path}.ignore_case must be true or false, got {ignore_case!r}")
+        raise _error(f"{path}.ignore_case must be true or false, got {_quote(ignore_case)}")
     pattern = _optional(fields, "pattern", path, _text)
     if pattern is not None:
         try:
@@ -288,7 +294,7 @@ def _model(value: object, path: str, prices: Mapping[str, Price]) -> Model:
     if isinstance(value, str):
         provider, slash, name = value.partition("/")
         if not slash or not provider or not name:
-            raise _error(f"{path} must be 'provider/model' or a mapping {{provider, model, ...}}, got {value!r}")
+            raise _error(f"{path} must be 'provider/model' or a mapping {{provider, model, ...}}, got {_quote(value)}")
         value = {"provider": provider, "model": name}
     fields = _mapping(value, path, ("provider", "model", "params", "price", "adapter"), ("provider", "model"))
     params = _mapping(fields.get("params", {}), f"{path}.params", _PARAMS)
@@ -312,10 +318,10 @@ def _loop(value: object, path: str) -> Loop:
     fields = _mapping(value, path, ("loop", "driver"), ("loop",))
     loop = fields["loop"]
     if not isinstance(loop, str) or not LOOP_ID.fullmatch(loop):
-        raise _error(f"{path} must be a loop id (matching {LOOP_ID.pattern}), got {loop!r}")
+        raise _error(f"{path} must be a loop id (matching {LOOP_ID.pattern}), got {_quote(loop)}")
     driver = fields.get("driver")
     if driver is not None and (not isinstance(driver, str) or not LOOP_ID.fullmatch(driver)):
-        raise _error(f"{path}.driver must be a driver name (matching {LOOP_ID.pattern}), got {driver!r}")
+        raise _error(f"{path}.driver must be a driver name (matching {LOOP_ID.pattern}), got {_quote(driver)}")
     return Loop(loop, driver)
 
 
@@ -336,7 +342,7 @@ def _concurrency(value: object, path: str) -> Concurrency:
     if isinstance(value, int) and not isinstance(value, bool):
         return Concurrency(default=_positive_int(value, path))
     if not isinstance(value, Mapping):
-        raise _error(f"{path} must be a positive integer or a mapping of provider to one, got {value!r}")
+        raise _error(f"{path} must be a positive integer or a mapping of provider to one, got {_quote(value)}")
     limits = {str(key): _positive_int(item, f"{path}.{key}") for key, item in value.items()}
     default = limits.pop("default", Concurrency().default)
     return Concurrency(default=default, providers=limits)
@@ -344,7 +350,7 @@ def _concurrency(value: object, path: str) -> Concurrency:
 
 def parse_prices(value: object, path: str) -> dict[str, Price]:
     if not isinstance(value, Mapping):
-        raise _error(f"{path} must be a mapping of 'provider/model' to {{input, output}}, got {value!r}")
+        raise _error(f"{path} must be a mapping of 'provider/model' to {{input, output}}, got {_quote(value)}")
     return {str(label): _price(item, f"{path}.{label}") for label, item in value.items()}
 
 
@@ -355,14 +361,14 @@ def _compare(value: object, path: str, models: tuple[Model, ...], loops: tuple[L
     for index, pair in enumerate(_list(value, path)):
         where = f"{path}[{index}]"
         if not isinstance(pair, list) or len(pair) != 2:
-            raise _error(f"{where} must be a pair [{{model, loop}}, {{model, loop}}], got {pair!r}")
+            raise _error(f"{where} must be a pair [{{model, loop}}, {{model, loop}}], got {_quote(pair)}")
         cells = []
         for side, cell in enumerate(pair):
             fields = _mapping(cell, f"{where}[{side}]", ("model", "loop"), ("model", "loop"))
             if fields["model"] not in labels:
-                raise _error(f"{where}[{side}].model {fields['model']!r} is not one of the models: {', '.join(sorted(labels))}")
+                raise _error(f"{where}[{side}].model {_quote(fields['model'])} is not one of the models: {', '.join(sorted(labels))}")
             if fields["loop"] not in loop_labels:
-                raise _error(f"{where}[{side}].loop {fields['loop']!r} is not one of the loops: {', '.join(sorted(loop_labels))}")
+                raise _error(f"{where}[{side}].loop {_quote(fields['loop'])} is not one of the loops: {', '.join(sorted(loop_labels))}")
             cells.append(f"{fields['model']} x {fields['loop']}")
         pairs.append((cells[0], cells[1]))
     return tuple(pairs)
@@ -373,7 +379,7 @@ def _unique(items: tuple[T, ...], label: Callable[[T], str], path: str) -> None:
     for index, item in enumerate(items):
         name = label(item)
         if name in seen:
-            raise _error(f"{path}[{index}] repeats {path}[{seen[name]}] ({name!r})")
+            raise _error(f"{path}[{index}] repeats {path}[{seen[name]}] ({_quote(name)})")
         seen[name] = index
 
 
@@ -386,7 +392,7 @@ def _check_targets(experiment: Experiment) -> None:
             for sample in task.samples:
                 if not sample.target or not all(sample.target):
                     raise _error(
-                        f"tasks[{t_index}] sample {sample.id!r} has no target, which the {scorer.kind} scorer needs"
+                        f"tasks[{t_index}] sample {_quote(sample.id)} has no target, which the {scorer.kind} scorer needs"
                     )
 
 
@@ -403,7 +409,7 @@ def parse_experiment(value: object, *, base: Path, default_name: str | None = No
     name = fields.get("name", default_name)
     if not isinstance(name, str) or not RUN_NAME.fullmatch(name):
         raise _error(
-            f"name must be a run name matching {RUN_NAME.pattern} (it defaults to the file's name), got {name!r}"
+            f"name must be a run name matching {RUN_NAME.pattern} (it defaults to the file's name), got {_quote(name)}"
         )
     tasks = tuple(_task(t, f"tasks[{i}]", base) for i, t in enumerate(_list(fields["tasks"], "tasks")))
     _unique(tasks, lambda t: t.id, "tasks")
@@ -414,7 +420,7 @@ def parse_experiment(value: object, *, base: Path, default_name: str | None = No
     _unique(loops, lambda lp: lp.label, "loops")
     retries = fields.get("retries", 2)
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
-        raise _error(f"retries must be an integer >= 0, got {retries!r}")
+        raise _error(f"retries must be an integer >= 0, got {_quote(retries)}")
     experiment = Experiment(
         name=name,
         tasks=tasks,

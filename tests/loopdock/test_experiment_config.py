@@ -124,6 +124,22 @@ def test_mistakes_are_named_by_their_path(change, message):
     rejects({**SMALLEST, **change}, message)
 
 
+@pytest.mark.parametrize(
+    "change, path",
+    [
+        ({"name": "x" * 1_000_000}, "name must be a run name"),
+        ({"repeats": ["x" * 1_000_000] * 1_000}, "repeats must be a positive integer"),
+        ({"tasks": [{"id": "t", "input": "x", "target": "x", "files": {"a": {"text": list(range(100_000))}}}]},
+         "tasks[0].files.a.text must be a string"),
+    ],
+)  # fmt: skip
+def test_huge_values_are_quoted_cut_short(change, path):
+    with pytest.raises(ExperimentError) as info:
+        parse_experiment({**SMALLEST, **change}, base=ROOT, default_name="x")
+    message = str(info.value)
+    assert message.startswith(path) and len(message) <= 1_000, message[:300]
+
+
 def test_a_dataset_error_names_the_file_and_line(tmp_path):
     (tmp_path / "d.jsonl").write_text('{"input": "a", "target": "b"}\n\n{"input": "", "target": "b"}\n')
     rejects({**SMALLEST, "tasks": [{"id": "t", "dataset": "d.jsonl"}]},
