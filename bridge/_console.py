@@ -181,12 +181,12 @@ class ConsoleHandler(HandlerLayer):
 
     def _apply_runtime_item(self, item: LiveEvent) -> None:
         try:
-            if item.agent_id not in self.rows and item.type not in ("agent/created", "agent/disposed"):
-                # Its creation was missed (a dropped subscription): its row starts now.
-                created = LiveEvent("agent/created", item.agent_id, {"sessionId": item.agent_id})
-                self.apply_live("runtime", created, self._runtime_view(item.agent_id))
-            view = self._runtime_view(item.agent_id) if item.type in ("agent/created", "agent/status") else None
-            self.apply_live("runtime", item, view)
+            missed = item.agent_id not in self.rows and item.type not in ("agent/created", "agent/disposed")
+            wanted = missed or item.type in ("agent/created", "agent/status")
+            view = self._runtime_view(item.agent_id) if wanted else None
+            if missed:  # its creation was missed (a dropped subscription): its row starts now
+                self.apply_live("runtime", LiveEvent("agent/created", item.agent_id, {"sessionId": item.agent_id}), view)
+            self.apply_live("runtime", item, view if item.type in ("agent/created", "agent/status") else None)
         except Exception as exc:  # contained: one row may be stale, the console goes on
             log.warning("console could not show an event", agent_id=item.agent_id, type=item.type, error=repr(exc))
 
