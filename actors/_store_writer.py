@@ -18,7 +18,8 @@ from typing import Protocol
 import trio
 
 from runtime._logging import get_logger
-from runtime._store import SessionStore, StoreError, Write
+from runtime._session_log import SessionLog
+from runtime._store import StoreError, Write
 
 log = get_logger(__name__)
 
@@ -39,7 +40,7 @@ class Durable(Protocol):
 
 
 class StoreWriter:
-    def __init__(self, store: SessionStore, *, window: float = GROUP_COMMIT_WINDOW, persist: bool = True) -> None:
+    def __init__(self, store: SessionLog, *, window: float = GROUP_COMMIT_WINDOW, persist: bool = True) -> None:
         self.store = store
         self.window = window
         #: False: batches are acknowledged without being written (sessions then keep their

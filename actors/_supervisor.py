@@ -25,7 +25,7 @@ from runtime._events import Event, SessionHeader
 from runtime._ids import check_session_id
 from runtime._logging import get_logger
 from runtime._messages import Message
-from runtime._store import SessionStore
+from runtime._session_log import SessionLog
 from runtime.models import AdapterRegistry
 from runtime.tools import ToolRegistry
 
@@ -58,7 +58,7 @@ class Supervisor:
     def __init__(
         self,
         nursery: trio.Nursery,
-        store: SessionStore,
+        store: SessionLog,
         writer: StoreWriter,
         adapters: AdapterRegistry,
         tools: ToolRegistry,

@@ -15,9 +15,9 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 import trio
 
@@ -64,10 +64,14 @@ from runtime._home import resolve_home
 from runtime._home_lock import acquire_home
 from runtime._logging import get_logger
 from runtime._options import AgentOptions
+from runtime._session_log import SessionLog
 from runtime._store import SessionStore
 from runtime.models import AdapterRegistry, ModelAdapter, default_adapters
 from runtime.skills import SkillCatalog, expand_skill_invocations, skill_tool
 from runtime.tools import ShellPolicy, Tool, ToolRegistry, builtin_tools, shell_tool
+
+if TYPE_CHECKING:  # coredis is only needed with cluster= (pip install 'loopdock[cluster]')
+    from ._cluster import ClusterRuntime
 
 log = get_logger(__name__)
 
@@ -97,7 +101,30 @@ class Runtime:
         self.commands = commands if commands is not None else CommandRegistry()
         self.loopx: LoopxIntegration | None = None  # set when opened with ``loopx=``
 
+    @overload
     @classmethod
+    def open(
+        cls,
+        home: str | os.PathLike[str] | None = None,
+        *,
+        config: DockConfig | Mapping[str, Any] | str | os.PathLike[str] | None = None,
+        shell: ShellPolicy | None = None,
+        env: Mapping[str, str] | None = None,
+        skills: SkillCatalog | None = None,
+        loopx: LoopxSettings | None = None,
+        gc_threshold: tuple[int, int, int] | None = GC_THRESHOLD,
+        automatic_slots: int = AUTOMATIC_SLOTS,
+        warm_history: int = WARM_HISTORY,
+        persist: bool = True,
+        _store: SessionLog | None = None,
+        cluster: None = None,
+    ) -> AbstractAsyncContextManager[Runtime]: ...
+
+    @overload
+    @classmethod
+    def open(cls, home: None = None, *, cluster: str) -> AbstractAsyncContextManager[ClusterRuntime]: ...
+
+    @classmethod  # type: ignore[misc]  # (the context manager yields either, by ``cluster``)
     @asynccontextmanager
     async def open(
         cls,
@@ -112,7 +139,9 @@ class Runtime:
         automatic_slots: int = AUTOMATIC_SLOTS,
         warm_history: int = WARM_HISTORY,
         persist: bool = True,
-    ) -> AsyncIterator[Runtime]:
+        _store: SessionLog | None = None,
+        cluster: str | None = None,
+    ) -> AsyncIterator[Runtime | ClusterRuntime]:
         """Open the runtime on ``home`` (else ``$LOOPDOCK_HOME``, else
         ``$XDG_DATA_HOME/loopdock``, i.e. ``~/.local/share/loopdock``).
 
@@ -148,7 +177,19 @@ class Runtime:
         their next turn; see ``actors.HistoryCache``).
         ``persist=False`` writes nothing: sessions keep their whole log in memory and
         vanish with the runtime (for measuring the runtime without its store).
+        ``_store`` (internal: a cluster worker's Redis store) replaces the home's SQLite
+        store; the runtime does not close it.
+
+        ``cluster="redis://HOST:PORT/DB"`` opens a ClusterRuntime instead: the same
+        agent API (create/resume, followup, steer, cancel, wait_idle, events) for agents
+        run by the cluster's workers (``loopdock worker --cluster``); see docs/cluster.md.
         """
+        if cluster is not None:
+            from ._cluster import ClusterRuntime
+
+            async with ClusterRuntime.open(cluster) as client:
+                yield client
+            return
         hide_environment_block()
         admission = AdmissionGate(automatic_slots)
         history = HistoryCache(warm_history)
@@ -159,7 +200,7 @@ class Runtime:
         # Held until the store is closed; see runtime/_home_lock.py for why it fails at once.
         with await trio.to_thread.run_sync(acquire_home, path), _gc_threshold(gc_threshold):
             async with cls._open(
-                path, dock_config, environ, catalog, shell, loopx, admission, history, persist
+                path, dock_config, environ, catalog, shell, loopx, admission, history, persist, _store
             ) as rt:
                 yield rt
 
@@ -176,8 +217,13 @@ class Runtime:
         admission: AdmissionGate,
         history: HistoryCache,
         persist: bool,
+        given_store: SessionLog | None,
     ) -> AsyncIterator[Runtime]:
-        store = await trio.to_thread.run_sync(SessionStore.open, path / "sessions.db")
+        store: SessionLog
+        if given_store is None:
+            store = await trio.to_thread.run_sync(SessionStore.open, path / "sessions.db")
+        else:
+            store = given_store
         try:
             tools = ToolRegistry()
             for tool in builtin_tools(home=path):
@@ -255,7 +301,8 @@ class Runtime:
             if body_error is not None:
                 raise body_error
         finally:
-            await trio.to_thread.run_sync(store.close)
+            if given_store is None:
+                await trio.to_thread.run_sync(store.close)
 
     # -- registries ----------------------------------------------------------------------
 

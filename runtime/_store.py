@@ -132,6 +132,11 @@ def _encode(value: Any) -> str:
     return _utf8_safe(_dumps(value, False), value)
 
 
+#: How the store writes a value as JSON text (compact, no NaN, valid UTF-8); the cluster's
+#: Redis store writes the same text.
+encode_json = _encode
+
+
 def _utf8_safe(text: str, value: Any) -> str:
     if not text.isascii():
         try:

@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 
+from runtime._session_log import SessionLog
 from runtime._store import SessionStore
 
 from ._errors import ExperimentError
@@ -40,7 +41,7 @@ class RunHistory:
         return chosen
 
 
-def read_run(store: SessionStore, run: str) -> RunHistory:
+def read_run(store: SessionLog, run: str) -> RunHistory:
     headers = store.list_headers()
     plans: list[Mapping[str, Any]] = []
     results: list[RolloutResult] = []
@@ -81,7 +82,7 @@ def read_run_at(home: Path, run: str) -> RunHistory:
     return history
 
 
-def list_runs(store: SessionStore) -> set[str]:
+def list_runs(store: SessionLog) -> set[str]:
     """The names of the runs whose plans the store holds."""
     names = set()
     for header in store.list_headers():

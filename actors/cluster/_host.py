@@ -1,0 +1,313 @@
+"""ShardHost: the actor that runs a worker's agents from its shards' inboxes.
+
+One reader task serves every shard the worker owns: it reads both lanes of all of them
+with one ``XREADGROUP`` and handles the ``human`` entries of a batch before the ``auto``
+ones, one entry at a time, so a session's messages keep their order. Agents are
+activated on demand (Orleans' virtual actors): a message for a session with no live agent
+resumes it on its bound loop and driver.
+
+Taking over a shard (``acquired``), before reading anything new from it, the host resumes
+every session that was live on it (``live:<shard>``; an interrupted turn is closed
+``interrupted`` by the resume) and claims the entries the previous owner had read but
+not acknowledged (``XAUTOCLAIM``). It reclaims stranded entries every lease period too,
+e.g. ones a paused ex-owner read after it lost the shard.
+
+Delivery is at least once; processing is once per message id: an id the session has
+recorded as done (``done``), or one already handed to a live agent, is dropped. A
+followup/steer/inject is acknowledged by the commit that makes its ``user/message`` (or
+its discard) durable, a control message once its effect is (see runtime.cluster).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import coredis
+import trio
+
+from runtime._errors import LoopdockError, safe_message
+from runtime._logging import get_logger
+from runtime._serde import message_from_wire
+from runtime.cluster import BadInboxMessageError, InboxMessage, Ownership, Pending, RedisSessionStore
+from runtime.cluster import _keys as keys
+from runtime.cluster._scripts import SETTLE
+
+from .._driver import AgentHandle, CreateAgentOptions, ResumeAgentOptions
+from .._supervisor import Supervisor
+from ..dock import LoopDock
+
+log = get_logger(__name__)
+
+#: How long the reader blocks on Redis before it looks at its shards again.
+READ_BLOCK_MS = 200
+READ_COUNT = 256
+#: How long a reply to ``create``/``resume`` waits in Redis for its requester.
+REPLY_TTL_MS = 60_000
+
+
+class ShardHost:
+    def __init__(
+        self,
+        redis: coredis.Redis[str],
+        store: RedisSessionStore,
+        supervisor: Supervisor,
+        dock: LoopDock,
+        *,
+        ttl: float,
+    ) -> None:
+        self._redis = redis
+        self.store = store
+        self.ownership: Ownership = store.ownership
+        self.supervisor = supervisor
+        self.dock = dock
+        self.ttl = ttl
+        self._settle = redis.register_script(SETTLE)
+        self.handles: dict[str, AgentHandle] = {}
+        self._fresh: list[int] = []  # acquired, not yet taken over
+        self._draining: set[int] = set()
+        self._wake = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self.processed = 0  # inbox entries handled (for statistics and tests)
+
+    # -- called by the lease keeper ------------------------------------------------------
+
+    async def acquired(self, shard: int) -> None:
+        for lane in keys.LANES:
+            try:
+                await self._redis.xgroup_create(keys.inbox(shard, lane), keys.GROUP, identifier="0", mkstream=True)
+            except coredis.exceptions.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+        self._fresh.append(shard)
+        self._wake.set()
+
+    async def drain(self, shard: int) -> None:
+        """Stop reading ``shard``, give its agents up to a quarter lease to go idle, then
+        dispose them (their sessions stay live on the shard for the next owner)."""
+        self._draining.add(shard)
+        try:
+            agents = self._agents_of(shard)
+            with trio.move_on_after(self.ttl / 4):
+                for session_id in agents:
+                    await self.handles[session_id].agent.wait_idle()
+            for session_id in agents:
+                await self._dispose(session_id)
+        finally:
+            self._draining.discard(shard)
+
+    def lost(self, shard: int) -> None:
+        """The lease is gone: stop the shard's agents at once (their writes are fenced)."""
+        if shard in self._fresh:
+            self._fresh.remove(shard)
+        if self._nursery is None:
+            return
+        for session_id in self._agents_of(shard):
+            self._nursery.start_soon(self._dispose, session_id)
+
+    # -- the reader ---------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            next_reclaim = trio.current_time() + self.ttl
+            while True:
+                while self._fresh:
+                    await self._take_over(self._fresh.pop(0))
+                if trio.current_time() >= next_reclaim:
+                    for shard in self._reading():
+                        await self._claim(shard, min_idle_ms=round(self.ttl * 1000))
+                    next_reclaim = trio.current_time() + self.ttl
+                reading = self._reading()
+                if not reading:
+                    self._wake = trio.Event()
+                    with trio.move_on_after(READ_BLOCK_MS / 1000):
+                        await self._wake.wait()
+                    continue
+                streams = {keys.inbox(shard, lane): ">" for lane in keys.LANES for shard in reading}
+                try:
+                    batch = await self._redis.xreadgroup(
+                        keys.GROUP, self.ownership.worker, streams, count=READ_COUNT, block=READ_BLOCK_MS
+                    )
+                except coredis.exceptions.ResponseError as exc:
+                    if "NOGROUP" not in str(exc):
+                        raise
+                    # Redis lost its data (restarted without its append-only file):
+                    # make the groups again.
+                    for shard in reading:
+                        await self.acquired(shard)
+                    continue
+                if batch:
+                    await self._handle_batch(batch)
+
+    def _reading(self) -> list[int]:
+        return [s for s in sorted(self.ownership.tokens) if s not in self._draining and s not in self._fresh]
+
+    async def _handle_batch(self, batch: Mapping[str, Any]) -> None:
+        by_lane: dict[str, list[tuple[int, Any]]] = {lane: [] for lane in keys.LANES}
+        for stream, entries in batch.items():
+            _, _, rest = stream.partition(keys.PREFIX + "inbox:")
+            shard_text, _, lane = rest.partition(":")
+            by_lane[lane].extend((int(shard_text), entry) for entry in entries)
+        for lane in keys.LANES:  # human first
+            for shard, entry in by_lane[lane]:
+                await self._handle(shard, lane, str(entry.identifier), _fields(entry.field_values))
+
+    async def _take_over(self, shard: int) -> None:
+        if shard not in self.ownership.tokens:
+            return
+        for session_id in sorted(await self._redis.smembers(keys.live(shard))):
+            if self.ownership.shard(session_id) == shard and session_id not in self.handles:
+                try:
+                    await self._activate(session_id)
+                except Exception as exc:
+                    log.warning("could not resume a session of an acquired shard", session=session_id, error=repr(exc))
+        await self._claim(shard, min_idle_ms=0)
+
+    async def _claim(self, shard: int, *, min_idle_ms: int) -> None:
+        for lane in keys.LANES:
+            start = "0-0"
+            while shard in self.ownership.tokens:
+                reply = await self._redis.xautoclaim(
+                    keys.inbox(shard, lane), keys.GROUP, self.ownership.worker, min_idle_ms, start, count=READ_COUNT
+                )
+                start, entries = str(reply[0]), reply[1]
+                for entry in entries:
+                    await self._handle(shard, lane, str(entry.identifier), _fields(entry.field_values))
+                if start == "0-0":
+                    break
+
+    async def _handle(self, shard: int, lane: str, entry_id: str, fields: Mapping[str, str]) -> None:
+        token = self.ownership.tokens.get(shard)
+        if token is None:
+            return  # lost meanwhile: the entry stays pending for the next owner
+        self.processed += 1
+        stream = keys.inbox(shard, lane)
+        try:
+            message = InboxMessage.from_fields(fields)
+            if self.ownership.shard(message.session) != shard:
+                raise BadInboxMessageError(f"message for session {message.session[:80]!r} is on shard {shard}")
+        except BadInboxMessageError as exc:
+            log.warning("dropping a bad inbox entry", stream=stream, entry=entry_id, error=str(exc))
+            await self._redis.xack(stream, keys.GROUP, [entry_id])
+            return
+        if message.id in self.ownership.pending:
+            return  # handed to its agent already; its commit acknowledges it
+        if await self._redis.sismember(keys.done(message.session), message.id):
+            await self._redis.xack(stream, keys.GROUP, [entry_id])
+            return
+        try:
+            await self._dispatch(message, token, lane, entry_id)
+        except Exception as exc:
+            # One bad message never stops the shard: it is answered (if asked) and dropped.
+            log.warning("inbox message failed", kind=message.kind, session=message.session, error=repr(exc))
+            await self._reply(message, exc)
+            await self._settled(token, shard, message, stream, entry_id)
+
+    async def _dispatch(self, message: InboxMessage, token: str, lane: str, entry_id: str) -> None:
+        shard = self.ownership.shard(message.session)
+        stream = keys.inbox(shard, lane)
+        body = message.body
+        if message.kind == "create":
+            if message.session in self.handles or await self.store.aexists(message.session):
+                raise _Refused("SESSION_EXISTS", f"session {message.session!r} already exists")
+            handle = await self.dock.create_agent(self.supervisor, CreateAgentOptions(
+                session_id=message.session, agent_options=body.get("agent_options"), loop=body.get("loop"),
+                driver=body.get("driver"), cwd=body.get("cwd"), meta=body.get("meta"),
+                agent_preset=body.get("agent_preset"),
+            ))
+            self.handles[message.session] = handle
+            await handle.agent.session.flush()
+            await self._settled(token, shard, message, stream, entry_id, live="add")
+            await self._reply(message, None)
+        elif message.kind == "resume":
+            await self._activate(message.session, loop=body.get("loop"), driver=body.get("driver"))
+            await self._settled(token, shard, message, stream, entry_id)
+            await self._reply(message, None)
+        elif message.kind in ("followup", "steer", "inject"):
+            agent = await self._activate(message.session)
+            wire = message_from_wire(body.get("message"))
+            if wire.id != message.id:
+                raise _Refused("BAD_INBOX_MESSAGE", "an inbox message's id must be its message's id")
+            self.ownership.pending[message.id] = Pending(lane, entry_id)
+            try:
+                getattr(agent, message.kind)(wire)
+            except BaseException:
+                self.ownership.pending.pop(message.id, None)
+                raise
+        elif message.kind == "cancel":
+            live = self.handles.get(message.session)
+            if live is not None:
+                live.agent.cancel(keep_inbox=bool(body.get("keep_inbox", True)))
+            await self._settled(token, shard, message, stream, entry_id)
+        elif message.kind == "dispose":
+            await self._dispose(message.session)
+            await self._settled(token, shard, message, stream, entry_id, live="remove")
+            await self._reply(message, None)
+
+    async def _activate(self, session_id: str, *, loop: str | None = None, driver: str | None = None) -> Any:
+        handle = self.handles.get(session_id)
+        if handle is not None and not handle.agent.closed:
+            return handle.agent  # its loop and driver were checked when it was activated
+        if not await self.store.aexists(session_id):
+            raise _Refused("SESSION_NOT_FOUND", f"no session {session_id!r} in the cluster")
+        resumed = await self.dock.resume(
+            self.supervisor, ResumeAgentOptions(resume_session_id=session_id, loop=loop, driver=driver)
+        )
+        self.handles[session_id] = resumed
+        shard = self.ownership.shard(session_id)
+        token = self.ownership.tokens.get(shard)
+        if token is not None:
+            await self._settle(keys=[keys.lease(shard), keys.done(session_id), keys.inbox(shard, "human"),
+                                     keys.live(shard)], args=[token, "", keys.GROUP, "", "add", session_id])
+        return resumed.agent
+
+    async def _settled(
+        self, token: str, shard: int, message: InboxMessage, stream: str, entry_id: str, live: str = ""
+    ) -> None:
+        answer: Any = await self._settle(
+            keys=[keys.lease(shard), keys.done(message.session), stream, keys.live(shard)],
+            args=[token, message.id, keys.GROUP, entry_id, live, message.session],
+        )
+        if answer != "OK":
+            log.warning("inbox message not settled: the shard moved", shard=shard, answer=str(answer))
+
+    async def _reply(self, message: InboxMessage, error: BaseException | None) -> None:
+        if message.kind not in ("create", "resume", "dispose"):
+            return
+        if error is None:
+            answer: dict[str, Any] = {"ok": True}
+        else:
+            code = getattr(error, "code", None) or "ERROR"
+            answer = {"ok": False, "code": code, "error": safe_message(error)[:2000]}
+        key = keys.reply(message.id)
+        await self._redis.lpush(key, [json.dumps(answer)])
+        await self._redis.pexpire(key, REPLY_TTL_MS)
+
+    def _agents_of(self, shard: int) -> list[str]:
+        return [s for s in self.handles if self.ownership.shard(s) == shard]
+
+    async def _dispose(self, session_id: str) -> None:
+        handle = self.handles.pop(session_id, None)
+        if handle is None:
+            return
+        try:
+            await handle.dispose()
+        except Exception as exc:  # its last writes fenced off: the next owner resumes it
+            log.info("agent disposed without its last writes", session=session_id, error=repr(exc))
+
+    async def aclose(self) -> None:
+        for session_id in list(self.handles):
+            await self._dispose(session_id)
+
+
+def _fields(values: Mapping[Any, Any]) -> dict[str, str]:
+    return {str(k): str(v) for k, v in values.items()}
+
+
+class _Refused(LoopdockError):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code

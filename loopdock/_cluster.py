@@ -1,0 +1,240 @@
+"""ClusterRuntime: a harness process's view of agents anywhere in a cluster.
+
+    async with Runtime.open(cluster="redis://127.0.0.1:6379/0") as rt:
+        handle = await rt.create_agent(session_id="a1", loop="minimal-first")
+        handle.agent.followup("hello")
+        await handle.agent.wait_idle()
+        async for event in handle.agent.events():
+            ...
+
+Messages go to the agent's shard as inbox entries (``followup`` returns at once, like the
+embedded agent's; a sender task writes them in order), and events are read from the
+session's log in Redis, so any process can watch any agent. Nothing here runs agents:
+``loopdock worker --cluster`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import coredis
+import trio
+
+from runtime._errors import LoopdockError
+from runtime._events import Event, SessionHeader
+from runtime._ids import MESSAGE_IDS, check_session_id
+from runtime._messages import Message, ProducerSource, user_message
+from runtime._serde import message_to_wire
+from runtime.cluster import InboxMessage, Ownership, RedisSessionStore, cluster_shards, connect
+from runtime.cluster import _keys as keys
+
+#: How long ``create_agent``/``resume_agent`` wait for a worker's answer by default.
+REPLY_TIMEOUT = 30.0
+_BLOCK_MS = 1_000
+
+
+class ClusterRequestError(LoopdockError):
+    """A worker refused a request (its code is the worker's, e.g. UNKNOWN_LOOP)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class NoWorkerError(LoopdockError):
+    """No worker answered in time (is ``loopdock worker --cluster`` running?)."""
+
+    code = "NO_WORKER"
+
+
+@attrs.define(eq=False)
+class _Outgoing:
+    stream: str
+    fields: dict[str, str]
+
+
+class ClusterRuntime:
+    def __init__(self, redis: coredis.Redis[str], shards: int, nursery: trio.Nursery) -> None:
+        self._redis = redis
+        self.shards = shards
+        # Reads only: a client owns no shard, so it can never append to a log.
+        self.store = RedisSessionStore(redis, Ownership("client", shards))
+        self._send, receive = trio.open_memory_channel[_Outgoing](math.inf)
+        self.queued = 0
+        self.sent = 0
+        self._sent_changed = trio.Event()
+        nursery.start_soon(self._sender, receive)
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, url: str) -> AsyncIterator[ClusterRuntime]:
+        redis = connect(url)
+        async with redis, trio.open_nursery() as nursery:
+            rt = cls(redis, await cluster_shards(redis, None), nursery)
+            try:
+                yield rt
+                await rt.wait_sent()
+            finally:
+                nursery.cancel_scope.cancel()
+
+    # -- agents ---------------------------------------------------------------------------
+
+    async def create_agent(
+        self,
+        *,
+        session_id: str,
+        loop: str | None = None,
+        driver: str | None = None,
+        agent_options: Mapping[str, Any] | None = None,
+        agent_preset: str | None = None,
+        cwd: str | None = None,
+        meta: Mapping[str, Any] | None = None,
+        timeout: float = REPLY_TIMEOUT,
+    ) -> RemoteHandle:
+        """Create an agent on the worker owning its shard; raises the worker's refusal
+        (e.g. UNKNOWN_LOOP, SESSION_EXISTS) as ClusterRequestError."""
+        body = {"loop": loop, "driver": driver, "agent_options": dict(agent_options or {}) or None,
+                "agent_preset": agent_preset, "cwd": cwd, "meta": dict(meta) if meta else None}
+        await self._request("create", check_session_id(session_id), body, timeout)
+        return RemoteHandle(RemoteAgent(self, session_id), self)
+
+    async def resume_agent(
+        self, *, resume_session_id: str, loop: str | None = None, driver: str | None = None,
+        timeout: float = REPLY_TIMEOUT,
+    ) -> RemoteHandle:
+        """Make a persisted session live again on its owner (LOOP_SWITCH if ``loop`` or
+        ``driver`` is not the bound one)."""
+        session_id = check_session_id(resume_session_id, what="resume session id")
+        await self._request("resume", session_id, {"loop": loop, "driver": driver}, timeout)
+        return RemoteHandle(RemoteAgent(self, session_id), self)
+
+    def get_agent(self, agent_id: str) -> RemoteAgent:
+        """A handle on ``agent_id``'s inbox and log (no check that it exists)."""
+        return RemoteAgent(self, check_session_id(agent_id))
+
+    async def list_sessions(self) -> list[SessionHeader]:
+        return await self.store.alist_headers()
+
+    async def read_events(self, session_id: str, start: int = 0) -> list[Event]:
+        return await self.store.aload_events(session_id, start)
+
+    # -- sending --------------------------------------------------------------------------
+
+    def post(self, message: InboxMessage) -> None:
+        """Queue ``message`` for its shard's inbox (written in order by the sender task)."""
+        shard = keys.shard_of(message.session, self.shards)
+        self.queued += 1
+        self._send.send_nowait(_Outgoing(keys.inbox(shard, message.lane), message.to_fields()))
+
+    async def wait_sent(self) -> None:
+        """Wait until everything posted so far is in Redis."""
+        mark = self.queued
+        while self.sent < mark:
+            await self._sent_changed.wait()
+
+    async def _sender(self, receive: trio.MemoryReceiveChannel[_Outgoing]) -> None:
+        async for outgoing in receive:
+            await self._redis.xadd(outgoing.stream, outgoing.fields)
+            self.sent += 1
+            self._sent_changed.set()
+            self._sent_changed = trio.Event()
+
+    async def _request(self, kind: str, session_id: str, body: Mapping[str, Any], timeout: float) -> None:
+        message = InboxMessage(MESSAGE_IDS.new(), kind, session_id, body)  # type: ignore[arg-type]
+        self.post(message)
+        await self.wait_sent()
+        reply = await self._redis.blpop([keys.reply(message.id)], timeout=max(1, math.ceil(timeout)))
+        if reply is None:
+            raise NoWorkerError(f"no worker answered {kind} {session_id!r} within {timeout:g} s")
+        answer = json.loads(reply[1])
+        if not answer.get("ok"):
+            raise ClusterRequestError(str(answer.get("code")), str(answer.get("error")))
+
+
+@attrs.define(eq=False)
+class RemoteHandle:
+    agent: RemoteAgent
+    _rt: ClusterRuntime
+
+    async def dispose(self, timeout: float = REPLY_TIMEOUT) -> None:
+        """Deactivate the agent on its worker (its session stays; resume brings it back)."""
+        await self._rt._request("dispose", self.agent.id, {}, timeout)
+
+
+class RemoteAgent:
+    """The embedded AgentActor's messaging API, for an agent on some worker."""
+
+    def __init__(self, rt: ClusterRuntime, session_id: str) -> None:
+        self.id = session_id
+        self._rt = rt
+        self._outstanding: set[str] = set()
+        self._cursor = 0  # the next seq of the log not folded yet
+        self._open_turn = False
+
+    def followup(self, message: str | Message) -> Message:
+        return self._queue("followup", message)
+
+    def steer(self, message: str | Message) -> Message:
+        return self._queue("steer", message)
+
+    def inject(self, message: str | Message) -> Message:
+        """Automatic input (the ``auto`` lane, drained after people's)."""
+        if isinstance(message, str):
+            message = user_message(message, source=ProducerSource(kind="cluster"))
+        return self._queue("inject", message)
+
+    def cancel(self, *, keep_inbox: bool = True) -> None:
+        self._rt.post(InboxMessage(MESSAGE_IDS.new(), "cancel", self.id, {"keep_inbox": keep_inbox}))
+
+    async def wait_idle(self) -> None:
+        """Wait until every message sent through this object has been processed (it
+        entered the log, or was discarded) and the agent's last turn has ended."""
+        await self._rt.wait_sent()
+        while True:
+            for event in await self._rt.store.aload_events(self.id, self._cursor):
+                self._fold(event)
+            if not self._outstanding and not self._open_turn:
+                return
+            await self._wait_log(self._cursor)
+
+    async def events(self, start: int = 0) -> AsyncIterator[Event]:
+        """The session's events from seq ``start`` on, then each new one as it is durable."""
+        cursor = start
+        while True:
+            for event in await self._rt.store.aload_events(self.id, cursor):
+                yield event
+                cursor = event.seq + 1
+            await self._wait_log(cursor)
+
+    def _queue(self, kind: str, message: str | Message) -> Message:
+        if isinstance(message, str):
+            message = user_message(message)
+        self._outstanding.add(message.id)
+        self._rt.post(InboxMessage(message.id, kind, self.id, {"message": message_to_wire(message)}))  # type: ignore[arg-type]
+        return message
+
+    def _fold(self, event: Event) -> None:
+        self._cursor = event.seq + 1
+        if event.type == "turn/start":
+            self._open_turn = True
+        elif event.type == "turn/end":
+            self._open_turn = False
+        elif event.type == "user/message":
+            self._outstanding.discard(str(event.data.get("id")))
+        elif event.type == "agent/inbox/spliced" and event.data.get("op") == "discard":
+            self._outstanding.discard(str(event.data.get("messageId")))
+
+    async def _wait_log(self, cursor: int) -> None:
+        # Blocks in Redis until the log has an event at or after ``cursor``.
+        await self._rt._redis.xread({keys.log(self.id): keys.log_id(cursor - 1) if cursor else "0-0"}, count=1,
+                                    block=_BLOCK_MS)
+
+
+def cluster_url_from_env() -> str | None:
+    return os.environ.get("LOOPDOCK_CLUSTER") or None

@@ -1,0 +1,95 @@
+"""A cluster worker: a runtime whose sessions live in the cluster's Redis, running the
+agents of the shards it holds leases on (``loopdock worker --cluster redis://...``).
+
+    async with trio.open_nursery() as nursery:
+        worker = await nursery.start(run_worker, "redis://127.0.0.1:6379/0")
+
+See docs/cluster.md for the design and its guarantees.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from actors.cluster import LeaseKeeper, ShardHost
+from actors.dock import LoopDock
+from runtime._home import resolve_home
+from runtime._logging import get_logger
+from runtime.cluster import ClusterConfigError, Ownership, RedisSessionStore, cluster_shards, connect
+
+from ._runtime import Runtime
+
+log = get_logger(__name__)
+
+#: A lease's default time to live: a dead worker's shards move within about this long.
+DEFAULT_LEASE_TTL = 10.0
+
+
+@attrs.define(eq=False)
+class Worker:
+    """What ``run_worker`` hands to ``task_status`` once it is serving."""
+
+    id: str
+    runtime: Runtime
+    ownership: Ownership
+    keeper: LeaseKeeper
+    host: ShardHost
+
+
+def fingerprint(dock: LoopDock) -> str:
+    """The loops and drivers a worker offers; every worker of a cluster must agree."""
+    loops = ",".join(f"{info.id}:{info.kind}" for info in dock.list_loops())
+    return f"loops={loops};drivers={','.join(dock.list_drivers())}"
+
+
+async def run_worker(
+    url: str,
+    *,
+    home: str | os.PathLike[str] | None = None,
+    config: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+    shards: int | None = None,
+    lease_ttl: float = DEFAULT_LEASE_TTL,
+    worker_id: str | None = None,
+    task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve as a worker of the cluster at ``url`` until cancelled, then hand every shard
+    back (agents disposed, leases deleted) so that others take over at once.
+
+    ``home`` holds the worker's own files (default: ``workers/<id>`` under the default
+    home); its sessions are in Redis. ``config`` is the dock's config (loop packages:
+    every worker must load the same ones). The first worker fixes the cluster's shard
+    count (``shards``, default 32).
+    """
+    if lease_ttl <= 0:
+        raise ClusterConfigError(f"the lease ttl must be positive, got {lease_ttl}")
+    name = worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+    worker_home = Path(home) if home is not None else resolve_home(None) / "workers" / name
+    redis = connect(url)
+    async with redis:
+        ownership = Ownership(name, await cluster_shards(redis, shards))
+        store = RedisSessionStore(redis, ownership, retry_for=lease_ttl)
+        async with Runtime.open(worker_home, config=config, _store=store) as rt:
+            host = ShardHost(redis, store, rt.supervisor, rt.dock, ttl=lease_ttl)
+            keeper = LeaseKeeper(
+                redis, ownership, ttl=lease_ttl, fingerprint=fingerprint(rt.dock),
+                acquired=host.acquired, drain=host.drain, lost=host.lost,
+            )
+            await keeper.check_registry()
+            try:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(host.run)
+                    await nursery.start(keeper.run)
+                    log.info("worker serving", worker=name, shards=ownership.shards)
+                    task_status.started(Worker(name, rt, ownership, keeper, host))
+            finally:
+                with trio.CancelScope(shield=True), trio.move_on_after(lease_ttl):
+                    await keeper.leave()
+                    await host.aclose()

@@ -1,0 +1,58 @@
+"""Opening the cluster's Redis from a ``redis://HOST:PORT/DB`` URL."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+import coredis
+
+from .._errors import LoopdockError
+from . import _keys as keys
+
+
+class ClusterUrlError(LoopdockError):
+    """The cluster URL is not ``redis://HOST:PORT/DB``."""
+
+    code = "BAD_CLUSTER_URL"
+
+
+def check_url(url: str) -> str:
+    """``url`` if it is ``redis://HOST[:PORT][/DB]`` (a password may be in it); else
+    ClusterUrlError, naming what is wrong without repeating a password."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ClusterUrlError(f"cluster URL is not redis://HOST:PORT/DB: {exc}") from None
+    if parts.scheme != "redis" or not parts.hostname:
+        raise ClusterUrlError(f"cluster URL must look like redis://HOST:PORT/DB, not scheme {parts.scheme!r}")
+    db = parts.path.strip("/")
+    if db and not db.isdigit():
+        raise ClusterUrlError(f"cluster URL's database must be a number, got {db[:20]!r}")
+    if parts.query or parts.fragment:
+        raise ClusterUrlError("cluster URL takes no query or fragment")
+    del port
+    return url
+
+
+def connect(url: str) -> coredis.Redis[str]:
+    """A client (a pool of connections) for the cluster at ``url``; use it in ``async with``."""
+    return coredis.Redis.from_url(check_url(url), decode_responses=True)
+
+
+class ClusterConfigError(LoopdockError):
+    """A worker's settings disagree with the cluster's (shard count, lease ttl)."""
+
+    code = "CLUSTER_CONFIG"
+
+
+async def cluster_shards(redis: Any, wanted: int | None) -> int:
+    """The cluster's shard count: set by its first worker, fixed after that."""
+    if wanted is not None and not 1 <= wanted <= 16_384:
+        raise ClusterConfigError(f"shards must be between 1 and 16384, got {wanted}")
+    await redis.hsetnx(keys.META, "shards", str(wanted or keys.DEFAULT_SHARDS))
+    have = int(await redis.hget(keys.META, "shards"))
+    if wanted is not None and wanted != have:
+        raise ClusterConfigError(f"the cluster has {have} shards; this worker was asked for {wanted}")
+    return have

@@ -1,0 +1,33 @@
+"""Ownership: what a worker holds right now, shared by its lease keeper (which changes
+it) and its session store (which fences every write with it)."""
+
+from __future__ import annotations
+
+import attrs
+
+from ._keys import shard_of
+
+
+@attrs.define
+class Pending:
+    """An inbox entry handed to an agent, acknowledged once its effect is durable."""
+
+    lane: str
+    entry_id: str
+
+
+@attrs.define(eq=False)
+class Ownership:
+    worker: str
+    shards: int
+    #: shard -> lease token (``<worker>/<epoch>``) of every shard this worker owns.
+    tokens: dict[int, str] = attrs.field(factory=dict)
+    #: message id -> its inbox entry, for messages whose ``user/message`` (or discard)
+    #: is not durable yet; the commit that makes it durable acknowledges the entry.
+    pending: dict[str, Pending] = attrs.field(factory=dict)
+
+    def shard(self, session_id: str) -> int:
+        return shard_of(session_id, self.shards)
+
+    def token(self, session_id: str) -> str | None:
+        return self.tokens.get(self.shard(session_id))

@@ -1,0 +1,249 @@
+"""RedisSessionStore: the session log where any worker of the cluster can continue it.
+
+The same SessionLog interface as the SQLite store, so the actors cannot tell them apart:
+a session's header is a key, its log a stream whose entry ids are ``0-<seq + 1>`` (so a
+range of seqs is a range of ids), and every session is in one sorted set by creation.
+
+Its methods block like SQLite's and are called the same way, in a worker thread; each
+runs its Redis commands back on the trio thread (``trio.from_thread.run``), so one
+async client serves both. Redis persists with its append-only file (see docs/cluster.md).
+
+Fencing: appending to a session needs the lease of its shard, held by this worker
+(``Ownership.tokens``); the check and the append are one Lua script. Creating a session
+needs no lease, only that the session not exist yet (a fork may create a session on a
+shard another worker owns). A commit also records the ids of the messages its events
+consumed and acknowledges their inbox entries, in the same script: a message is
+acknowledged exactly when its effect is durable.
+
+A lost connection (Redis restarting, say) is retried for ``retry_for`` seconds before the
+store gives up with StoreError; a retried commit that had in fact landed is recognised.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from typing import Any, TypeVar
+
+import coredis
+import trio
+
+from .._events import Event, SessionHeader
+from .._logging import get_logger
+from .._serde import header_from_wire, header_to_wire
+from .._store import StoreError, Write, encode_json
+from . import _keys as keys
+from ._ownership import Ownership, Pending
+from ._scripts import COMMIT
+
+log = get_logger(__name__)
+
+T = TypeVar("T")
+
+#: Errors after which a command is worth trying again on a new connection.
+RETRYABLE = (coredis.exceptions.ConnectionError, TimeoutError, OSError)
+_READ_CHUNK = 2_000
+
+
+def consumed_ids(events: Sequence[Event]) -> list[str]:
+    """Ids of the messages whose effect these events make durable: a ``user/message``
+    (the message entered the log) or a discard from the inbox."""
+    ids = []
+    for event in events:
+        if event.type == "user/message":
+            message_id = event.data.get("id")
+        elif event.type == "agent/inbox/spliced" and event.data.get("op") == "discard":
+            message_id = event.data.get("messageId")
+        else:
+            continue
+        if isinstance(message_id, str):
+            ids.append(message_id)
+    return ids
+
+
+def _event(seq: int, fields: dict[str, str]) -> Event:
+    return Event(type=fields["t"], seq=seq, time=int(fields["m"]), data=json.loads(fields["d"]))
+
+
+class RedisSessionStore:
+    def __init__(self, redis: coredis.Redis[str], ownership: Ownership, *, retry_for: float = 10.0) -> None:
+        self._redis = redis
+        self.ownership = ownership
+        self.retry_for = retry_for
+        self._commit = redis.register_script(COMMIT)
+        self._closed = False
+
+    # -- the SessionLog interface (blocking; call in a worker thread) -----------------
+
+    def exists(self, session_id: str) -> bool:
+        return self._blocking(self.aexists, session_id)
+
+    def load(self, session_id: str) -> tuple[SessionHeader, list[Event]] | None:
+        return self._blocking(self.aload, session_id)
+
+    def load_events(
+        self, session_id: str, start: int = 0, stop: int | None = None, types: Collection[str] | None = None
+    ) -> list[Event]:
+        return self._blocking(self.aload_events, session_id, start, stop, types)
+
+    def load_outline(
+        self, session_id: str, types: Collection[str]
+    ) -> tuple[SessionHeader, int, int, list[Event]] | None:
+        return self._blocking(self.aload_outline, session_id, types)
+
+    def commit(self, batch: Sequence[Write]) -> dict[str, StoreError]:
+        return self._blocking(self.acommit, batch)
+
+    def list_headers(self) -> list[SessionHeader]:
+        return self._blocking(self.alist_headers)
+
+    def close(self) -> None:
+        self._closed = True
+
+    # -- the same, from the trio thread ------------------------------------------------
+
+    async def aexists(self, session_id: str) -> bool:
+        return bool(await self._retrying("check a session", lambda: self._redis.exists([keys.header(session_id)])))
+
+    async def aheader(self, session_id: str) -> SessionHeader | None:
+        raw = await self._retrying("read a header", lambda: self._redis.get(keys.header(session_id)))
+        return None if raw is None else header_from_wire(json.loads(raw))
+
+    async def aload(self, session_id: str) -> tuple[SessionHeader, list[Event]] | None:
+        header = await self.aheader(session_id)
+        if header is None:
+            return None
+        return header, await self.aload_events(session_id)
+
+    async def aload_events(
+        self, session_id: str, start: int = 0, stop: int | None = None, types: Collection[str] | None = None
+    ) -> list[Event]:
+        events: list[Event] = []
+        low = keys.log_id(max(start, 0))
+        high = "+" if stop is None else keys.log_id(stop - 1)
+        if stop is not None and stop <= start:
+            return events
+        while True:
+            chunk = await self._retrying(
+                "read events", lambda: self._redis.xrange(keys.log(session_id), low, high, count=_READ_CHUNK)
+            )
+            for entry in chunk:
+                seq = keys.seq_of(str(entry.identifier))
+                fields = {str(k): str(v) for k, v in entry.field_values.items()}
+                if types is None or fields["t"] in types:
+                    events.append(_event(seq, fields))
+            if len(chunk) < _READ_CHUNK:
+                return events
+            low = keys.log_id(keys.seq_of(str(chunk[-1].identifier)) + 1)
+
+    async def aload_outline(
+        self, session_id: str, types: Collection[str]
+    ) -> tuple[SessionHeader, int, int, list[Event]] | None:
+        header = await self.aheader(session_id)
+        if header is None:
+            return None
+        last = await self._retrying(
+            "read the last event", lambda: self._redis.xrevrange(keys.log(session_id), "+", "-", count=1)
+        )
+        count, last_time = (0, 0) if not last else (keys.seq_of(str(last[0].identifier)) + 1, int(last[0].field_values["m"]))
+        return header, count, last_time, await self.aload_events(session_id, 0, None, types)
+
+    async def alist_headers(self) -> list[SessionHeader]:
+        ids = await self._retrying("list sessions", lambda: self._redis.zrange(keys.SESSIONS, 0, -1))
+        headers: list[SessionHeader] = []
+        for start in range(0, len(ids), 500):
+            part = ids[start : start + 500]
+            raws = await self._retrying("read headers", lambda: self._redis.mget([keys.header(i) for i in part]))
+            headers.extend(header_from_wire(json.loads(raw)) for raw in raws if raw is not None)
+        return sorted(headers, key=lambda h: (h.created_at, h.id))
+
+    async def acommit(self, batch: Sequence[Write]) -> dict[str, StoreError]:
+        if self._closed:
+            raise StoreError("cannot commit: the cluster store is closed")
+        refused: dict[str, StoreError] = {}
+        for write in _merge(batch):
+            try:
+                await self._commit_one(write)
+            except StoreError as exc:
+                refused[write.session_id] = exc
+        return refused
+
+    # -- internals -----------------------------------------------------------------------
+
+    async def _commit_one(self, write: Write) -> None:
+        session_id = write.session_id
+        own = self.ownership
+        token = own.token(session_id)
+        if write.header is None and token is None:
+            raise StoreError(f"session {session_id!r}: this worker does not own its shard (FENCED)")
+        args: list[str | int] = []
+        try:
+            header = "" if write.header is None else encode_json(header_to_wire(write.header))
+            for i, event in enumerate(write.events):
+                if i and event.seq != write.events[i - 1].seq + 1:
+                    raise StoreError(f"session {session_id!r}: events are not consecutive at seq {event.seq}")
+                args += [event.seq, event.type, event.time, encode_json(event.data)]
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise StoreError(f"session {session_id!r}: value is not JSON: {exc}") from exc
+        ids = consumed_ids(write.events)
+        acks = [(i, own.pending[i]) for i in ids if i in own.pending]
+        created = write.header.created_at if write.header is not None else 0
+        argv: list[str | int] = [
+            token or "", header, created, session_id, keys.GROUP, len(write.events), *args, len(ids), *ids, len(acks),
+        ]
+        for _, pending in acks:
+            argv += [pending.lane, pending.entry_id]
+        shard = own.shard(session_id)
+        script_keys = [
+            keys.lease(shard), keys.header(session_id), keys.log(session_id), keys.SESSIONS, keys.done(session_id),
+            keys.inbox(shard, "human"), keys.inbox(shard, "auto"),
+        ]
+        attempts = 0
+
+        async def run() -> Any:
+            nonlocal attempts
+            attempts += 1
+            return await self._commit(keys=script_keys, args=argv)
+
+        answer = str(await self._retrying("commit", run))
+        if answer.startswith("SEQ:") and attempts > 1 and write.events:
+            # A retry after a lost reply: if our events are there, the first attempt landed.
+            if int(answer[4:]) == write.events[-1].seq + 1:
+                answer = "OK"
+        if answer != "OK":
+            raise StoreError(f"session {session_id!r}: the cluster refused the write ({answer})")
+        for message_id, _ in acks:
+            own.pending.pop(message_id, None)
+
+    async def _retrying(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
+        deadline = trio.current_time() + self.retry_for
+        delay = 0.05
+        while True:
+            try:
+                return await op()
+            except RETRYABLE as exc:
+                if trio.current_time() + delay > deadline:
+                    raise StoreError(f"cannot {what}: the cluster's Redis is unreachable ({exc})") from exc
+                log.info("redis unreachable, retrying", what=what, error=repr(exc))
+                await trio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    def _blocking(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        if self._closed:
+            raise StoreError("the cluster store is closed")
+        return trio.from_thread.run(fn, *args)
+
+
+def _merge(batch: Sequence[Write]) -> list[Write]:
+    """One Write per session (a batch may hold several of one session, in order)."""
+    merged: dict[str, Write] = {}
+    for write in batch:
+        before = merged.get(write.session_id)
+        if before is None:
+            merged[write.session_id] = write
+        else:
+            merged[write.session_id] = Write(write.session_id, before.header or write.header, (*before.events, *write.events))
+    return list(merged.values())
+
+
+__all__ = ["Pending", "RedisSessionStore", "consumed_ids"]
