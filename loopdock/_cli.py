@@ -204,6 +204,21 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--project", metavar="DIR",
                        help="the LoopX project (its .loopx/) of sessions no agent names one for (default: the current directory)")
 
+    worker = command(
+        "worker", "run agents as one worker of a Redis cluster, until interrupted",
+        "Join the cluster at --cluster and run the agents of the shards this worker holds leases on,\n"
+        "until SIGINT or SIGTERM; then hand the shards back. Every worker of a cluster must have the\n"
+        "same loop packages (a mismatch is refused at start). See docs/cluster.md.",
+    )
+    worker.add_argument("--cluster", required=True, metavar="URL", help="the cluster's Redis: redis://HOST:PORT/DB")
+    worker.add_argument("--home", help="the worker's own files (default: workers/<id> under the default home)")
+    worker.add_argument("--config", metavar="FILE", help="the dock's YAML config (the same on every worker)")
+    worker.add_argument("--shards", type=int, help="the cluster's shard count, fixed by its first worker (default: 32)")
+    worker.add_argument("--lease-ttl", type=float, default=10.0, metavar="SECONDS",
+                        help="a shard lease's time to live: a dead worker's shards move within about this (default: 10)")
+    worker.add_argument("--id", help="this worker's name (default: host-pid-random)")
+    worker.add_argument("--shell-allow", metavar="EXE,...", help="enable the shell tool for these executables")
+
     sessions = command("sessions", "list the sessions, show one, or follow one")
     verbs = sessions.add_subparsers(dest="verb", required=True, metavar="VERB")
     for name, text in (("list", "every session of the runtime and of DSH: loop, driver, status, turns, last event"),
@@ -285,6 +300,15 @@ def _dispatch(args: Any, out: TextIO) -> int:
         trio.run(functools.partial(
             serve_command, args.home, args.host, args.port, out, not args.no_loopx, args.project,
             config=args.config, shell=shell,
+        ))
+    elif args.command == "worker":
+        from ._worker import worker_command  # needs coredis: pip install 'loopdock[cluster]'
+
+        allow: frozenset[str] = frozenset(_drivers(args.shell_allow or ""))
+        trio.run(functools.partial(
+            worker_command, args.cluster, out, home=args.home, config=args.config, shards=args.shards,
+            lease_ttl=args.lease_ttl, worker_id=args.id,
+            shell=ShellPolicy(allow=allow) if allow else None,  # type: ignore[arg-type]
         ))
     elif args.command == "sessions":
         home, dsh_home = resolve_home(args.home), _dsh_home_or_none(args.dsh_home)

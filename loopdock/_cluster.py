@@ -29,10 +29,14 @@ import trio
 from runtime._errors import LoopdockError
 from runtime._events import Event, SessionHeader
 from runtime._ids import MESSAGE_IDS, check_session_id
+from runtime._logging import get_logger
 from runtime._messages import Message, ProducerSource, user_message
 from runtime._serde import message_to_wire
 from runtime.cluster import InboxMessage, Ownership, RedisSessionStore, cluster_shards, connect
 from runtime.cluster import _keys as keys
+from runtime.cluster._store import RETRYABLE
+
+log = get_logger(__name__)
 
 #: How long ``create_agent``/``resume_agent`` wait for a worker's answer by default.
 REPLY_TIMEOUT = 30.0
@@ -140,7 +144,15 @@ class ClusterRuntime:
 
     async def _sender(self, receive: trio.MemoryReceiveChannel[_Outgoing]) -> None:
         async for outgoing in receive:
-            await self._redis.xadd(outgoing.stream, outgoing.fields)
+            delay = 0.05
+            while True:
+                try:
+                    await self._redis.xadd(outgoing.stream, outgoing.fields)
+                    break
+                except RETRYABLE as exc:  # Redis restarting: the message waits, in order
+                    log.warning("redis unreachable; sending again soon", error=repr(exc))
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, 1.0)
             self.sent += 1
             self._sent_changed.set()
             self._sent_changed = trio.Event()
@@ -216,7 +228,8 @@ class RemoteAgent:
         if isinstance(message, str):
             message = user_message(message)
         self._outstanding.add(message.id)
-        self._rt.post(InboxMessage(message.id, kind, self.id, {"message": message_to_wire(message)}))  # type: ignore[arg-type]
+        lane = "auto" if kind == "inject" or isinstance(message.source, ProducerSource) else "human"
+        self._rt.post(InboxMessage(message.id, kind, self.id, {"message": message_to_wire(message)}, lane))  # type: ignore[arg-type]
         return message
 
     def _fold(self, event: Event) -> None:

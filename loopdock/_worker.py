@@ -9,12 +9,14 @@ See docs/cluster.md for the design and its guarantees.
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
+import signal
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import attrs
 import trio
@@ -23,7 +25,8 @@ from actors.cluster import LeaseKeeper, ShardHost
 from actors.dock import LoopDock
 from runtime._home import resolve_home
 from runtime._logging import get_logger
-from runtime.cluster import ClusterConfigError, Ownership, RedisSessionStore, cluster_shards, connect
+from runtime.cluster import ClusterConfigError, Ownership, RedisSessionStore, cluster_shards, connect, redact
+from runtime.tools import ShellPolicy
 
 from ._runtime import Runtime
 
@@ -58,6 +61,7 @@ async def run_worker(
     shards: int | None = None,
     lease_ttl: float = DEFAULT_LEASE_TTL,
     worker_id: str | None = None,
+    shell: ShellPolicy | None = None,
     task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve as a worker of the cluster at ``url`` until cancelled, then hand every shard
@@ -66,7 +70,7 @@ async def run_worker(
     ``home`` holds the worker's own files (default: ``workers/<id>`` under the default
     home); its sessions are in Redis. ``config`` is the dock's config (loop packages:
     every worker must load the same ones). The first worker fixes the cluster's shard
-    count (``shards``, default 32).
+    count (``shards``, default 32). ``shell`` enables the shell tool under that policy.
     """
     if lease_ttl <= 0:
         raise ClusterConfigError(f"the lease ttl must be positive, got {lease_ttl}")
@@ -76,7 +80,7 @@ async def run_worker(
     async with redis:
         ownership = Ownership(name, await cluster_shards(redis, shards))
         store = RedisSessionStore(redis, ownership, retry_for=lease_ttl)
-        async with Runtime.open(worker_home, config=config, _store=store) as rt:
+        async with Runtime.open(worker_home, config=config, shell=shell, _store=store) as rt:
             host = ShardHost(redis, store, rt.supervisor, rt.dock, ttl=lease_ttl)
             keeper = LeaseKeeper(
                 redis, ownership, ttl=lease_ttl, fingerprint=fingerprint(rt.dock),
@@ -93,3 +97,16 @@ async def run_worker(
                 with trio.CancelScope(shield=True), trio.move_on_after(lease_ttl):
                     await keeper.leave()
                     await host.aclose()
+
+
+async def worker_command(url: str, out: TextIO, **options: Any) -> None:
+    """``loopdock worker``: print one readiness line, serve until SIGINT or SIGTERM, then
+    hand the shards back."""
+    async with trio.open_nursery() as nursery:
+        worker: Worker = await nursery.start(functools.partial(run_worker, url, **options))
+        print(f"loopdock worker {worker.id}: serving {redact(url)} ({worker.ownership.shards} shards)",
+              file=out, flush=True)
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for _ in signals:
+                break
+        nursery.cancel_scope.cancel()

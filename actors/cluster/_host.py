@@ -33,6 +33,7 @@ from runtime._serde import message_from_wire
 from runtime.cluster import BadInboxMessageError, InboxMessage, Ownership, Pending, RedisSessionStore
 from runtime.cluster import _keys as keys
 from runtime.cluster._scripts import SETTLE
+from runtime.cluster._store import RETRYABLE
 
 from .._driver import AgentHandle, CreateAgentOptions, ResumeAgentOptions
 from .._supervisor import Supervisor
@@ -66,6 +67,7 @@ class ShardHost:
         self._settle = redis.register_script(SETTLE)
         self.handles: dict[str, AgentHandle] = {}
         self._fresh: list[int] = []  # acquired, not yet taken over
+        self._ready: set[int] = set()  # taken over: read from
         self._draining: set[int] = set()
         self._wake = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -77,9 +79,8 @@ class ShardHost:
         for lane in keys.LANES:
             try:
                 await self._redis.xgroup_create(keys.inbox(shard, lane), keys.GROUP, identifier="0", mkstream=True)
-            except coredis.exceptions.ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
+            except coredis.exceptions.StreamDuplicateConsumerGroupError:
+                pass  # made by an earlier owner
         self._fresh.append(shard)
         self._wake.set()
 
@@ -87,6 +88,7 @@ class ShardHost:
         """Stop reading ``shard``, give its agents up to a quarter lease to go idle, then
         dispose them (their sessions stay live on the shard for the next owner)."""
         self._draining.add(shard)
+        self._ready.discard(shard)
         try:
             agents = self._agents_of(shard)
             with trio.move_on_after(self.ttl / 4):
@@ -99,6 +101,7 @@ class ShardHost:
 
     def lost(self, shard: int) -> None:
         """The lease is gone: stop the shard's agents at once (their writes are fenced)."""
+        self._ready.discard(shard)
         if shard in self._fresh:
             self._fresh.remove(shard)
         if self._nursery is None:
@@ -112,38 +115,51 @@ class ShardHost:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
-            next_reclaim = trio.current_time() + self.ttl
+            delay = 0.05
             while True:
-                while self._fresh:
-                    await self._take_over(self._fresh.pop(0))
-                if trio.current_time() >= next_reclaim:
-                    for shard in self._reading():
-                        await self._claim(shard, min_idle_ms=round(self.ttl * 1000))
-                    next_reclaim = trio.current_time() + self.ttl
-                reading = self._reading()
-                if not reading:
-                    self._wake = trio.Event()
-                    with trio.move_on_after(READ_BLOCK_MS / 1000):
-                        await self._wake.wait()
-                    continue
-                streams = {keys.inbox(shard, lane): ">" for lane in keys.LANES for shard in reading}
                 try:
-                    batch = await self._redis.xreadgroup(
-                        keys.GROUP, self.ownership.worker, streams, count=READ_COUNT, block=READ_BLOCK_MS
-                    )
-                except coredis.exceptions.ResponseError as exc:
-                    if "NOGROUP" not in str(exc):
-                        raise
-                    # Redis lost its data (restarted without its append-only file):
-                    # make the groups again.
-                    for shard in reading:
-                        await self.acquired(shard)
-                    continue
-                if batch:
-                    await self._handle_batch(batch)
+                    await self._read()
+                except RETRYABLE as exc:
+                    # Redis restarting or out of reach: the entries stay in their streams.
+                    log.warning("redis unreachable; reading again soon", error=repr(exc))
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+
+    async def _read(self) -> None:
+        next_reclaim = trio.current_time() + self.ttl
+        while True:
+            while self._fresh:
+                shard = self._fresh[0]
+                await self._take_over(shard)
+                self._fresh.pop(0)
+                if shard in self.ownership.tokens:
+                    self._ready.add(shard)
+            if trio.current_time() >= next_reclaim:
+                for shard in self._reading():
+                    await self._claim(shard, min_idle_ms=round(self.ttl * 1000))
+                next_reclaim = trio.current_time() + self.ttl
+            reading = self._reading()
+            if not reading:
+                self._wake = trio.Event()
+                with trio.move_on_after(READ_BLOCK_MS / 1000):
+                    await self._wake.wait()
+                continue
+            streams = {keys.inbox(shard, lane): ">" for lane in keys.LANES for shard in reading}
+            try:
+                batch = await self._redis.xreadgroup(
+                    keys.GROUP, self.ownership.worker, streams, count=READ_COUNT, block=READ_BLOCK_MS
+                )
+            except coredis.exceptions.StreamConsumerGroupError:
+                # Redis lost its data (restarted without its append-only file):
+                # make the groups again.
+                for shard in reading:
+                    await self.acquired(shard)
+                continue
+            if batch:
+                await self._handle_batch(batch)
 
     def _reading(self) -> list[int]:
-        return [s for s in sorted(self.ownership.tokens) if s not in self._draining and s not in self._fresh]
+        return [s for s in sorted(self.ownership.tokens) if s in self._ready and s not in self._draining]
 
     async def _handle_batch(self, batch: Mapping[str, Any]) -> None:
         by_lane: dict[str, list[tuple[int, Any]]] = {lane: [] for lane in keys.LANES}
@@ -180,9 +196,9 @@ class ShardHost:
                     break
 
     async def _handle(self, shard: int, lane: str, entry_id: str, fields: Mapping[str, str]) -> None:
-        token = self.ownership.tokens.get(shard)
+        token = self.ownership.holds(shard, trio.current_time())
         if token is None:
-            return  # lost meanwhile: the entry stays pending for the next owner
+            return  # lost meanwhile: the entry stays pending, and the next owner reclaims it
         self.processed += 1
         stream = keys.inbox(shard, lane)
         try:
@@ -193,8 +209,13 @@ class ShardHost:
             log.warning("dropping a bad inbox entry", stream=stream, entry=entry_id, error=str(exc))
             await self._redis.xack(stream, keys.GROUP, [entry_id])
             return
-        if message.id in self.ownership.pending:
-            return  # handed to its agent already; its commit acknowledges it
+        handed = self.ownership.pending.get(message.id)
+        if handed is not None:
+            # Handed to its agent already (its commit acknowledges that entry); another
+            # entry with the same id is a producer's retry.
+            if handed.entry_id != entry_id:
+                await self._redis.xack(stream, keys.GROUP, [entry_id])
+            return
         if await self._redis.sismember(keys.done(message.session), message.id):
             await self._redis.xack(stream, keys.GROUP, [entry_id])
             return

@@ -64,8 +64,7 @@ class LeaseKeeper:
         self._release = redis.register_script(RELEASE)
         self._heartbeat = redis.register_script(HEARTBEAT)
         self._leave = redis.register_script(LEAVE)
-        #: shard -> the local time until which this worker trusts its lease.
-        self.valid_until: dict[int, float] = {}
+        self.valid_until = ownership.valid_until
         self.live_workers: list[str] = []
         self.ticks = 0
 

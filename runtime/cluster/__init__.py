@@ -6,6 +6,7 @@ from ._connect import ClusterUrlError as ClusterUrlError
 from ._connect import check_url as check_url
 from ._connect import cluster_shards as cluster_shards
 from ._connect import connect as connect
+from ._connect import redact as redact
 from ._keys import DEFAULT_SHARDS as DEFAULT_SHARDS
 from ._keys import shard_of as shard_of
 from ._ownership import Ownership as Ownership

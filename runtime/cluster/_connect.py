@@ -36,6 +36,17 @@ def check_url(url: str) -> str:
     return url
 
 
+def redact(url: str) -> str:
+    """``url`` without its password, for logs and messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    user = parts.username or ""
+    return parts._replace(netloc=f"{user}:***@{host}{port}").geturl()
+
+
 def connect(url: str) -> coredis.Redis[str]:
     """A client (a pool of connections) for the cluster at ``url``; use it in ``async with``."""
     return coredis.Redis.from_url(check_url(url), decode_responses=True)

@@ -25,9 +25,17 @@ class Ownership:
     #: message id -> its inbox entry, for messages whose ``user/message`` (or discard)
     #: is not durable yet; the commit that makes it durable acknowledges the entry.
     pending: dict[str, Pending] = attrs.field(factory=dict)
+    #: shard -> the (trio) time until which this worker trusts its lease: set by the
+    #: lease keeper from its renewals, checked before every message is handled.
+    valid_until: dict[int, float] = attrs.field(factory=dict)
 
     def shard(self, session_id: str) -> int:
         return shard_of(session_id, self.shards)
 
     def token(self, session_id: str) -> str | None:
         return self.tokens.get(self.shard(session_id))
+
+    def holds(self, shard: int, now: float) -> str | None:
+        """The shard's token if this worker holds it and still trusts its lease at ``now``."""
+        token = self.tokens.get(shard)
+        return token if token is not None and now < self.valid_until.get(shard, 0.0) else None

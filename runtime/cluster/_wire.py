@@ -33,10 +33,9 @@ class InboxMessage:
     kind: Kind
     session: str
     body: Mapping[str, Any] = attrs.field(factory=dict)
-
-    @property
-    def lane(self) -> str:
-        return "auto" if self.kind == "inject" else "human"
+    #: ``auto`` for a program's input (an inject, or a message from a producer source),
+    #: drained after ``human`` (people's input and control); the sender decides.
+    lane: str = "human"
 
     def to_fields(self) -> dict[str, str]:
         return {"id": self.id, "kind": self.kind, "session": self.session, "body": json.dumps(self.body)}
@@ -53,7 +52,7 @@ class InboxMessage:
             raise BadInboxMessageError(f"inbox message body is {len(body)} bytes; at most {MAX_BODY}")
         try:
             parsed = json.loads(body)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise BadInboxMessageError(f"inbox message body is not JSON: {exc}") from None
         if not isinstance(parsed, dict):
             raise BadInboxMessageError("inbox message body is not a JSON object")
