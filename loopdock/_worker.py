@@ -21,7 +21,7 @@ from typing import Any, TextIO
 import attrs
 import trio
 
-from actors.cluster import LeaseKeeper, ShardHost
+from actors.cluster import LeaseKeeper, RegistryMismatchError, ShardHost
 from actors.dock import LoopDock
 from runtime._home import resolve_home
 from runtime._logging import get_logger
@@ -76,27 +76,33 @@ async def run_worker(
         raise ClusterConfigError(f"the lease ttl must be positive, got {lease_ttl}")
     name = worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
     worker_home = Path(home) if home is not None else resolve_home(None) / "workers" / name
+    refused: Exception | None = None
     redis = connect(url)
     async with redis:
-        ownership = Ownership(name, await cluster_shards(redis, shards))
-        store = RedisSessionStore(redis, ownership, retry_for=lease_ttl)
-        async with Runtime.open(worker_home, config=config, shell=shell, _store=store) as rt:
-            host = ShardHost(redis, store, rt.supervisor, rt.dock, ttl=lease_ttl)
-            keeper = LeaseKeeper(
-                redis, ownership, ttl=lease_ttl, fingerprint=fingerprint(rt.dock),
-                acquired=host.acquired, drain=host.drain, lost=host.lost,
-            )
-            await keeper.check_registry()
-            try:
-                async with trio.open_nursery() as nursery:
-                    await nursery.start(host.run)
-                    await nursery.start(keeper.run)
-                    log.info("worker serving", worker=name, shards=ownership.shards)
-                    task_status.started(Worker(name, rt, ownership, keeper, host))
-            finally:
-                with trio.CancelScope(shield=True), trio.move_on_after(lease_ttl):
-                    await keeper.leave()
-                    await host.aclose()
+        try:
+            ownership = Ownership(name, await cluster_shards(redis, shards))
+            store = RedisSessionStore(redis, ownership, retry_for=lease_ttl)
+            async with Runtime.open(worker_home, config=config, shell=shell, _store=store) as rt:
+                host = ShardHost(redis, store, rt.supervisor, rt.dock, ttl=lease_ttl)
+                keeper = LeaseKeeper(
+                    redis, ownership, ttl=lease_ttl, fingerprint=fingerprint(rt.dock),
+                    acquired=host.acquired, drain=host.drain, lost=host.lost,
+                )
+                await keeper.check_registry()
+                try:
+                    async with trio.open_nursery() as nursery:
+                        await nursery.start(host.run)
+                        await nursery.start(keeper.run)
+                        log.info("worker serving", worker=name, shards=ownership.shards)
+                        task_status.started(Worker(name, rt, ownership, keeper, host))
+                finally:
+                    with trio.CancelScope(shield=True), trio.move_on_after(lease_ttl):
+                        await keeper.leave()
+                        await host.aclose()
+        except (ClusterConfigError, RegistryMismatchError) as exc:
+            refused = exc  # raised below, outside the client's task group, as itself
+    if refused is not None:
+        raise refused
 
 
 async def worker_command(url: str, out: TextIO, **options: Any) -> None:

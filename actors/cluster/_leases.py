@@ -77,6 +77,7 @@ class LeaseKeeper:
         others = await self._beat()
         for worker, theirs in others.items():
             if worker != self.ownership.worker and theirs and theirs != self.fingerprint:
+                await self._leave(keys=[keys.WORKERS], args=[self.ownership.worker])
                 raise RegistryMismatchError(
                     f"worker {worker!r} has loops and drivers {theirs!r}, this one {self.fingerprint!r}: "
                     "every worker of a cluster must have the same loop packages installed"

@@ -32,3 +32,67 @@ async def test_an_agent_created_through_the_cluster_answers_and_its_log_is_in_re
     end = [e for e in events if e.type == "turn/end"][0]
     assert end.data["reason"]["kind"] == "completed"
     assert [e.seq for e in events] == list(range(len(events)))
+
+
+async def test_a_second_worker_gets_its_fair_share_and_agents_go_on_on_either(redis_server, tmp_path, nursery):
+    with trio.fail_after(60):
+        first = await nursery.start(functools.partial(
+            run_worker, redis_server.url, home=tmp_path / "a", lease_ttl=1.0, worker_id="a"))
+        second = await nursery.start(functools.partial(
+            run_worker, redis_server.url, home=tmp_path / "b", lease_ttl=1.0, worker_id="b"))
+        shards = first.ownership.shards
+        while len(second.ownership.tokens) < shards // 2:  # the first hands shards over, one per tick
+            await trio.sleep(0.05)
+        assert not set(first.ownership.tokens) & set(second.ownership.tokens)
+        async with Runtime.open(cluster=redis_server.url) as rt:
+            handles = [await rt.create_agent(session_id=f"s{i}", loop="minimal-first") for i in range(8)]
+            for handle in handles:
+                handle.agent.followup("hi")
+            for handle in handles:
+                await handle.agent.wait_idle()
+        on_first, on_second = set(first.host.handles), set(second.host.handles)
+    assert on_first | on_second == {f"s{i}" for i in range(8)} and not on_first & on_second
+    assert on_first and on_second
+
+
+async def test_a_worker_with_other_loops_is_refused(redis_server, tmp_path, nursery, monkeypatch):
+    from actors.cluster import RegistryMismatchError
+    from loopdock import _worker
+
+    with trio.fail_after(30):
+        await nursery.start(functools.partial(
+            run_worker, redis_server.url, home=tmp_path / "a", lease_ttl=1.0, worker_id="a"))
+        monkeypatch.setattr(_worker, "fingerprint", lambda dock: "loops=other;drivers=default")
+        with pytest.raises(RegistryMismatchError, match="same loop packages"):
+            await run_worker(redis_server.url, home=tmp_path / "b", lease_ttl=1.0, worker_id="b")
+
+
+async def test_a_worker_asking_for_another_shard_count_is_refused(redis_server, tmp_path, worker):
+    from runtime.cluster import ClusterConfigError
+
+    with pytest.raises(ClusterConfigError, match="has 4 shards"):
+        await run_worker(redis_server.url, home=tmp_path / "b", shards=8, worker_id="b")
+
+
+async def test_creating_on_an_unknown_loop_is_the_workers_refusal(redis_server, worker):
+    from loopdock._cluster import ClusterRequestError
+
+    with trio.fail_after(30):
+        async with Runtime.open(cluster=redis_server.url) as rt:
+            with pytest.raises(ClusterRequestError) as caught:
+                await rt.create_agent(session_id="u1", loop="no-such-loop")
+            assert caught.value.code == "UNKNOWN_LOOP"
+            assert not await rt.store.aexists("u1")
+            handle = await rt.create_agent(session_id="u2", loop="minimal-first")
+            with pytest.raises(ClusterRequestError) as again:
+                await rt.create_agent(session_id="u2", loop="minimal-first")
+            assert again.value.code == "SESSION_EXISTS"
+            await handle.dispose()
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:1/0", "redis://", "redis://h:1/x", "redis://h:99999/0"])
+def test_bad_cluster_urls_are_refused_with_what_is_wrong(url):
+    from runtime.cluster import ClusterUrlError, check_url
+
+    with pytest.raises(ClusterUrlError):
+        check_url(url)
