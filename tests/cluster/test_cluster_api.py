@@ -96,3 +96,19 @@ def test_bad_cluster_urls_are_refused_with_what_is_wrong(url):
 
     with pytest.raises(ClusterUrlError):
         check_url(url)
+
+
+async def test_the_cluster_pages_example_runs_as_written(redis_server, worker, capsys):
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).parents[2] / "docs" / "cluster.md").read_text()
+    [snippet] = re.findall(r"^```python\n(.*?)^```", page, flags=re.S | re.M)
+    snippet = snippet.replace("redis://127.0.0.1:6379/0", redis_server.url).replace("trio.run(main)", "")
+    namespace: dict = {}
+    exec(compile(snippet, "docs/cluster.md", "exec"), namespace)
+    with trio.fail_after(30):
+        await namespace["main"]()
+    printed = capsys.readouterr().out.split("\n")
+    assert printed[0].startswith("0 ")
+    assert printed[-2].endswith("turn/end")
