@@ -112,7 +112,7 @@ class StoreWriter:
                 # Shielded: a commit that has started must finish so memory and disk agree.
                 with trio.CancelScope(shield=True):
                     if self.persist:
-                        refused = await trio.to_thread.run_sync(self.store.commit, writes)
+                        refused = await self.store.acommit(writes)
                 self.commits += 1
             except Exception as exc:  # a disk or schema failure: report it to the sessions
                 error = exc

@@ -195,6 +195,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=str(DEFAULT_OUT), help=f"where to write bench-<mode>.json/.png (default {DEFAULT_OUT})")
     parser.add_argument("--in-process", action="store_true", help="run loopdock's phases in this process")
     parser.add_argument("--no-peer", action="store_true", help="skip the autogen-core peer")
+    parser.add_argument("--cluster", action="store_true",
+                        help="only the cluster benchmark: embedded vs 1 and 2 workers on a private redis-server, "
+                        "and failover after kill -9 (needs redis-server and loopdock[cluster])")
     parser.add_argument(
         "--tables", metavar="JSON", nargs="?", const="benchmarks/results/bench-full.json",
         help="run nothing: regenerate the tables in README.md and benchmarks/README.md from JSON",
@@ -207,6 +210,11 @@ def run_from_args(args: argparse.Namespace) -> int:
 
         for path in write_docs(Path(args.tables)):
             print(f"loopdock bench: tables written to {path}")
+        return 0
+    if args.cluster:
+        from ._cluster import run_cluster
+
+        run_cluster("quick" if args.quick else "full", Path(args.out), sys.stdout)
         return 0
     try:
         run("quick" if args.quick else "full", args.out, isolate=not args.in_process, peer=not args.no_peer)

@@ -2,7 +2,8 @@
 store (``runtime._store.SessionStore``) and the cluster's Redis store
 (``runtime.cluster.RedisSessionStore``) are interchangeable.
 
-Every method blocks: the actors call them in a worker thread (``trio.to_thread``).
+Every method but ``acommit`` blocks: the actors call them in a worker thread
+(``trio.to_thread``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ class SessionLog(Protocol):
 
     def commit(self, batch: Sequence[Write]) -> dict[str, StoreError]:
         """Write the batch; returns the sessions whose part was refused (see SessionStore)."""
+
+    async def acommit(self, batch: Sequence[Write]) -> dict[str, StoreError]:
+        """``commit`` for the trio thread (the store writer's way in): SQLite's runs in a
+        worker thread, Redis's in the trio thread itself."""
 
     def list_headers(self) -> list[SessionHeader]: ...
 

@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import Any
 
 import attrs
+import trio
 
 from ._errors import LoopdockError
 from ._events import Event, SessionHeader
@@ -354,6 +355,10 @@ class SessionStore:
             with self._use("commit") as conn, _transaction(conn, "BEGIN IMMEDIATE"):
                 refused.update(_apply_isolated(conn, prepared))
         return refused
+
+    async def acommit(self, batch: Sequence[Write]) -> dict[str, StoreError]:
+        """``commit`` in a worker thread."""
+        return await trio.to_thread.run_sync(self.commit, batch)
 
     def list_headers(self) -> list[SessionHeader]:
         """Every session's header, oldest first (ties broken by id)."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import trio
 
-LOOPDOCK = str(Path(sys.executable).parent / "loopdock")
+LOOPDOCK = [sys.executable, "-m", "loopdock"]
 
 
 class WorkerProcess:
@@ -62,7 +62,7 @@ async def start_worker(nursery: trio.Nursery, url: str, home: Path, name: str, *
     # Started by the nursery: cancelling it (the test's end) kills the worker.
     process = await nursery.start(functools.partial(
         trio.run_process,
-        [LOOPDOCK, "-v", "worker", "--cluster", url, "--home", str(home), "--id", name, "--lease-ttl", str(ttl),
+        [*LOOPDOCK, "-v", "worker", "--cluster", url, "--home", str(home), "--id", name, "--lease-ttl", str(ttl),
          "--shards", str(shards), "--shell-allow", "sleep"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False,
     ))

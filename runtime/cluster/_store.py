@@ -25,6 +25,7 @@ import json
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, TypeVar
 
+import attrs
 import coredis
 import trio
 
@@ -158,19 +159,43 @@ class RedisSessionStore:
         return sorted(headers, key=lambda h: (h.created_at, h.id))
 
     async def acommit(self, batch: Sequence[Write]) -> dict[str, StoreError]:
+        """Every session's part in one pipelined round trip, each part one fenced script."""
         if self._closed:
             raise StoreError("cannot commit: the cluster store is closed")
         refused: dict[str, StoreError] = {}
+        calls: list[_Call] = []
         for write in _merge(batch):
             try:
-                await self._commit_one(write)
+                calls.append(self._prepare(write))
             except StoreError as exc:
                 refused[write.session_id] = exc
+        attempts = 0
+
+        async def run() -> list[Any]:
+            nonlocal attempts
+            attempts += 1
+            async with self._redis.pipeline(transaction=False) as pipe:
+                requests: list[Any] = [self._commit(keys=call.keys, args=call.args, client=pipe) for call in calls]
+            return [await request for request in requests]
+
+        answers = await self._retrying("commit", run) if calls else []
+        for call, raw in zip(calls, answers):
+            answer = str(raw)
+            if answer.startswith("SEQ:") and attempts > 1 and call.last_seq is not None:
+                # A retry after a lost reply: if our events are there, the first attempt landed.
+                if int(answer[4:]) == call.last_seq + 1:
+                    answer = "OK"
+            if answer != "OK":
+                refused[call.session_id] = StoreError(
+                    f"session {call.session_id!r}: the cluster refused the write ({answer})")
+                continue
+            for message_id in call.acked:
+                self.ownership.pending.pop(message_id, None)
         return refused
 
     # -- internals -----------------------------------------------------------------------
 
-    async def _commit_one(self, write: Write) -> None:
+    def _prepare(self, write: Write) -> _Call:
         session_id = write.session_id
         own = self.ownership
         token = own.token(session_id)
@@ -198,22 +223,8 @@ class RedisSessionStore:
             keys.lease(shard), keys.header(session_id), keys.log(session_id), keys.SESSIONS, keys.done(session_id),
             keys.inbox(shard, "human"), keys.inbox(shard, "auto"),
         ]
-        attempts = 0
-
-        async def run() -> Any:
-            nonlocal attempts
-            attempts += 1
-            return await self._commit(keys=script_keys, args=argv)
-
-        answer = str(await self._retrying("commit", run))
-        if answer.startswith("SEQ:") and attempts > 1 and write.events:
-            # A retry after a lost reply: if our events are there, the first attempt landed.
-            if int(answer[4:]) == write.events[-1].seq + 1:
-                answer = "OK"
-        if answer != "OK":
-            raise StoreError(f"session {session_id!r}: the cluster refused the write ({answer})")
-        for message_id, _ in acks:
-            own.pending.pop(message_id, None)
+        last = write.events[-1].seq if write.events else None
+        return _Call(session_id, script_keys, argv, [i for i, _ in acks], last)
 
     async def _retrying(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
         deadline = trio.current_time() + self.retry_for
@@ -232,6 +243,15 @@ class RedisSessionStore:
         if self._closed:
             raise StoreError("the cluster store is closed")
         return trio.from_thread.run(fn, *args)
+
+
+@attrs.frozen
+class _Call:
+    session_id: str
+    keys: list[str]
+    args: list[str | int]
+    acked: list[str]
+    last_seq: int | None
 
 
 def _merge(batch: Sequence[Write]) -> list[Write]:

@@ -437,6 +437,9 @@ class _GatedStore:
         self.batches.append([e.seq for write in batch for e in write.events])
         return self._store.commit(batch)
 
+    async def acommit(self, batch):
+        return await trio.to_thread.run_sync(self.commit, batch)
+
     def __getattr__(self, name):
         return getattr(self._store, name)
 

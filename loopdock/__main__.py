@@ -1,0 +1,7 @@
+"""``python -m loopdock``: the ``loopdock`` command."""
+
+import sys
+
+from ._cli import main
+
+sys.exit(main())
