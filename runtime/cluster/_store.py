@@ -43,6 +43,10 @@ T = TypeVar("T")
 
 #: Errors after which a command is worth trying again on a new connection.
 RETRYABLE = (coredis.exceptions.ConnectionError, TimeoutError, OSError)
+
+
+class _ScriptGone(Exception):
+    """The commit script is no longer in Redis's cache: load it and try again."""
 _READ_CHUNK = 2_000
 
 
@@ -71,7 +75,9 @@ class RedisSessionStore:
         self._redis = redis
         self.ownership = ownership
         self.retry_for = retry_for
-        self._commit = redis.register_script(COMMIT)
+        # Loaded once and called by digest: a Script object would ask SCRIPT EXISTS first
+        # on every pipelined call.
+        self._commit_sha: str | None = None
         self._closed = False
 
     # -- the SessionLog interface (blocking; call in a worker thread) -----------------
@@ -174,9 +180,16 @@ class RedisSessionStore:
         async def run() -> list[Any]:
             nonlocal attempts
             attempts += 1
-            async with self._redis.pipeline(transaction=False) as pipe:
-                requests: list[Any] = [self._commit(keys=call.keys, args=call.args, client=pipe) for call in calls]
-            return [await request for request in requests]
+            if self._commit_sha is None:
+                self._commit_sha = str(await self._redis.script_load(COMMIT))
+            try:
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    requests: list[Any] = [pipe.evalsha(self._commit_sha, call.keys, call.args) for call in calls]
+                return [await request for request in requests]
+            except coredis.exceptions.NoScriptError:
+                # Redis restarted (its script cache is not persisted): load it again.
+                self._commit_sha = None
+                raise _ScriptGone() from None
 
         answers = await self._retrying("commit", run) if calls else []
         for call, raw in zip(calls, answers):
@@ -232,6 +245,8 @@ class RedisSessionStore:
         while True:
             try:
                 return await op()
+            except _ScriptGone:
+                continue
             except RETRYABLE as exc:
                 if trio.current_time() + delay > deadline:
                     raise StoreError(f"cannot {what}: the cluster's Redis is unreachable ({exc})") from exc
