@@ -112,3 +112,30 @@ async def test_the_cluster_pages_example_runs_as_written(redis_server, worker, c
     printed = capsys.readouterr().out.split("\n")
     assert printed[0].startswith("0 ")
     assert printed[-2].endswith("turn/end")
+
+
+async def test_cancel_ends_the_running_turn_aborted_and_resume_keeps_the_bound_loop(redis_server, tmp_path, nursery):
+    from loopdock._cluster import ClusterRequestError
+    from runtime.tools import ShellPolicy
+
+    await nursery.start(functools.partial(
+        run_worker, redis_server.url, home=tmp_path / "w", shards=4, lease_ttl=2.0, worker_id="w",
+        shell=ShellPolicy(allow=frozenset({"sleep"}))))
+    with trio.fail_after(30):
+        async with Runtime.open(cluster=redis_server.url) as rt:
+            handle = await rt.create_agent(session_id="c1", loop="minimal-first")
+            handle.agent.followup('call: shell {"command": "sleep 30"}')
+            async for event in handle.agent.events():
+                if event.type == "tool/call":
+                    break
+            handle.agent.cancel()
+            await handle.agent.wait_idle()
+            await handle.dispose()
+            with pytest.raises(ClusterRequestError) as switched:
+                await rt.resume_agent(resume_session_id="c1", loop="standard")
+            resumed = await rt.resume_agent(resume_session_id="c1", loop="minimal-first")
+            resumed.agent.followup("again")
+            await resumed.agent.wait_idle()
+            events = await rt.read_events("c1")
+    assert switched.value.code == "LOOP_SWITCH"
+    assert [e.data["reason"]["kind"] for e in events if e.type == "turn/end"] == ["aborted", "completed"]
