@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -34,13 +33,20 @@ from runtime._messages import Message, ProducerSource, user_message
 from runtime._serde import message_to_wire
 from runtime.cluster import InboxMessage, Ownership, RedisSessionStore, cluster_shards, connect
 from runtime.cluster import _keys as keys
-from runtime.cluster._store import RETRYABLE
+from runtime.cluster._store import RETRYABLE, decode_event
 
 log = get_logger(__name__)
 
+_SEND_BATCH = 512
+#: How long the log watcher blocks before it looks for sessions newly waited on.
+_WATCH_BLOCK_MS = 20
+
 #: How long ``create_agent``/``resume_agent`` wait for a worker's answer by default.
 REPLY_TIMEOUT = 30.0
-_BLOCK_MS = 1_000
+
+
+def _fields(values: Mapping[Any, Any]) -> dict[str, str]:
+    return {str(k): str(v) for k, v in values.items()}
 
 
 class ClusterRequestError(LoopdockError):
@@ -61,6 +67,67 @@ class NoWorkerError(LoopdockError):
 class _Outgoing:
     stream: str
     fields: dict[str, str]
+    sent: trio.Event = attrs.field(factory=trio.Event)
+
+
+@attrs.define(eq=False)
+class _Waiter:
+    cursor: int
+    ready: trio.Event = attrs.field(factory=trio.Event)
+    events: list[Event] = attrs.field(factory=list)
+
+
+class LogWatcher:
+    """One task that follows every session some caller waits on, with one blocking
+    ``XREAD`` over all their logs (not one connection and one read per waiting agent)."""
+
+    def __init__(self, redis: coredis.Redis[str]) -> None:
+        self._redis = redis
+        self._waiters: dict[str, list[_Waiter]] = {}
+        self._added = trio.Event()
+
+    async def follow(self, session_id: str, cursor: int) -> list[Event]:
+        """The session's events from seq ``cursor`` on, once there is at least one."""
+        waiter = _Waiter(cursor)
+        self._waiters.setdefault(session_id, []).append(waiter)
+        self._added.set()
+        try:
+            await waiter.ready.wait()
+        finally:
+            waiting = self._waiters.get(session_id, [])
+            if waiter in waiting:
+                waiting.remove(waiter)
+            if not waiting:
+                self._waiters.pop(session_id, None)
+        return waiter.events
+
+    async def run(self) -> None:
+        delay = 0.05
+        while True:
+            if not self._waiters:
+                self._added = trio.Event()
+                await self._added.wait()
+                continue
+            streams = {
+                keys.log(session_id): keys.log_id(low - 1) if (low := min(w.cursor for w in waiters)) else "0-0"
+                for session_id, waiters in self._waiters.items()
+            }
+            try:
+                reply = await self._redis.xread(streams, block=_WATCH_BLOCK_MS)
+            except RETRYABLE as exc:  # Redis restarting: the waiters wait a little longer
+                log.warning("redis unreachable; following the logs again soon", error=repr(exc))
+                await trio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            delay = 0.05
+            for stream, entries in (reply or {}).items():
+                session_id = str(stream)[len(keys.PREFIX) + 2 : -len(":log")]
+                events = [decode_event(keys.seq_of(str(e.identifier)), _fields(e.field_values)) for e in entries]
+                for waiter in self._waiters.get(session_id, []):
+                    mine = [e for e in events if e.seq >= waiter.cursor]
+                    if mine and not waiter.ready.is_set():
+                        waiter.events = mine
+                        waiter.ready.set()
 
 
 class ClusterRuntime:
@@ -70,10 +137,11 @@ class ClusterRuntime:
         # Reads only: a client owns no shard, so it can never append to a log.
         self.store = RedisSessionStore(redis, Ownership("client", shards))
         self._send, receive = trio.open_memory_channel[_Outgoing](math.inf)
-        self.queued = 0
-        self.sent = 0
-        self._sent_changed = trio.Event()
+        self._last_sent = trio.Event()
+        self._last_sent.set()
+        self.watcher = LogWatcher(redis)
         nursery.start_soon(self._sender, receive)
+        nursery.start_soon(self.watcher.run)
 
     @classmethod
     @asynccontextmanager
@@ -130,32 +198,42 @@ class ClusterRuntime:
 
     # -- sending --------------------------------------------------------------------------
 
-    def post(self, message: InboxMessage) -> None:
-        """Queue ``message`` for its shard's inbox (written in order by the sender task)."""
+    def post(self, message: InboxMessage) -> trio.Event:
+        """Queue ``message`` for its shard's inbox (written in order by the sender task);
+        the event is set once it is in Redis."""
         shard = keys.shard_of(message.session, self.shards)
-        self.queued += 1
-        self._send.send_nowait(_Outgoing(keys.inbox(shard, message.lane), message.to_fields()))
+        outgoing = _Outgoing(keys.inbox(shard, message.lane), message.to_fields())
+        self._send.send_nowait(outgoing)
+        self._last_sent = outgoing.sent
+        return outgoing.sent
 
     async def wait_sent(self) -> None:
         """Wait until everything posted so far is in Redis."""
-        mark = self.queued
-        while self.sent < mark:
-            await self._sent_changed.wait()
+        await self._last_sent.wait()
 
     async def _sender(self, receive: trio.MemoryReceiveChannel[_Outgoing]) -> None:
-        async for outgoing in receive:
+        async for first in receive:
+            batch = [first]
+            while len(batch) < _SEND_BATCH:
+                try:
+                    batch.append(receive.receive_nowait())
+                except trio.WouldBlock:
+                    break
             delay = 0.05
             while True:
                 try:
-                    await self._redis.xadd(outgoing.stream, outgoing.fields)
+                    async with self._redis.pipeline(transaction=False) as pipe:
+                        for outgoing in batch:
+                            pipe.xadd(outgoing.stream, outgoing.fields)
                     break
-                except RETRYABLE as exc:  # Redis restarting: the message waits, in order
+                except RETRYABLE as exc:
+                    # Redis restarting: the batch waits, in order. Some of it may have
+                    # landed already; the owner drops the second copy of a message id.
                     log.warning("redis unreachable; sending again soon", error=repr(exc))
                     await trio.sleep(delay)
                     delay = min(delay * 2, 1.0)
-            self.sent += 1
-            self._sent_changed.set()
-            self._sent_changed = trio.Event()
+            for outgoing in batch:
+                outgoing.sent.set()
 
     async def _request(self, kind: str, session_id: str, body: Mapping[str, Any], timeout: float) -> None:
         message = InboxMessage(MESSAGE_IDS.new(), kind, session_id, body)  # type: ignore[arg-type]
@@ -188,6 +266,8 @@ class RemoteAgent:
         self._outstanding: set[str] = set()
         self._cursor = 0  # the next seq of the log not folded yet
         self._open_turn = False
+        self._sent = trio.Event()
+        self._sent.set()
 
     def followup(self, message: str | Message) -> Message:
         return self._queue("followup", message)
@@ -202,34 +282,37 @@ class RemoteAgent:
         return self._queue("inject", message)
 
     def cancel(self, *, keep_inbox: bool = True) -> None:
-        self._rt.post(InboxMessage(MESSAGE_IDS.new(), "cancel", self.id, {"keep_inbox": keep_inbox}))
+        self._sent = self._rt.post(InboxMessage(MESSAGE_IDS.new(), "cancel", self.id, {"keep_inbox": keep_inbox}))
 
     async def wait_idle(self) -> None:
         """Wait until every message sent through this object has been processed (it
         entered the log, or was discarded) and the agent's last turn has ended."""
-        await self._rt.wait_sent()
+        await self._sent.wait()
+        events = await self._rt.store.aload_events(self.id, self._cursor)  # catch up
         while True:
-            for event in await self._rt.store.aload_events(self.id, self._cursor):
+            for event in events:
                 self._fold(event)
             if not self._outstanding and not self._open_turn:
                 return
-            await self._wait_log(self._cursor)
+            events = await self._rt.watcher.follow(self.id, self._cursor)
 
     async def events(self, start: int = 0) -> AsyncIterator[Event]:
         """The session's events from seq ``start`` on, then each new one as it is durable."""
+        events = await self._rt.store.aload_events(self.id, start)
         cursor = start
         while True:
-            for event in await self._rt.store.aload_events(self.id, cursor):
+            for event in events:
                 yield event
                 cursor = event.seq + 1
-            await self._wait_log(cursor)
+            events = await self._rt.watcher.follow(self.id, cursor)
 
     def _queue(self, kind: str, message: str | Message) -> Message:
         if isinstance(message, str):
             message = user_message(message)
         self._outstanding.add(message.id)
         lane = "auto" if kind == "inject" or isinstance(message.source, ProducerSource) else "human"
-        self._rt.post(InboxMessage(message.id, kind, self.id, {"message": message_to_wire(message)}, lane))  # type: ignore[arg-type]
+        wire = InboxMessage(message.id, kind, self.id, {"message": message_to_wire(message)}, lane)  # type: ignore[arg-type]
+        self._sent = self._rt.post(wire)
         return message
 
     def _fold(self, event: Event) -> None:
@@ -242,12 +325,3 @@ class RemoteAgent:
             self._outstanding.discard(str(event.data.get("id")))
         elif event.type == "agent/inbox/spliced" and event.data.get("op") == "discard":
             self._outstanding.discard(str(event.data.get("messageId")))
-
-    async def _wait_log(self, cursor: int) -> None:
-        # Blocks in Redis until the log has an event at or after ``cursor``.
-        await self._rt._redis.xread({keys.log(self.id): keys.log_id(cursor - 1) if cursor else "0-0"}, count=1,
-                                    block=_BLOCK_MS)
-
-
-def cluster_url_from_env() -> str | None:
-    return os.environ.get("LOOPDOCK_CLUSTER") or None

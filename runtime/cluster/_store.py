@@ -66,7 +66,8 @@ def consumed_ids(events: Sequence[Event]) -> list[str]:
     return ids
 
 
-def _event(seq: int, fields: dict[str, str]) -> Event:
+def decode_event(seq: int, fields: dict[str, str]) -> Event:
+    """An event from its log stream entry's fields."""
     return Event(type=fields["t"], seq=seq, time=int(fields["m"]), data=json.loads(fields["d"]))
 
 
@@ -138,7 +139,7 @@ class RedisSessionStore:
                 seq = keys.seq_of(str(entry.identifier))
                 fields = {str(k): str(v) for k, v in entry.field_values.items()}
                 if types is None or fields["t"] in types:
-                    events.append(_event(seq, fields))
+                    events.append(decode_event(seq, fields))
             if len(chunk) < _READ_CHUNK:
                 return events
             low = keys.log_id(keys.seq_of(str(chunk[-1].identifier)) + 1)
