@@ -147,13 +147,20 @@ class ClusterRuntime:
     @asynccontextmanager
     async def open(cls, url: str) -> AsyncIterator[ClusterRuntime]:
         redis = connect(url)
+        body_error: BaseException | None = None
         async with redis, trio.open_nursery() as nursery:
             rt = cls(redis, await cluster_shards(redis, None), nursery)
             try:
                 yield rt
                 await rt.wait_sent()
+            except BaseException as exc:
+                # Re-raised below, outside the task groups, so that the caller sees its
+                # own exception rather than an ExceptionGroup around it.
+                body_error = exc
             finally:
                 nursery.cancel_scope.cancel()
+        if body_error is not None:
+            raise body_error
 
     # -- agents ---------------------------------------------------------------------------
 

@@ -139,3 +139,11 @@ async def test_cancel_ends_the_running_turn_aborted_and_resume_keeps_the_bound_l
             events = await rt.read_events("c1")
     assert switched.value.code == "LOOP_SWITCH"
     assert [e.data["reason"]["kind"] for e in events if e.type == "turn/end"] == ["aborted", "completed"]
+
+
+async def test_an_error_in_the_clients_body_comes_out_as_itself(redis_server, worker):
+    from loopdock._cluster import ClusterRequestError
+
+    with trio.fail_after(30), pytest.raises(ClusterRequestError, match="no-such-loop"):
+        async with Runtime.open(cluster=redis_server.url) as rt:
+            await rt.create_agent(session_id="x1", loop="no-such-loop")
