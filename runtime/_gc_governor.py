@@ -16,8 +16,13 @@ nothing; what it freezes is whatever is live at that moment):
 - after agents started (created or resumed): a burst is frozen as it goes, once per
   pass of the scheduler that saw agents start, and the last time after it settles, so
   that the young collections do not keep walking the new agents either;
-- after a collection of generation 1 or 2 (a collector callback): survivors moved into
-  the oldest generation (under steady turns: the retained events and warm histories).
+- after every collection (a collector callback): what survived it is long-lived enough
+  to keep (the retained events and warm histories under steady turns; a turn's objects
+  that happened to be in flight die by reference counting, frozen or not). Survivors
+  then never pile up in the older generations: at 10,000 resuming agents, freezing
+  only when survivors reached generation 2 left generation 1 at 120,000 objects and
+  its collections at 60 ms, so every collection is in effect a young one (at most the
+  10,000 objects of generation 0's threshold, give or take).
 
 It waits for these events rather than polling, so an idle runtime has no timer (and a
 test's autojump clock does not leap while the runtime waits on a thread).
@@ -62,7 +67,7 @@ class GcGovernor:
     def collected(self, phase: str, info: dict[str, Any]) -> None:
         """The collector's callback (``gc.callbacks``); runs in whichever thread collected,
         in the middle of any code, so it only asks trio to wake the governor."""
-        if phase == "stop" and info["generation"] >= 1:
+        if phase == "stop":
             try:
                 self._token.run_sync_soon(self._wakeup.set)
             except trio.RunFinishedError:
