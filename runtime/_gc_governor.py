@@ -62,14 +62,14 @@ class GcGovernor:
     async def agent_started(self, agent: object) -> None:
         """The supervisor's hook, called with every agent once it runs."""
         self.started += 1
-        self._wakeup.set()
+        self._wake()
 
     def collected(self, phase: str, info: dict[str, Any]) -> None:
         """The collector's callback (``gc.callbacks``); runs in whichever thread collected,
         in the middle of any code, so it only asks trio to wake the governor."""
         if phase == "stop":
             try:
-                self._token.run_sync_soon(self._wakeup.set)
+                self._token.run_sync_soon(self._wake)
             except trio.RunFinishedError:
                 pass
 
@@ -80,6 +80,9 @@ class GcGovernor:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
             self.freeze()
+
+    def _wake(self) -> None:
+        self._wakeup.set()  # whichever event the governor waits on by now
 
     def freeze(self) -> None:
         gc.freeze()
