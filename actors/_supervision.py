@@ -14,6 +14,9 @@ companion (e.g. the LoopX   its agent                restart (COMPANION_POLICY),
 continuation)                                        each failure recorded in the session
 skill catalog watcher       the runtime              restart (WATCHER_POLICY), then stop:
                                                      lookups check the disk every time
+admission gate, gc governor the runtime              restart (WATCHER_POLICY), then stop:
+                                                     stalls stay counted / nothing more is
+                                                     frozen (long collector pauses again)
 store writer                the runtime              the store is unusable: the runtime
                                                      ends with StoreUnusableError
 ==========================  =======================  =====================================

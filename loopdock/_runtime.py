@@ -59,7 +59,7 @@ from runtime._environ_block import hide_environment_block
 from runtime._errors import StoreUnusableError, safe_message
 from runtime._events import SessionHeader
 from runtime._gc import GC_THRESHOLD
-from runtime._gc import gc_threshold as _gc_threshold
+from runtime._gc_governor import GcGovernor, governed
 from runtime._home import resolve_home
 from runtime._home_lock import acquire_home
 from runtime._logging import get_logger
@@ -100,6 +100,8 @@ class Runtime:
         self.skills = skills if skills is not None else SkillCatalog(None)
         self.commands = commands if commands is not None else CommandRegistry()
         self.loopx: LoopxIntegration | None = None  # set when opened with ``loopx=``
+        #: set when this runtime governs the collector (see ``runtime._gc_governor``)
+        self.gc_governor: GcGovernor | None = None
 
     @overload
     @classmethod
@@ -169,7 +171,11 @@ class Runtime:
         ``gc_threshold``: while the runtime is open, CPython's cyclic collector runs with
         this threshold (default ``(10_000, 10, 10)``: a many-agent runtime's growing
         history otherwise sets off a full collection every ~70,000 allocations) if the
-        process still has CPython's default; ``None`` leaves the collector alone.
+        process still has CPython's default; then, unless the process has frozen objects
+        itself, the runtime also freezes its long-lived objects (``gc.freeze()``) after
+        agents start and as the heap grows, so that full collections do not walk them
+        (``rt.gc_governor``; see ``runtime._gc_governor``), and unfreezes them on close.
+        ``None`` leaves the collector alone.
         ``automatic_slots``: how many automatic turns compute at once, runtime-wide (a
         person's turn never waits for one; see ``actors.AdmissionGate``).
         ``warm_history``: how many messages and events of idle agents' history stay in
@@ -198,9 +204,9 @@ class Runtime:
         catalog = skills if skills is not None else SkillCatalog.from_env(Path.cwd(), environ)
         path = resolve_home(home)
         # Held until the store is closed; see runtime/_home_lock.py for why it fails at once.
-        with await trio.to_thread.run_sync(acquire_home, path), _gc_threshold(gc_threshold):
+        with await trio.to_thread.run_sync(acquire_home, path), governed(gc_threshold) as governor:
             async with cls._open(
-                path, dock_config, environ, catalog, shell, loopx, admission, history, persist, _store
+                path, dock_config, environ, catalog, shell, loopx, admission, history, governor, persist, _store
             ) as rt:
                 yield rt
 
@@ -216,6 +222,7 @@ class Runtime:
         loopx: LoopxSettings | None,
         admission: AdmissionGate,
         history: HistoryCache,
+        governor: GcGovernor | None,
         persist: bool,
         given_store: SessionLog | None,
     ) -> AsyncIterator[Runtime]:
@@ -252,6 +259,9 @@ class Runtime:
                 def gate_failed(error: Exception, action: Action) -> None:
                     log.warning("admission gate's stall watcher failed", error=repr(error), action=action)
 
+                def governor_failed(error: Exception, action: Action) -> None:
+                    log.warning("gc governor failed", error=repr(error), action=action)
+
                 await nursery.start(run_writer, name="store writer")
                 # The skill tool's listing then re-reads the disk only after a change; a
                 # watcher that keeps failing leaves every lookup checking the disk.
@@ -274,10 +284,22 @@ class Runtime:
                 supervisor = Supervisor(
                     nursery, store, writer, default_adapters(environ), tools, admission=admission, history=history
                 )
+                if governor is not None:
+                    # A governor that keeps failing stops freezing: full collections walk
+                    # the whole heap again (long pauses), nothing else changes.
+                    supervisor.agent_started.append(governor.agent_started)
+                    nursery.start_soon(
+                        functools.partial(
+                            supervised, governor.run, name="gc governor", policy=WATCHER_POLICY,
+                            report=governor_failed,
+                        ),
+                        name="gc governor",
+                    )
                 supervisor.expanders.append(functools.partial(expand_skill_invocations, catalog=catalog))
                 supervisor.provide("agentPresets", AgentPresets())
                 dock = LoopDock(supervisor, dock_config)
                 rt = cls(path, supervisor, dock, skills=catalog)
+                rt.gc_governor = governor
                 dock.register_driver(ReactDriver())
                 for loop in BUILTIN_LOOPS:
                     dock.register(loop)

@@ -12,7 +12,8 @@ same, only later. Reference counting frees everything acyclic at once either way
 The threshold is process-wide, so the runtime only changes it while it is open and only
 when the process still has CPython's default (an application that tuned the collector
 itself keeps its setting), and puts the default back on close unless someone changed it
-meanwhile. ``Runtime.open(gc_threshold=None)`` leaves the collector alone.
+meanwhile. ``Runtime.open(gc_threshold=None)`` leaves the collector alone. A runtime that
+set the threshold also freezes its long-lived objects (``runtime._gc_governor``).
 """
 
 from __future__ import annotations

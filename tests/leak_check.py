@@ -8,7 +8,7 @@ how many tasks there are. Allowed, and nothing else:
   nursery exactly one task per companion the runtime registered for it (the LoopX
   continuation, when the runtime has the LoopX integration);
 - the store writer, the skill catalog's watcher and the admission gate's stall
-  watcher, once each;
+  watcher, once each; the gc governor once if the runtime governs the collector;
 - a starter per configured agent that is starting, or has not started yet.
 
 A disposed agent has no task left: its ``run`` task ends only once everything in its
@@ -52,7 +52,7 @@ def assert_no_leaked_agent_tasks(runtime: Any) -> None:
     supervisor, dock = runtime.supervisor, runtime.dock
     live: dict[str, AgentActor] = dict(supervisor.agents)
     runs: dict[str, trio.lowlevel.Task] = {}
-    writers, watchers, gates, starters, unexpected = [], [], [], [], []
+    writers, watchers, gates, governors, starters, unexpected = [], [], [], [], [], []
     for task in supervisor.nursery.child_tasks:
         owner = _runs_for(task, supervisor)
         if isinstance(owner, AgentActor):
@@ -65,6 +65,8 @@ def assert_no_leaked_agent_tasks(runtime: Any) -> None:
             watchers.append(task)
         elif owner is supervisor.admission:
             gates.append(task)
+        elif owner is not None and owner is runtime.gc_governor:
+            governors.append(task)
         elif owner is dock and task.name.startswith("configured agent "):
             starters.append(task.name.removeprefix("configured agent "))
         else:
@@ -73,6 +75,7 @@ def assert_no_leaked_agent_tasks(runtime: Any) -> None:
     assert (len(writers), len(watchers), len(gates)) == (1, 1, 1), (
         "the store writer, the skill watcher and the admission gate's stall watcher, once each"
     )
+    assert len(governors) == (runtime.gc_governor is not None), f"{len(governors)} gc governor tasks"
     assert sorted(runs) == sorted(live), f"live agents without their run task: {sorted(set(live) - set(runs))}"
     not_started = {entry.id for entry in dock.config.agents} - set(dock.configured)
     assert len(starters) == len(set(starters)) and set(dock.starting) <= set(starters) <= not_started, (

@@ -1,0 +1,113 @@
+"""GcGovernor: keeps the runtime's long-lived objects out of CPython's full collections.
+
+A full (generation 2) collection walks every tracked object, and nothing runs meanwhile:
+at 10,000 resumed agents that is millions of objects and pauses of hundreds of
+milliseconds, which a person's turn waits through like everything else. Almost all of
+those objects live as long as their agent, and the collector can find nothing to free
+among them: the runtime's agents, sessions and turns make no reference cycles (reference
+counting frees a disposed agent completely; tests/loopdock/test_gc_governor.py checks
+it with the collector disabled). So the governor moves them out of the collector's
+sight with ``gc.freeze()`` (the permanent generation, never walked), and collections,
+full ones included, walk only what was allocated since the last freeze.
+
+When it freezes (``gc.freeze()`` is O(1): it splices lists, so freezing often costs
+nothing; what it freezes is whatever is live at that moment):
+
+- after agents started (created or resumed): a burst is frozen as it goes, once per
+  pass of the scheduler that saw agents start, and the last time after it settles, so
+  that the young collections do not keep walking the new agents either;
+- after every collection (a collector callback): what survived it is long-lived enough
+  to keep (the retained events and warm histories under steady turns; a turn's objects
+  that happened to be in flight die by reference counting, frozen or not). Survivors
+  then never pile up in the older generations: at 10,000 resuming agents, freezing
+  only when survivors reached generation 2 left generation 1 at 120,000 objects and
+  its collections at 60 ms, so every collection is in effect a young one (at most the
+  10,000 objects of generation 0's threshold, give or take).
+
+It waits for these events rather than polling, so an idle runtime has no timer (and a
+test's autojump clock does not leap while the runtime waits on a thread).
+
+The trade-off: an object frozen and later part of unreachable cycles is never collected
+while the runtime is open. The runtime's own objects make none (see above); a loop, tool
+or setup from elsewhere that makes cycles per agent or per turn leaks them until the
+runtime closes, when ``thaw`` hands everything back to the collector. A periodic
+unfreeze and full collection would bound that, at the price of the very pause this
+avoids; the runtime does not do it.
+
+Only a runtime that owns the collector governs it (``governed``): one that set the
+threshold itself, in a process that had frozen nothing. ``Runtime.open(gc_threshold=None)``
+leaves the collector alone, freezing included.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import trio
+
+from ._gc import gc_threshold
+
+
+class GcGovernor:
+    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
+        self._token = token
+        self._wakeup = trio.Event()
+        #: statistics (benchmarks and tests): agents started, and how many times it froze.
+        self.started = 0
+        self.freezes = 0
+
+    async def agent_started(self, agent: object) -> None:
+        """The supervisor's hook, called with every agent once it runs."""
+        self.started += 1
+        self._wake()
+
+    def collected(self, phase: str, info: dict[str, Any]) -> None:
+        """The collector's callback (``gc.callbacks``); runs in whichever thread collected,
+        in the middle of any code, so it only asks trio to wake the governor."""
+        if phase == "stop":
+            try:
+                self._token.run_sync_soon(self._wake)
+            except trio.RunFinishedError:
+                pass
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The governor's task (one per runtime): freeze after each wakeup."""
+        task_status.started()
+        while True:
+            await self._wakeup.wait()
+            self._wakeup = trio.Event()
+            self.freeze()
+
+    def _wake(self) -> None:
+        self._wakeup.set()  # whichever event the governor waits on by now
+
+    def freeze(self) -> None:
+        gc.freeze()
+        self.freezes += 1
+
+    def thaw(self) -> None:
+        """Hand every frozen object back to the collector (on close)."""
+        if self.freezes:
+            gc.unfreeze()
+
+
+@contextmanager
+def governed(threshold: tuple[int, int, int] | None) -> Iterator[GcGovernor | None]:
+    """The runtime's collector setting for the duration (call it inside trio):
+    ``threshold`` (see ``runtime._gc``) and, if this runtime set it and nothing is frozen
+    yet, a governor (run its ``run`` in the runtime's nursery); thawed on exit. Yields
+    None when the runtime leaves the collector alone."""
+    with gc_threshold(threshold) as owned:
+        if not owned or gc.get_freeze_count() or not gc.isenabled():
+            yield None
+            return
+        governor = GcGovernor(trio.lowlevel.current_trio_token())
+        gc.callbacks.append(governor.collected)
+        try:
+            yield governor
+        finally:
+            gc.callbacks.remove(governor.collected)
+            governor.thaw()
