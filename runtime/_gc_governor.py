@@ -27,12 +27,14 @@ nothing; what it freezes is whatever is live at that moment):
 It waits for these events rather than polling, so an idle runtime has no timer (and a
 test's autojump clock does not leap while the runtime waits on a thread).
 
-The trade-off: an object frozen and later part of unreachable cycles is never collected
-while the runtime is open. The runtime's own objects make none (see above); a loop, tool
-or setup from elsewhere that makes cycles per agent or per turn leaks them until the
-runtime closes, when ``thaw`` hands everything back to the collector. A periodic
-unfreeze and full collection would bound that, at the price of the very pause this
-avoids; the runtime does not do it.
+The trade-off: an object frozen and later part of unreachable cycles is not collected
+while it stays frozen. The runtime's own objects make none (see above); a loop, tool or
+setup from elsewhere that makes cycles per agent or per turn would leak them. So memory
+stays bounded: when the frozen heap has grown ``full_factor`` times (4) since the last
+full collection, and at most once per ``full_interval`` (10 minutes), the governor thaws
+everything and runs one full collection (the long pause this otherwise avoids), then
+freezes the survivors again. Frozen garbage is then at most three times the live heap,
+and a runtime whose heap is steady never pays that pause.
 
 Only a runtime that owns the collector governs it (``governed``): one that set the
 threshold itself, in a process that had frozen nothing. ``Runtime.open(gc_threshold=None)``
@@ -42,6 +44,7 @@ leaves the collector alone, freezing included.
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -51,13 +54,28 @@ import trio
 from ._gc import gc_threshold
 
 
+#: See the module doc: when the frozen heap has grown this many times since the last full
+#: collection, and at most once per this many seconds, thaw and collect everything once.
+FULL_FACTOR = 4.0
+FULL_INTERVAL = 600.0
+
+
 class GcGovernor:
-    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
+    def __init__(
+        self, token: trio.lowlevel.TrioToken, *, full_factor: float = FULL_FACTOR,
+        full_interval: float = FULL_INTERVAL,
+    ) -> None:
         self._token = token
         self._wakeup = trio.Event()
-        #: statistics (benchmarks and tests): agents started, and how many times it froze.
+        self.full_factor = full_factor
+        self.full_interval = full_interval
+        self._baseline = 0  # frozen objects after the first freeze or the last full collection
+        self._last_full = time.monotonic()
+        #: statistics (benchmarks and tests): agents started, how many times it froze, and
+        #: how many full collections it ran.
         self.started = 0
         self.freezes = 0
+        self.full_collections = 0
 
     async def agent_started(self, agent: object) -> None:
         """The supervisor's hook, called with every agent once it runs."""
@@ -85,8 +103,18 @@ class GcGovernor:
         self._wakeup.set()  # whichever event the governor waits on by now
 
     def freeze(self) -> None:
+        now = time.monotonic()
+        grown = self._baseline and gc.get_freeze_count() >= self.full_factor * self._baseline
+        if grown and now - self._last_full >= self.full_interval:
+            gc.unfreeze()
+            gc.collect()  # frees what was frozen and became unreachable cycles since
+            self._last_full = now
+            self._baseline = 0
+            self.full_collections += 1
         gc.freeze()
         self.freezes += 1
+        if not self._baseline:
+            self._baseline = gc.get_freeze_count()
 
     def thaw(self) -> None:
         """Hand every frozen object back to the collector (on close)."""

@@ -240,3 +240,37 @@ async def test_a_failing_governor_is_restarted_and_agents_go_on(tmp_path, monkey
             await handle.dispose()
     failed = [(e["event"], e["action"]) for e in logs if e["event"] == "gc governor failed"]
     assert failed == [("gc governor failed", "restarted")]
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+async def test_frozen_garbage_is_collected_once_the_frozen_heap_has_grown_enough():
+    # Objects alive at a freeze that later become unreachable cycles: without the full
+    # collection they would stay frozen (leaked) for as long as the runtime is open.
+    governor = GcGovernor(trio.lowlevel.current_trio_token(), full_factor=2.0, full_interval=0.0)
+    governor.freeze()
+    baseline = gc.get_freeze_count()
+    doomed = [_Cycle() for _ in range(10)]
+    alive = weakref.ref(doomed[0])
+    keep = [[] for _ in range(baseline)]  # live growth: the frozen heap more than doubles
+    governor.freeze()
+    del doomed
+    assert alive() is not None and governor.full_collections == 0  # frozen: nobody collects it
+    gc.collect()
+    assert alive() is not None
+    governor.freeze()  # grown past twice the baseline: thaw, collect, freeze again
+    assert governor.full_collections == 1
+    assert alive() is None
+    assert len(keep) == baseline
+
+
+async def test_the_full_collection_waits_for_its_interval():
+    governor = GcGovernor(trio.lowlevel.current_trio_token(), full_factor=1.0, full_interval=3600.0)
+    governor.freeze()
+    keep = [[] for _ in range(1000)]
+    governor.freeze()
+    governor.freeze()
+    assert governor.full_collections == 0 and keep
