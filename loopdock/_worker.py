@@ -14,16 +14,18 @@ import os
 import secrets
 import signal
 import socket
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
 import attrs
 import trio
 
+from actors import WATCHER_POLICY, Action, supervised
 from actors.cluster import LeaseKeeper, RegistryMismatchError, ShardHost
 from actors.dock import LoopDock
 from runtime._home import resolve_home
+from runtime._errors import LoopdockError
 from runtime._logging import get_logger
 from runtime.cluster import ClusterConfigError, Ownership, RedisSessionStore, cluster_shards, connect, redact
 from runtime.tools import ShellPolicy
@@ -34,6 +36,28 @@ log = get_logger(__name__)
 
 #: A lease's default time to live: a dead worker's shards move within about this long.
 DEFAULT_LEASE_TTL = 10.0
+
+
+class WorkerStoppedError(LoopdockError):
+    """One of the worker's own actors kept failing: the worker leaves the cluster (its
+    shards move to the other workers)."""
+
+    code = "WORKER_STOPPED"
+
+
+async def essential(
+    actor: Callable[..., Awaitable[Any]], name: str, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Run one of the worker's own actors, restarted as the runtime's watchers are
+    (``WATCHER_POLICY``); if it stops for good, so does the worker: a worker that holds
+    leases but no longer reads its shards, or reads them with nobody renewing the leases,
+    would only stand in the way of a takeover."""
+
+    def report(error: Exception, action: Action) -> None:
+        log.warning("worker actor failed", actor=name, error=repr(error), action=action)
+
+    await supervised(actor, name=name, policy=WATCHER_POLICY, report=report, task_status=task_status)
+    raise WorkerStoppedError(f"the worker's {name} kept failing; the worker leaves the cluster")
 
 
 @attrs.define(eq=False)
@@ -91,10 +115,12 @@ async def run_worker(
                 await keeper.check_registry()
                 try:
                     async with trio.open_nursery() as nursery:
-                        await nursery.start(host.run)
-                        await nursery.start(keeper.run)
+                        await nursery.start(essential, host.run, "shard host")
+                        await nursery.start(essential, keeper.run, "lease keeper")
                         log.info("worker serving", worker=name, shards=ownership.shards)
                         task_status.started(Worker(name, rt, ownership, keeper, host))
+                except* WorkerStoppedError as group:
+                    refused = group.exceptions[0]
                 finally:
                     with trio.CancelScope(shield=True), trio.move_on_after(lease_ttl):
                         await keeper.leave()

@@ -147,3 +147,31 @@ async def test_an_error_in_the_clients_body_comes_out_as_itself(redis_server, wo
     with trio.fail_after(30), pytest.raises(ClusterRequestError, match="no-such-loop"):
         async with Runtime.open(cluster=redis_server.url) as rt:
             await rt.create_agent(session_id="x1", loop="no-such-loop")
+
+
+async def test_a_worker_actor_that_fails_once_is_restarted(autojump_clock):
+    from loopdock._worker import essential
+
+    attempts = []
+
+    async def flaky(*, task_status=trio.TASK_STATUS_IGNORED):
+        attempts.append(trio.current_time())
+        if len(attempts) == 1:
+            raise RuntimeError("once")
+        task_status.started()
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(essential, flaky, "flaky")
+        assert len(attempts) == 2  # restarted after its backoff, and serving
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_worker_actor_that_keeps_failing_stops_the_worker(autojump_clock):
+    from loopdock._worker import WorkerStoppedError, essential
+
+    async def broken(*, task_status=trio.TASK_STATUS_IGNORED):
+        raise RuntimeError("always")
+
+    with pytest.raises(WorkerStoppedError, match="broken kept failing"):
+        await essential(broken, "broken")
