@@ -24,8 +24,8 @@ import trio
 from actors import WATCHER_POLICY, Action, supervised
 from actors.cluster import LeaseKeeper, RegistryMismatchError, ShardHost
 from actors.dock import LoopDock
-from runtime._home import resolve_home
 from runtime._errors import LoopdockError
+from runtime._home import resolve_home
 from runtime._logging import get_logger
 from runtime.cluster import ClusterConfigError, Ownership, RedisSessionStore, cluster_shards, connect, redact
 from runtime.tools import ShellPolicy
