@@ -44,6 +44,7 @@ leaves the collector alone, freezing included.
 from __future__ import annotations
 
 import gc
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -52,7 +53,6 @@ from typing import Any
 import trio
 
 from ._gc import gc_threshold
-
 
 #: See the module doc: when the frozen heap has grown this many times since the last full
 #: collection, and at most once per this many seconds, thaw and collect everything once.
@@ -70,7 +70,8 @@ class GcGovernor:
         self.full_factor = full_factor
         self.full_interval = full_interval
         self._baseline = 0  # frozen objects after the first freeze or the last full collection
-        self._last_full = time.monotonic()
+        self._last_full = -math.inf
+        self._next_check = -math.inf  # the first freeze measures the baseline
         #: statistics (benchmarks and tests): agents started, how many times it froze, and
         #: how many full collections it ran.
         self.started = 0
@@ -103,18 +104,24 @@ class GcGovernor:
         self._wakeup.set()  # whichever event the governor waits on by now
 
     def freeze(self) -> None:
-        now = time.monotonic()
-        grown = self._baseline and gc.get_freeze_count() >= self.full_factor * self._baseline
-        if grown and now - self._last_full >= self.full_interval:
-            gc.unfreeze()
-            gc.collect()  # frees what was frozen and became unreachable cycles since
-            self._last_full = now
-            self._baseline = 0
-            self.full_collections += 1
         gc.freeze()
         self.freezes += 1
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        # gc.get_freeze_count() walks the whole permanent generation: read it at most
+        # once per tenth of the interval, never on every freeze.
+        self._next_check = now + self.full_interval / 10
+        frozen = gc.get_freeze_count()
         if not self._baseline:
+            self._baseline = frozen
+        elif frozen >= self.full_factor * self._baseline and now - self._last_full >= self.full_interval:
+            gc.unfreeze()
+            gc.collect()  # frees what was frozen and became unreachable cycles since
+            gc.freeze()
+            self.full_collections += 1
             self._baseline = gc.get_freeze_count()
+            self._last_full = now
 
     def thaw(self) -> None:
         """Hand every frozen object back to the collector (on close)."""

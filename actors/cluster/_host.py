@@ -93,15 +93,19 @@ class ShardHost:
             agents = self._agents_of(shard)
             with trio.move_on_after(self.ttl / 4):
                 for session_id in agents:
-                    await self.handles[session_id].agent.wait_idle()
+                    handle = self.handles.get(session_id)
+                    if handle is not None:
+                        await handle.agent.wait_idle()
             for session_id in agents:
                 await self._dispose(session_id)
         finally:
             self._draining.discard(shard)
+            self.ownership.forget(shard)
 
     def lost(self, shard: int) -> None:
         """The lease is gone: stop the shard's agents at once (their writes are fenced)."""
         self._ready.discard(shard)
+        self.ownership.forget(shard)
         if shard in self._fresh:
             self._fresh.remove(shard)
         if self._nursery is None:
@@ -252,7 +256,7 @@ class ShardHost:
             wire = message_from_wire(body.get("message"))
             if wire.id != message.id:
                 raise _Refused("BAD_INBOX_MESSAGE", "an inbox message's id must be its message's id")
-            self.ownership.pending[message.id] = Pending(lane, entry_id)
+            self.ownership.pending[message.id] = Pending(shard, lane, entry_id)
             try:
                 getattr(agent, message.kind)(wire)
             except BaseException:

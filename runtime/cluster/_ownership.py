@@ -12,6 +12,7 @@ from ._keys import shard_of
 class Pending:
     """An inbox entry handed to an agent, acknowledged once its effect is durable."""
 
+    shard: int
     lane: str
     entry_id: str
 
@@ -34,6 +35,12 @@ class Ownership:
 
     def token(self, session_id: str) -> str | None:
         return self.tokens.get(self.shard(session_id))
+
+    def forget(self, shard: int) -> None:
+        """Forget the shard's messages handed to agents (the shard is gone: its next
+        owner gets them again, and so may this worker, later)."""
+        for message_id in [m for m, p in self.pending.items() if p.shard == shard]:
+            del self.pending[message_id]
 
     def holds(self, shard: int, now: float) -> str | None:
         """The shard's token if this worker holds it and still trusts its lease at ``now``."""

@@ -175,3 +175,33 @@ async def test_a_worker_actor_that_keeps_failing_stops_the_worker(autojump_clock
 
     with pytest.raises(WorkerStoppedError, match="broken kept failing"):
         await essential(broken, "broken")
+
+
+async def test_a_lease_lost_and_taken_again_delivers_the_queued_message_once(redis_server, tmp_path, nursery):
+    from runtime.cluster import _keys as keys
+    from runtime.tools import ShellPolicy
+
+    w = await nursery.start(functools.partial(
+        run_worker, redis_server.url, home=tmp_path / "w", shards=4, lease_ttl=1.0, worker_id="w",
+        shell=ShellPolicy(allow=frozenset({"sleep"}))))
+    with trio.fail_after(60):
+        async with Runtime.open(cluster=redis_server.url) as rt:
+            handle = await rt.create_agent(session_id="q1", loop="minimal-first")
+            handle.agent.followup('call: shell {"command": "sleep 30"}')
+            async for event in handle.agent.events():
+                if event.type == "tool/call":
+                    break
+            queued = handle.agent.followup("queued behind the long turn")
+            await rt.wait_sent()
+            while queued.id not in w.ownership.pending:  # handed to the agent, not durable yet
+                await trio.sleep(0.01)
+            shard = keys.shard_of("q1", rt.shards)
+            first = w.ownership.tokens[shard]
+            await rt._redis.delete([keys.lease(shard)])  # the lease is gone (as if it expired)
+            while w.ownership.tokens.get(shard) in (None, first):  # lost, then taken again
+                await trio.sleep(0.01)
+            await handle.agent.wait_idle()
+            events = await rt.read_events("q1")
+    ids = [e.data["id"] for e in events if e.type == "user/message"]
+    assert ids.count(queued.id) == 1
+    assert [e.data["reason"]["kind"] for e in events if e.type == "turn/end"] == ["interrupted", "completed"]
