@@ -69,6 +69,7 @@ class ShardHost:
         self._fresh: list[int] = []  # acquired, not yet taken over
         self._ready: set[int] = set()  # taken over: read from
         self._draining: set[int] = set()
+        self._disposing: dict[str, trio.Event] = {}  # session -> set once its agent has stopped
         self._wake = trio.Event()
         self._nursery: trio.Nursery | None = None
         self.processed = 0  # inbox entries handled (for statistics and tests)
@@ -108,10 +109,15 @@ class ShardHost:
         self.ownership.forget(shard)
         if shard in self._fresh:
             self._fresh.remove(shard)
-        if self._nursery is None:
-            return
         for session_id in self._agents_of(shard):
-            self._nursery.start_soon(self._dispose, session_id)
+            # At once, before they stop: nothing they write from now on is durable, even
+            # if this worker takes the shard again before they have stopped.
+            self.ownership.active.pop(session_id, None)
+            if self._nursery is None:
+                continue
+            begun = self._begin_dispose(session_id)
+            if begun is not None:
+                self._nursery.start_soon(self._finish_dispose, session_id, *begun)
 
     # -- the reader ---------------------------------------------------------------------
 
@@ -238,11 +244,17 @@ class ShardHost:
         if message.kind == "create":
             if message.session in self.handles or await self.store.aexists(message.session):
                 raise _Refused("SESSION_EXISTS", f"session {message.session!r} already exists")
-            handle = await self.dock.create_agent(self.supervisor, CreateAgentOptions(
-                session_id=message.session, agent_options=body.get("agent_options"), loop=body.get("loop"),
-                driver=body.get("driver"), cwd=body.get("cwd"), meta=body.get("meta"),
-                agent_preset=body.get("agent_preset"),
-            ))
+            await self._disposed(message.session)
+            self.ownership.active[message.session] = token
+            try:
+                handle = await self.dock.create_agent(self.supervisor, CreateAgentOptions(
+                    session_id=message.session, agent_options=body.get("agent_options"), loop=body.get("loop"),
+                    driver=body.get("driver"), cwd=body.get("cwd"), meta=body.get("meta"),
+                    agent_preset=body.get("agent_preset"),
+                ))
+            except BaseException:
+                self.ownership.active.pop(message.session, None)
+                raise
             self.handles[message.session] = handle
             await handle.agent.session.flush()
             await self._settled(token, shard, message, stream, entry_id, live="add")
@@ -278,15 +290,24 @@ class ShardHost:
             return handle.agent  # its loop and driver were checked when it was activated
         if not await self.store.aexists(session_id):
             raise _Refused("SESSION_NOT_FOUND", f"no session {session_id!r} in the cluster")
-        resumed = await self.dock.resume(
-            self.supervisor, ResumeAgentOptions(resume_session_id=session_id, loop=loop, driver=driver)
-        )
-        self.handles[session_id] = resumed
+        # An earlier activation still stopping (its shard was lost) must be gone first:
+        # from here on, the session's writes are fenced with the new lease's token.
+        await self._disposed(session_id)
         shard = self.ownership.shard(session_id)
         token = self.ownership.tokens.get(shard)
-        if token is not None:
-            await self._settle(keys=[keys.lease(shard), keys.done(session_id), keys.inbox(shard, "human"),
-                                     keys.live(shard)], args=[token, "", keys.GROUP, "", "add", session_id])
+        if token is None:
+            raise _Refused("NOT_OWNER", f"this worker no longer owns shard {shard}")
+        self.ownership.active[session_id] = token
+        try:
+            resumed = await self.dock.resume(
+                self.supervisor, ResumeAgentOptions(resume_session_id=session_id, loop=loop, driver=driver)
+            )
+        except BaseException:
+            self.ownership.active.pop(session_id, None)
+            raise
+        self.handles[session_id] = resumed
+        await self._settle(keys=[keys.lease(shard), keys.done(session_id), keys.inbox(shard, "human"),
+                                 keys.live(shard)], args=[token, "", keys.GROUP, "", "add", session_id])
         return resumed.agent
 
     async def _settled(
@@ -315,13 +336,36 @@ class ShardHost:
         return [s for s in self.handles if self.ownership.shard(s) == shard]
 
     async def _dispose(self, session_id: str) -> None:
+        begun = self._begin_dispose(session_id)
+        if begun is not None:
+            await self._finish_dispose(session_id, *begun)
+
+    def _begin_dispose(self, session_id: str) -> tuple[AgentHandle, trio.Event] | None:
+        # Synchronous: from here the session has no live agent here, and a new activation
+        # waits for ``done``.
         handle = self.handles.pop(session_id, None)
         if handle is None:
-            return
+            return None
+        done = self._disposing[session_id] = trio.Event()
+        return handle, done
+
+    async def _finish_dispose(self, session_id: str, handle: AgentHandle, done: trio.Event) -> None:
         try:
             await handle.dispose()
         except Exception as exc:  # its last writes fenced off: the next owner resumes it
             log.info("agent disposed without its last writes", session=session_id, error=repr(exc))
+        finally:
+            if session_id not in self.handles:
+                self.ownership.active.pop(session_id, None)
+            if self._disposing.get(session_id) is done:
+                del self._disposing[session_id]
+            done.set()
+
+    async def _disposed(self, session_id: str) -> None:
+        """Wait until an earlier activation of the session has stopped, if one is stopping."""
+        stopping = self._disposing.get(session_id)
+        if stopping is not None:
+            await stopping.wait()
 
     async def aclose(self) -> None:
         for session_id in list(self.handles):

@@ -26,6 +26,10 @@ class Ownership:
     #: message id -> its inbox entry, for messages whose ``user/message`` (or discard)
     #: is not durable yet; the commit that makes it durable acknowledges the entry.
     pending: dict[str, Pending] = attrs.field(factory=dict)
+    #: session -> the lease token its live agent was activated under. Appends are fenced
+    #: with it, not with the shard's current token: an activation that is being stopped
+    #: after its shard was lost must not write under the lease this worker took again.
+    active: dict[str, str] = attrs.field(factory=dict)
     #: shard -> the (trio) time until which this worker trusts its lease: set by the
     #: lease keeper from its renewals, checked before every message is handled.
     valid_until: dict[int, float] = attrs.field(factory=dict)

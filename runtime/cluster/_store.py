@@ -8,8 +8,9 @@ Its methods block like SQLite's and are called the same way, in a worker thread;
 runs its Redis commands back on the trio thread (``trio.from_thread.run``), so one
 async client serves both. Redis persists with its append-only file (see docs/cluster.md).
 
-Fencing: appending to a session needs the lease of its shard, held by this worker
-(``Ownership.tokens``); the check and the append are one Lua script. Creating a session
+Fencing: appending to a session needs the lease of its shard, the very lease its live
+agent was activated under (``Ownership.active``); the check and the append are one Lua
+script. Creating a session
 needs no lease, only that the session not exist yet (a fork may create a session on a
 shard another worker owns). A commit also records the ids of the messages its events
 consumed and acknowledges their inbox entries, in the same script: a message is
@@ -212,9 +213,11 @@ class RedisSessionStore:
     def _prepare(self, write: Write) -> _Call:
         session_id = write.session_id
         own = self.ownership
-        token = own.token(session_id)
+        # Appending needs the token this session's live agent was activated under;
+        # creating needs no lease (see the module doc), but uses the shard's if held.
+        token = own.active.get(session_id) if write.header is None else own.token(session_id)
         if write.header is None and token is None:
-            raise StoreError(f"session {session_id!r}: this worker does not own its shard (FENCED)")
+            raise StoreError(f"session {session_id!r}: no live activation on this worker (FENCED)")
         args: list[str | int] = []
         try:
             header = "" if write.header is None else encode_json(header_to_wire(write.header))
