@@ -70,7 +70,9 @@ class GcGovernor:
         self.full_factor = full_factor
         self.full_interval = full_interval
         self._baseline = 0  # frozen objects after the first freeze or the last full collection
-        self._last_full = -math.inf
+        # The first full collection comes no sooner than one interval after the start
+        # (a runtime starting up grows its heap many times over).
+        self._last_full = time.monotonic()
         self._next_check = -math.inf  # the first freeze measures the baseline
         #: statistics (benchmarks and tests): agents started, how many times it froze, and
         #: how many full collections it ran.
