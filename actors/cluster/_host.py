@@ -72,7 +72,6 @@ class ShardHost:
         self._disposing: dict[str, trio.Event] = {}  # session -> set once its agent has stopped
         self._wake = trio.Event()
         self._nursery: trio.Nursery | None = None
-        self.processed = 0  # inbox entries handled (for statistics and tests)
 
     # -- called by the lease keeper ------------------------------------------------------
 
@@ -209,7 +208,6 @@ class ShardHost:
         token = self.ownership.holds(shard, trio.current_time())
         if token is None:
             return  # lost meanwhile: the entry stays pending, and the next owner reclaims it
-        self.processed += 1
         stream = keys.inbox(shard, lane)
         try:
             message = InboxMessage.from_fields(fields)

@@ -65,8 +65,6 @@ class LeaseKeeper:
         self._heartbeat = redis.register_script(HEARTBEAT)
         self._leave = redis.register_script(LEAVE)
         self.valid_until = ownership.valid_until
-        self.live_workers: list[str] = []
-        self.ticks = 0
 
     @property
     def ttl_ms(self) -> int:
@@ -97,7 +95,6 @@ class LeaseKeeper:
     async def tick(self) -> None:
         sent = trio.current_time()
         live = await self._beat()
-        self.live_workers = sorted(live)
         await self._renew_held(sent)
         target = math.ceil(self.ownership.shards / max(1, len(live)))
         held = sorted(self.ownership.tokens)
@@ -105,7 +102,6 @@ class LeaseKeeper:
             await self.release(held[-1])
         if len(self.ownership.tokens) < target:
             await self._acquire_up_to(target, sent)
-        self.ticks += 1
 
     async def release(self, shard: int) -> None:
         """Hand ``shard`` back: the host drains it, then the lease is deleted."""
