@@ -31,7 +31,15 @@ from runtime._ids import MESSAGE_IDS, check_session_id
 from runtime._logging import get_logger
 from runtime._messages import Message, ProducerSource, user_message
 from runtime._serde import message_to_wire
-from runtime.cluster import InboxMessage, Ownership, RedisSessionStore, cluster_shards, connect
+from runtime.cluster import (
+    ClusterUnreachableError,
+    InboxMessage,
+    Ownership,
+    RedisSessionStore,
+    cluster_shards,
+    connect,
+    live_workers,
+)
 from runtime.cluster import _keys as keys
 from runtime.cluster._store import RETRYABLE, decode_event
 
@@ -121,7 +129,7 @@ class LogWatcher:
                 continue
             delay = 0.05
             for stream, entries in (reply or {}).items():
-                session_id = str(stream)[len(keys.PREFIX) + 2 : -len(":log")]
+                session_id = keys.session_of_log(str(stream))
                 events = [decode_event(keys.seq_of(str(e.identifier)), _fields(e.field_values)) for e in entries]
                 for waiter in self._waiters.get(session_id, []):
                     mine = [e for e in events if e.seq >= waiter.cursor]
@@ -149,16 +157,21 @@ class ClusterRuntime:
         redis = connect(url)
         body_error: BaseException | None = None
         async with redis, trio.open_nursery() as nursery:
-            rt = cls(redis, await cluster_shards(redis, None), nursery)
             try:
-                yield rt
-                await rt.wait_sent()
-            except BaseException as exc:
-                # Re-raised below, outside the task groups, so that the caller sees its
-                # own exception rather than an ExceptionGroup around it.
-                body_error = exc
-            finally:
-                nursery.cancel_scope.cancel()
+                shards = await cluster_shards(redis, None)
+            except ClusterUnreachableError as exc:
+                body_error = exc  # raised below, as the body's own errors
+            else:
+                rt = cls(redis, shards, nursery)
+                try:
+                    yield rt
+                    await rt.wait_sent()
+                except BaseException as exc:
+                    # Re-raised below, outside the task groups, so that the caller sees its
+                    # own exception rather than an ExceptionGroup around it.
+                    body_error = exc
+                finally:
+                    nursery.cancel_scope.cancel()
         if body_error is not None:
             raise body_error
 
@@ -202,6 +215,15 @@ class ClusterRuntime:
 
     async def read_events(self, session_id: str, start: int = 0) -> list[Event]:
         return await self.store.aload_events(session_id, start)
+
+    async def live_sessions(self) -> set[str]:
+        """The sessions live in the cluster now: created or resumed, and not disposed
+        (a session whose worker died stays live: the shard's next owner resumes it)."""
+        return set(await self._redis.sunion([keys.live(shard) for shard in range(self.shards)]))
+
+    async def workers(self) -> dict[str, str]:
+        """The live workers, each with its registry fingerprint (its loops and drivers)."""
+        return await live_workers(self._redis)
 
     # -- sending --------------------------------------------------------------------------
 

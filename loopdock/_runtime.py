@@ -76,7 +76,8 @@ if TYPE_CHECKING:  # coredis is only needed with cluster= (pip install 'loopdock
 log = get_logger(__name__)
 
 
-def _dock_config(value: DockConfig | Mapping[str, Any] | str | os.PathLike[str] | None) -> DockConfig:
+def dock_config_of(value: DockConfig | Mapping[str, Any] | str | os.PathLike[str] | None) -> DockConfig:
+    """A dock config from what ``Runtime.open(config=...)`` takes (a bad file: DockError)."""
     if isinstance(value, DockConfig):
         return value
     if isinstance(value, (str, os.PathLike)):
@@ -199,7 +200,7 @@ class Runtime:
         hide_environment_block()
         admission = AdmissionGate(automatic_slots)
         history = HistoryCache(warm_history)
-        dock_config = _dock_config(config)
+        dock_config = dock_config_of(config)
         environ = env if env is not None else os.environ
         catalog = skills if skills is not None else SkillCatalog.from_env(Path.cwd(), environ)
         path = resolve_home(home)

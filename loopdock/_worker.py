@@ -27,10 +27,18 @@ from actors.dock import LoopDock
 from runtime._errors import LoopdockError
 from runtime._home import resolve_home
 from runtime._logging import get_logger
-from runtime.cluster import ClusterConfigError, Ownership, RedisSessionStore, cluster_shards, connect, redact
+from runtime.cluster import (
+    ClusterConfigError,
+    ClusterUnreachableError,
+    Ownership,
+    RedisSessionStore,
+    cluster_shards,
+    connect,
+    redact,
+)
 from runtime.tools import ShellPolicy
 
-from ._runtime import Runtime
+from ._runtime import Runtime, dock_config_of
 
 log = get_logger(__name__)
 
@@ -98,6 +106,12 @@ async def run_worker(
     """
     if lease_ttl <= 0:
         raise ClusterConfigError(f"the lease ttl must be positive, got {lease_ttl}")
+    dock_config = dock_config_of(config)  # a bad file: one line, before joining
+    if dock_config.agents:
+        raise ClusterConfigError(
+            "the worker's config names agents; every worker would start them outside its shards: "
+            "create them on the cluster instead (Runtime.open(cluster=...).create_agent)"
+        )
     name = worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
     worker_home = Path(home) if home is not None else resolve_home(None) / "workers" / name
     refused: Exception | None = None
@@ -106,7 +120,7 @@ async def run_worker(
         try:
             ownership = Ownership(name, await cluster_shards(redis, shards))
             store = RedisSessionStore(redis, ownership, retry_for=lease_ttl)
-            async with Runtime.open(worker_home, config=config, shell=shell, _store=store) as rt:
+            async with Runtime.open(worker_home, config=dock_config, shell=shell, _store=store) as rt:
                 host = ShardHost(redis, store, rt.supervisor, rt.dock, ttl=lease_ttl)
                 keeper = LeaseKeeper(
                     redis, ownership, ttl=lease_ttl, fingerprint=fingerprint(rt.dock),
@@ -125,7 +139,7 @@ async def run_worker(
                     with trio.CancelScope(shield=True), trio.move_on_after(lease_ttl):
                         await keeper.leave()
                         await host.aclose()
-        except (ClusterConfigError, RegistryMismatchError) as exc:
+        except (ClusterConfigError, ClusterUnreachableError, RegistryMismatchError) as exc:
             refused = exc  # raised below, outside the client's task group, as itself
     if refused is not None:
         raise refused

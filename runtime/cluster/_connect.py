@@ -9,6 +9,7 @@ import coredis
 
 from .._errors import LoopdockError
 from . import _keys as keys
+from ._scripts import LIVE_WORKERS
 
 
 class ClusterUrlError(LoopdockError):
@@ -58,12 +59,31 @@ class ClusterConfigError(LoopdockError):
     code = "CLUSTER_CONFIG"
 
 
+class ClusterUnreachableError(LoopdockError):
+    """The cluster's Redis did not answer a process joining it (a wrong host or port, or
+    Redis not running)."""
+
+    code = "CLUSTER_UNREACHABLE"
+
+
 async def cluster_shards(redis: Any, wanted: int | None) -> int:
-    """The cluster's shard count: set by its first worker, fixed after that."""
+    """The cluster's shard count: set by its first worker, fixed after that. The first
+    contact with the cluster: ClusterUnreachableError if its Redis does not answer."""
     if wanted is not None and not 1 <= wanted <= 16_384:
         raise ClusterConfigError(f"shards must be between 1 and 16384, got {wanted}")
-    await redis.hsetnx(keys.META, "shards", str(wanted or keys.DEFAULT_SHARDS))
-    have = int(await redis.hget(keys.META, "shards"))
+    try:
+        await redis.hsetnx(keys.META, "shards", str(wanted or keys.DEFAULT_SHARDS))
+        have = int(await redis.hget(keys.META, "shards"))
+    except (coredis.exceptions.ConnectionError, TimeoutError, OSError) as exc:
+        raise ClusterUnreachableError(f"cannot reach the cluster's Redis: {exc}") from None
     if wanted is not None and wanted != have:
         raise ClusterConfigError(f"the cluster has {have} shards; this worker was asked for {wanted}")
     return have
+
+
+async def live_workers(redis: Any) -> dict[str, str]:
+    """The cluster's live workers, each with its registry fingerprint (its loops and
+    drivers, as ``loopdock worker`` announced them)."""
+    reply: Any = await redis.register_script(LIVE_WORKERS)(keys=[keys.WORKERS])
+    items = [str(x) for x in reply]
+    return dict(zip(items[0::2], items[1::2]))

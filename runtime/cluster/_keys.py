@@ -52,6 +52,11 @@ def log(session_id: str) -> str:
     return f"{PREFIX}s:{session_id}:log"
 
 
+def session_of_log(key: str) -> str:
+    """The session id in a log stream's key (``log``'s inverse)."""
+    return key[len(PREFIX) + 2 : -len(":log")]
+
+
 def done(session_id: str) -> str:
     return f"{PREFIX}s:{session_id}:done"
 

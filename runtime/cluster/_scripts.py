@@ -59,6 +59,19 @@ table.insert(out, tostring(now))
 return out
 """
 
+#: KEYS: workers. Reads only: the live workers (by Redis's clock) and each one's
+#: fingerprint, as pairs.
+LIVE_WORKERS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {}
+for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do
+  table.insert(out, w)
+  table.insert(out, redis.call('HGET', KEYS[1] .. ':registry', w) or '')
+end
+return out
+"""
+
 #: KEYS: workers. ARGV: worker id. Leaves the set of live workers.
 LEAVE = """
 redis.call('ZREM', KEYS[1], ARGV[1])

@@ -23,7 +23,7 @@ store gives up with StoreError; a retried commit that had in fact landed is reco
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -144,6 +144,27 @@ class RedisSessionStore:
             if len(chunk) < _READ_CHUNK:
                 return events
             low = keys.log_id(keys.seq_of(str(chunk[-1].identifier)) + 1)
+
+    async def aread_after(
+        self, cursors: Mapping[str, int], types: Collection[str]
+    ) -> dict[str, tuple[int, list[Event]]]:
+        """What each session's log added from seq ``cursors[session]`` on: the seq after
+        the last entry read, and the events among them of ``types``. At most
+        ``_READ_CHUNK`` entries per session (the rest comes at the next call), one
+        ``XREAD`` per 500 sessions; a session with nothing new is left out."""
+        found: dict[str, tuple[int, list[Event]]] = {}
+        ids = list(cursors)
+        for start in range(0, len(ids), 500):
+            streams = {keys.log(s): keys.log_id(cursors[s] - 1) if cursors[s] else "0-0" for s in ids[start : start + 500]}
+            reply = await self._retrying("read logs", lambda: self._redis.xread(streams, count=_READ_CHUNK))
+            for stream, entries in (reply or {}).items():
+                events = []
+                for entry in entries:
+                    fields = {str(k): str(v) for k, v in entry.field_values.items()}
+                    if fields["t"] in types:
+                        events.append(decode_event(keys.seq_of(str(entry.identifier)), fields))
+                found[keys.session_of_log(str(stream))] = (keys.seq_of(str(entries[-1].identifier)) + 1, events)
+        return found
 
     async def aload_outline(
         self, session_id: str, types: Collection[str]

@@ -205,3 +205,47 @@ async def test_a_lease_lost_and_taken_again_delivers_the_queued_message_once(red
     ids = [e.data["id"] for e in events if e.type == "user/message"]
     assert ids.count(queued.id) == 1
     assert [e.data["reason"]["kind"] for e in events if e.type == "turn/end"] == ["interrupted", "completed"]
+
+
+async def test_an_unreachable_cluster_is_one_clear_error_for_a_worker_and_a_client(tmp_path):
+    import socket
+
+    from runtime.cluster import ClusterUnreachableError
+
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        url = f"redis://127.0.0.1:{probe.getsockname()[1]}/0"
+    with trio.fail_after(30):
+        with pytest.raises(ClusterUnreachableError, match="cannot reach the cluster's Redis"):
+            await run_worker(url, home=tmp_path / "w", worker_id="w")
+        with pytest.raises(ClusterUnreachableError):
+            async with Runtime.open(cluster=url):
+                raise AssertionError("the body must not run")
+
+
+async def test_a_create_cancelled_after_the_call_is_still_carried_out(redis_server, worker):
+    with trio.fail_after(30):
+        async with Runtime.open(cluster=redis_server.url) as rt:
+            with trio.move_on_after(0) as scope:  # cancelled at its first wait: the request is queued by then
+                await rt.create_agent(session_id="late", loop="minimal-first")
+            assert scope.cancelled_caught
+            await rt.wait_sent()
+            while not await rt.store.aexists("late"):  # the worker answers nobody, and creates it
+                await trio.sleep(0.02)
+            agent = rt.get_agent("late")
+            agent.followup("so it is there")
+            await agent.wait_idle()
+            ends = [e.data["reason"]["kind"] for e in await rt.read_events("late") if e.type == "turn/end"]
+    assert ends == ["completed"]
+
+
+async def test_closing_the_client_writes_what_followup_queued(redis_server, worker):
+    with trio.fail_after(30):
+        async with Runtime.open(cluster=redis_server.url) as rt:
+            handle = await rt.create_agent(session_id="f1", loop="minimal-first")
+            sent = handle.agent.followup("last words")  # returns before the message is in Redis
+        async with Runtime.open(cluster=redis_server.url) as again:
+            async for event in again.get_agent("f1").events():
+                if event.type == "user/message":
+                    break
+    assert event.data["id"] == sent.id
