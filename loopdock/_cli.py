@@ -203,6 +203,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="leave the LoopX integration off (it is on by default); the GoalBar then shows no bar")
     serve.add_argument("--project", metavar="DIR",
                        help="the LoopX project (its .loopx/) of sessions no agent names one for (default: the current directory)")
+    serve.add_argument("--cluster", metavar="URL",
+                       help="also show the agents of the cluster at redis://HOST:PORT/DB on the console; its workers "
+                            "must have this dock's loops (docs/cluster.md)")
 
     worker = command(
         "worker", "run agents as one worker of a Redis cluster, until interrupted",
@@ -299,7 +302,7 @@ def _dispatch(args: Any, out: TextIO) -> int:
         shell = ShellPolicy(allow=allowed) if allowed else None  # type: ignore[arg-type]
         trio.run(functools.partial(
             serve_command, args.home, args.host, args.port, out, not args.no_loopx, args.project,
-            config=args.config, shell=shell,
+            config=args.config, shell=shell, cluster=args.cluster,
         ))
     elif args.command == "worker":
         from ._worker import worker_command  # needs coredis: pip install 'loopdock[cluster]'

@@ -9,7 +9,7 @@ import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import trio
 
@@ -25,15 +25,24 @@ from bridge._server import DEFAULT_HOST
 from bridge._token import TOKEN_FILE
 from runtime._errors import InvalidOptionsError, LoopdockError
 from runtime._home import resolve_home
+from runtime._logging import get_logger
 from runtime.tools import ShellPolicy
 
 from ._runtime import Runtime
 
+if TYPE_CHECKING:
+    from ._serve_cluster import ClusterFollower
 
-def goalbar_project_for(rt: Runtime, project: Path, host: HostHandler | None = None) -> Callable[[str], Path]:
+log = get_logger(__name__)
+
+
+def goalbar_project_for(
+    rt: Runtime, project: Path, host: HostHandler | None = None, cluster: ClusterFollower | None = None
+) -> Callable[[str], Path]:
     """The LoopX project of a session: the ``cwd`` of the live agent the runtime owns under
     that id (agent id == session id), else the ``cwd`` a DSH host announced for that
-    session (its header's), else ``project`` (``serve --project``)."""
+    session (its header's), else the ``cwd`` of the cluster's live session of that id
+    (``serve --cluster``), else ``project`` (``serve --project``)."""
 
     def project_for(session_id: str) -> Path:
         agent = rt.get_agent(session_id)
@@ -43,7 +52,8 @@ def goalbar_project_for(rt: Runtime, project: Path, host: HostHandler | None = N
             for live in list(host.agents.values()):
                 if live.session_id == session_id and live.cwd is not None:
                     return Path(live.cwd)
-        return project
+        cwd = cluster.cwd_of(session_id) if cluster is not None else None
+        return Path(cwd) if cwd is not None else project
 
     return project_for
 
@@ -123,13 +133,15 @@ def page_urls(host: str, port: int, token: str) -> list[str]:
 
 
 async def compose_handlers(
-    rt: Runtime, service: GoalBarService | None, project: Path, nursery: trio.Nursery, live: Subscription[LiveEvent]
+    rt: Runtime, service: GoalBarService | None, project: Path, nursery: trio.Nursery, live: Subscription[LiveEvent],
+    cluster: ClusterFollower | None = None,
 ) -> ConsoleHandler:
     """The handler ``serve`` answers the bridge with: the console over the GoalBar over the
     DSH hosts' handler (dock selection, the mirror), each live DSH agent given a LoopX
-    continuation (with LoopX on). ``live``: ``rt.subscribe_live()``, taken early."""
+    continuation (with LoopX on). ``live``: ``rt.subscribe_live()``, taken early.
+    ``cluster``: the console also shows the cluster's agents (``serve --cluster``)."""
     hosts = HostHandler(rt.dock)
-    project_for = goalbar_project_for(rt, project, hosts)
+    project_for = goalbar_project_for(rt, project, hosts, cluster)
     inner: HandlerLayer = hosts
     if rt.loopx is not None:
         # Every live DSH agent gets a proxy with a continuation driver, like the
@@ -143,7 +155,27 @@ async def compose_handlers(
     goalbar = GoalBarHandler(service, project_for, nursery, inner=inner)
     console = ConsoleHandler(goalbar, runtime_view(rt))
     await nursery.start(console.watch_runtime, live, rt.subscribe_live)
+    if cluster is not None:
+        nursery.start_soon(cluster.run, console)
     return console
+
+
+@asynccontextmanager
+async def open_cluster(url: str | None, rt: Runtime) -> AsyncIterator[tuple[ClusterFollower | None, int]]:
+    """With a cluster URL: the follower of its agents for the console, and how many
+    workers are live; its workers must offer this serve's loops and drivers."""
+    if url is None:
+        yield None, 0
+        return
+    # Here, not at the top: the cluster needs coredis (pip install 'loopdock[cluster]').
+    from ._cluster import ClusterRuntime
+    from ._serve_cluster import ClusterFollower, check_registry
+
+    async with ClusterRuntime.open(url) as cluster:
+        workers = await check_registry(cluster, rt.dock)
+        if not workers:
+            log.warning("no worker is live in the cluster yet; its agents show once workers run them")
+        yield ClusterFollower(cluster), workers
 
 
 async def serve_command(
@@ -156,6 +188,7 @@ async def serve_command(
     *,
     config: str | os.PathLike[str] | None = None,
     shell: ShellPolicy | None = None,
+    cluster: str | None = None,
 ) -> None:
     """Open the runtime on ``home``, serve the bridge on ``host`` (default loopback) and
     ``port`` (0: any free port), print one readiness line on ``out`` (then the console's
@@ -169,12 +202,24 @@ async def serve_command(
     loop decision (logger ``loopdock.serve``, info). ``loopx``: enable the LoopX
     integration. ``shell``: the shell tool's policy for the runtime's own agents.
     ``project``: the LoopX project of sessions the runtime does not own and no DSH host
-    announced a ``cwd`` for (default: the current directory)."""
+    announced a ``cwd`` for (default: the current directory). ``cluster``: a cluster's
+    ``redis://`` URL; its workers must offer the loops and drivers this dock offers
+    (REGISTRY_MISMATCH), its agents show on the console, and ``config`` may not name
+    agents (they would run here, outside the cluster)."""
     host = host or DEFAULT_HOST
     project_dir = Path(project if project is not None else Path.cwd()).absolute()
     if not project_dir.is_dir():
         raise InvalidOptionsError(f"--project is not a directory: {str(project_dir)[:200]}")
     dock_config = load_config(config) if config is not None else None  # a bad file: one line, now
+    if cluster is not None:
+        from runtime.cluster import check_url, redact  # needs coredis, as open_cluster
+
+        check_url(cluster)
+        if dock_config is not None and dock_config.agents:
+            raise InvalidOptionsError(
+                "--config names agents, which would run in this serve process, outside the cluster: "
+                "create them on the cluster instead (Runtime.open(cluster=...).create_agent)"
+            )
     check_port(host, port)
     # The LoopX integration is on for serve: start-up initialises the CLI and the skills
     # (a failure is a safe diagnostic in rt.loopx.startup; /loopx-init repairs it).
@@ -186,8 +231,12 @@ async def serve_command(
         # A plugin copy a dsh-patch or dsh-install made follows this loopdock's version.
         if (rt.home / PLUGIN_DIR).exists():
             await trio.to_thread.run_sync(stable_plugin, rt.home)
-        async with goalbar_service(rt) as service, trio.open_nursery() as nursery:
-            console = await compose_handlers(rt, service, project_dir, nursery, live)
+        async with (
+            goalbar_service(rt) as service,
+            open_cluster(cluster, rt) as (follower, workers),
+            trio.open_nursery() as nursery,
+        ):
+            console = await compose_handlers(rt, service, project_dir, nursery, live, follower)
             try:
                 bound = await nursery.start(functools.partial(serve_bridge, console, token=token, host=host, port=port))
             except OSError as exc:  # taken between the check and now
@@ -196,6 +245,8 @@ async def serve_command(
             console_url, goalbar_url = page_urls(host, bound, token)
             print(f"  console: {console_url}", file=out, flush=True)
             print(f"  goalbar: {goalbar_url}", file=out, flush=True)
+            if cluster is not None:
+                print(f"  cluster: {redact(cluster)} ({workers} live worker{'' if workers == 1 else 's'})", file=out, flush=True)
             # SIGTERM too: a supervisor stopping us should get the same clean close as ^C.
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for _ in signals:

@@ -1,0 +1,124 @@
+"""``loopdock serve --cluster``: what the serve process adds when agents run on workers.
+
+The serve process runs no agent of the cluster; it answers DSH hosts from its own dock,
+so that dock must offer what the workers offer (``check_registry``), and it shows the
+cluster's agents on the console next to DSH's (``ClusterFollower``).
+
+The follower looks every ``period`` seconds: which sessions are live in the cluster (the
+shards' live sets: created or resumed, not disposed; a session whose worker died stays
+live, as the shard's next owner resumes it), and what each live session's log added since
+it last looked (one ``XREAD`` per 500 sessions, only the turn and binding events decoded).
+Each live session is a console row of origin ``cluster``: its loop and driver, its turns,
+how the last one ended, and ``running`` while a turn is open in its log, else ``idle``.
+Its inbox count is the worker's to know and stays 0 here. The row goes when the session
+is disposed. Redis out of reach only delays the rows: the follower logs it and looks again.
+"""
+
+from __future__ import annotations
+
+import attrs
+import trio
+
+from actors import LiveEvent
+from actors.cluster import RegistryMismatchError
+from actors.dock import BINDING_EVENT, LoopDock, Route, read_binding
+from bridge._console import ConsoleHandler, RuntimeView
+from runtime._events import Event
+from runtime._logging import get_logger
+from runtime._store import StoreError
+from runtime.cluster._store import RETRYABLE
+
+from ._cluster import ClusterRuntime
+from ._worker import fingerprint
+
+log = get_logger(__name__)
+
+ORIGIN = "cluster"
+#: How often the console looks at the cluster by default.
+FOLLOW_PERIOD = 1.0
+_FOLLOWED_TYPES = frozenset({"turn/start", "turn/end", BINDING_EVENT})
+
+
+async def check_registry(cluster: ClusterRuntime, dock: LoopDock) -> int:
+    """How many workers are live; RegistryMismatchError if one of them offers other loops
+    or drivers than ``dock`` (DSH hosts would be told of loops the workers do not run)."""
+    mine = fingerprint(dock)
+    workers = await cluster.workers()
+    for worker, theirs in sorted(workers.items()):
+        if theirs and theirs != mine:
+            raise RegistryMismatchError(
+                f"worker {worker!r} has loops and drivers {theirs!r}, this serve {mine!r}: serve and "
+                "every worker of a cluster must have the same loop packages installed"
+            )
+    return len(workers)
+
+
+@attrs.define
+class _Followed:
+    cwd: str | None
+    cursor: int = 0  # the next seq of the log not read yet
+    turns: int = 0
+    open_turn: bool = False
+    last_turn: str | None = None
+    binding: Route | None = None
+
+    def fold(self, event: Event) -> None:
+        if event.type == "turn/start":
+            self.turns += 1
+            self.open_turn = True
+        elif event.type == "turn/end":
+            self.open_turn = False
+            reason = event.data.get("reason")
+            self.last_turn = str(reason.get("kind")) if isinstance(reason, dict) else None
+        else:
+            self.binding = read_binding([event]) or self.binding
+
+
+class ClusterFollower:
+    """See the module docstring. ``sessions``: what is known of each live session."""
+
+    def __init__(self, cluster: ClusterRuntime, *, period: float = FOLLOW_PERIOD) -> None:
+        self._cluster = cluster
+        self.period = period
+        self.sessions: dict[str, _Followed] = {}
+
+    def cwd_of(self, session_id: str) -> str | None:
+        """The working directory a live cluster session was created with."""
+        followed = self.sessions.get(session_id)
+        return followed.cwd if followed is not None else None
+
+    async def run(self, console: ConsoleHandler) -> None:
+        """Keep ``console``'s cluster rows up to date until cancelled. Nothing here ends
+        ``serve``: a look that fails is logged, and the next one tries again."""
+        while True:
+            try:
+                await self.look(console)
+            except (StoreError, *RETRYABLE) as exc:
+                log.warning("cannot read the cluster; its console rows wait", error=repr(exc))
+            except Exception as exc:  # contained: the rows may be stale, serve goes on
+                log.error("could not follow the cluster's agents", error=repr(exc))
+            await trio.sleep(self.period)
+
+    async def look(self, console: ConsoleHandler) -> None:
+        """Bring every row up to date with the cluster, once."""
+        live = await self._cluster.live_sessions()
+        for session_id in sorted(self.sessions.keys() - live):
+            del self.sessions[session_id]
+            console.apply_live(ORIGIN, LiveEvent("agent/disposed", session_id, {}))
+        for session_id in sorted(live - self.sessions.keys()):
+            header = await self._cluster.store.aheader(session_id)
+            if header is None:  # live before its header: it shows at the next look
+                continue
+            self.sessions[session_id] = _Followed(header.cwd)
+            created = LiveEvent("agent/created", session_id, {"sessionId": session_id, "cwd": header.cwd})
+            console.apply_live(ORIGIN, created)
+        cursors = {session_id: followed.cursor for session_id, followed in self.sessions.items()}
+        news = await self._cluster.store.aread_after(cursors, _FOLLOWED_TYPES)
+        for session_id, (cursor, events) in news.items():
+            followed = self.sessions[session_id]
+            followed.cursor = cursor
+            for event in events:
+                followed.fold(event)
+            view = RuntimeView(followed.binding, followed.turns, followed.last_turn)
+            status = LiveEvent("agent/status", session_id, {"status": "running" if followed.open_turn else "idle"})
+            console.apply_live(ORIGIN, status, view)

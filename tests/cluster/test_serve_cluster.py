@@ -1,0 +1,199 @@
+"""``loopdock serve --cluster``: the cluster's agents on the console, and a serve whose
+dock differs from the workers' refused; against a real redis-server and real workers."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+from line_reader import Lines
+from trio_websocket import open_websocket
+
+from bridge._console import ConsoleHandler
+from loopdock import Runtime
+from loopdock._serve import serve_command
+from loopdock._serve_cluster import ClusterFollower
+from loopdock._worker import run_worker
+
+ROOT = Path(__file__).resolve().parents[2]
+READY = re.compile(r"^loopdock serve: ws://127\.0\.0\.1:(\d+) \(token in (.+)\)$")
+EXTRA_LOOPS = """\
+from loopdock import StrategyLoop
+
+
+def setup(ctx):
+    return None
+
+
+LOOPS = [StrategyLoop(id="extra", setup=setup)]
+"""
+
+
+@pytest.fixture
+async def worker(redis_server, tmp_path, nursery):
+    return await nursery.start(functools.partial(
+        run_worker, redis_server.url, home=tmp_path / "w1", shards=4, lease_ttl=2.0, worker_id="w1"))
+
+
+async def test_the_console_shows_a_cluster_agent_its_turns_and_its_disposal(redis_server, worker, tmp_path):
+    console = ConsoleHandler()
+    with trio.fail_after(30):
+        async with Runtime.open(cluster=redis_server.url) as rt:
+            follower = ClusterFollower(rt)
+            handle = await rt.create_agent(session_id="c1", loop="minimal-first", cwd=str(tmp_path))
+            await follower.look(console)
+            row = console.rows["c1"]
+            assert (row.origin, row.session_id, row.cwd) == ("cluster", "c1", str(tmp_path))
+            assert (row.loop, row.turns, row.status) == ("minimal-first", 0, "idle")
+            assert follower.cwd_of("c1") == str(tmp_path)
+
+            for text in ("one", "two"):
+                handle.agent.followup(text)
+                await handle.agent.wait_idle()
+            await follower.look(console)
+            assert (row.turns, row.last_turn, row.status) == (2, "completed", "idle")
+
+            await handle.dispose()
+            await follower.look(console)
+            assert "c1" not in console.rows and follower.cwd_of("c1") is None
+
+            # back on resume, with the whole history counted again
+            await rt.resume_agent(resume_session_id="c1")
+            await follower.look(console)
+            assert (console.rows["c1"].turns, console.rows["c1"].loop) == (2, "minimal-first")
+
+
+async def test_a_turn_open_in_the_log_shows_running_and_a_dead_workers_agent_stays(redis_server, tmp_path, nursery):
+    from cluster_workers import start_worker
+
+    console = ConsoleHandler()
+    with trio.fail_after(60):
+        a = await start_worker(nursery, redis_server.url, tmp_path / "a", "a")
+        async with Runtime.open(cluster=redis_server.url) as rt:
+            follower = ClusterFollower(rt)
+            handle = await rt.create_agent(session_id="r1", loop="minimal-first")
+            handle.agent.followup('call: shell {"command": "sleep 30"}')
+            async for event in handle.agent.events():
+                if event.type == "tool/call":
+                    break
+            await follower.look(console)
+            assert (console.rows["r1"].status, console.rows["r1"].turns) == ("running", 1)
+            a.signal(signal.SIGKILL)  # the session stays live for the shard's next owner
+            await a.process.wait()
+            await follower.look(console)
+            assert console.rows["r1"].status == "running"
+            b = await start_worker(nursery, redis_server.url, tmp_path / "b", "b")
+            async for event in handle.agent.events():
+                if event.type == "turn/end":
+                    break
+            await follower.look(console)
+            assert (console.rows["r1"].status, console.rows["r1"].last_turn) == ("idle", "interrupted")
+            await b.stop()
+
+
+async def test_a_serve_whose_dock_differs_from_the_workers_is_refused(redis_server, worker, tmp_path):
+    (tmp_path / "extra_loops.py").write_text(EXTRA_LOOPS)
+    config = tmp_path / "serve.yml"
+    config.write_text("loopPackages: [extra_loops]\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            [sys.executable, "-m", "loopdock", "serve", "--no-loopx", "--home", str(tmp_path / "home"),
+             "--config", str(config), "--cluster", redis_server.url],
+            cwd=tmp_path, env=env, capture_stdout=True, capture_stderr=True, check=False,
+        )
+    assert done.returncode == 2
+    last = done.stderr.decode().strip().splitlines()[-1]
+    assert last.startswith("loopdock: REGISTRY_MISMATCH: worker 'w1' has loops and drivers")
+    assert "extra" in last and done.stdout == b""
+
+
+async def test_serve_refuses_configured_agents_with_a_cluster_and_so_does_a_worker(redis_server, tmp_path):
+    from runtime._errors import InvalidOptionsError
+    from runtime.cluster import ClusterConfigError
+
+    config = tmp_path / "agents.yml"
+    config.write_text("agents:\n  - id: helper\n    model: ping-1\n")
+    with pytest.raises(InvalidOptionsError, match="outside the cluster"):
+        await serve_command(str(tmp_path / "home"), None, 0, sys.stdout, False, config=config,
+                            cluster=redis_server.url)
+    with pytest.raises(ClusterConfigError, match="outside its shards"):
+        await run_worker(redis_server.url, home=tmp_path / "w", config=config, worker_id="w")
+    assert not (tmp_path / "home").exists() and not (tmp_path / "w").exists()
+
+
+async def test_serve_with_a_cluster_shows_its_agents_to_a_console_page(redis_server, worker, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with trio.fail_after(90):
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "loopdock", "serve", "--no-loopx", "--port", "0", "--home",
+             str(tmp_path / "home"), "--cluster", redis_server.url],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        )
+        try:
+            out = Lines(proc.stdout)
+            match = READY.match(await out.until(r"^loopdock serve: "))
+            port, token = int(match[1]), Path(match[2]).read_text().strip()
+            assert (await out.until(r"cluster: ")).strip() == f"cluster: {redis_server.url} (1 live worker)"
+            async with Runtime.open(cluster=redis_server.url) as rt:
+                handle = await rt.create_agent(session_id="p1", loop="minimal-first")
+                handle.agent.followup("hello")
+                await handle.agent.wait_idle()
+                async with open_websocket("127.0.0.1", port, "/goalbar", use_ssl=False) as ws:
+                    hello = {"token": token, "role": "goalbar", "protocol": 1, "capabilities": ["live", "console"]}
+                    await ws.send_message(json.dumps({"v": 1, "type": "hello", "data": hello}))
+                    assert json.loads(await ws.get_message())["type"] == "welcome"
+                    while True:  # rows come as the follower sees the cluster (every second)
+                        frame = json.loads(await ws.get_message())
+                        items = frame["data"].get("items", []) if frame["type"] == "live" else []
+                        rows = [i["data"] for i in items if i["type"] == "console/agent" and i["agentId"] == "p1"]
+                        if rows and rows[-1]["turns"] == 1:
+                            break
+                    assert (rows[-1]["origin"], rows[-1]["loop"], rows[-1]["lastTurn"]) == (
+                        "cluster", "minimal-first", "completed")
+                    await handle.dispose()
+                    while not any(r.get("gone") for r in rows):
+                        frame = json.loads(await ws.get_message())
+                        items = frame["data"].get("items", []) if frame["type"] == "live" else []
+                        rows = [i["data"] for i in items if i["type"] == "console/agent" and i["agentId"] == "p1"]
+            proc.send_signal(signal.SIGTERM)
+            assert await proc.wait() == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
+async def test_the_follower_outlives_failed_looks_and_a_redis_restart(redis_server, worker, nursery, monkeypatch):
+    console = ConsoleHandler()
+    with trio.fail_after(60):
+        async with Runtime.open(cluster=redis_server.url) as rt:
+            handle = await rt.create_agent(session_id="g1", loop="minimal-first")
+            real = rt.live_sessions
+            failures = [ConnectionError("injected"), RuntimeError("injected")]
+
+            async def failing_then_real():
+                if failures:
+                    raise failures.pop(0)
+                return await real()
+
+            monkeypatch.setattr(rt, "live_sessions", failing_then_real)
+            follower = ClusterFollower(rt, period=0.02)
+            nursery.start_soon(follower.run, console)
+            while "g1" not in console.rows:  # the follower's own period: polled, as a page would
+                await trio.sleep(0.02)
+            assert not failures
+            await trio.to_thread.run_sync(redis_server.restart)
+            handle.agent.followup("after the restart")
+            await handle.agent.wait_idle()
+            while console.rows["g1"].turns != 1:
+                await trio.sleep(0.02)
+            assert console.rows["g1"].last_turn == "completed"
