@@ -148,11 +148,18 @@ async def run_worker(
 async def worker_command(url: str, out: TextIO, **options: Any) -> None:
     """``loopdock worker``: print one readiness line, serve until SIGINT or SIGTERM, then
     hand the shards back."""
+    refused: LoopdockError | None = None
     async with trio.open_nursery() as nursery:
-        worker: Worker = await nursery.start(functools.partial(run_worker, url, **options))
-        print(f"loopdock worker {worker.id}: serving {redact(url)} ({worker.ownership.shards} shards)",
-              file=out, flush=True)
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for _ in signals:
-                break
-        nursery.cancel_scope.cancel()
+        try:
+            worker: Worker = await nursery.start(functools.partial(run_worker, url, **options))
+        except LoopdockError as exc:  # raised below, outside the task group: one line, not a traceback
+            refused = exc
+        else:
+            print(f"loopdock worker {worker.id}: serving {redact(url)} ({worker.ownership.shards} shards)",
+                  file=out, flush=True)
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for _ in signals:
+                    break
+            nursery.cancel_scope.cancel()
+    if refused is not None:
+        raise refused

@@ -249,3 +249,20 @@ async def test_closing_the_client_writes_what_followup_queued(redis_server, work
                 if event.type == "user/message":
                     break
     assert event.data["id"] == sent.id
+
+
+async def test_the_worker_command_says_an_unreachable_cluster_in_one_line(tmp_path):
+    import socket
+    import sys
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        url = f"redis://127.0.0.1:{probe.getsockname()[1]}/0"
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            [sys.executable, "-m", "loopdock", "worker", "--cluster", url, "--home", str(tmp_path / "w")],
+            capture_stdout=True, capture_stderr=True, check=False,
+        )
+    assert done.returncode == 2 and done.stdout == b""
+    [line] = done.stderr.decode().splitlines()
+    assert line.startswith("loopdock: CLUSTER_UNREACHABLE: cannot reach the cluster's Redis: ")
