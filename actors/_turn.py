@@ -31,11 +31,13 @@ from ._session import SessionActor
 
 
 class TurnBlocked(Exception):
-    """A pre-step listener rejected the step's messages: the turn ends ``blocked``."""
+    """A pre-step listener rejected the step's messages: the turn ends ``blocked``, and
+    its ``turn/end`` names them (``messageIds``: their effect, none, is then durable)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, message_ids: Sequence[str] = ()) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.message_ids = list(message_ids)
 
 
 class TurnAgent(Protocol):
@@ -130,7 +132,7 @@ class Turn:
         if isinstance(verdict, Reject):
             _settle(entries, "rejected", verdict.reason)
             self._entries = []
-            raise TurnBlocked(verdict.reason)
+            raise TurnBlocked(verdict.reason, [m.id for m in messages])
         _settle(entries, "admitted", None)
         self._entries = []
         self.step += 1

@@ -41,7 +41,7 @@ from runtime.cluster import (
     live_workers,
 )
 from runtime.cluster import _keys as keys
-from runtime.cluster._store import RETRYABLE, decode_event
+from runtime.cluster._store import RETRYABLE, consumed_ids, decode_event
 
 log = get_logger(__name__)
 
@@ -350,7 +350,4 @@ class RemoteAgent:
             self._open_turn = True
         elif event.type == "turn/end":
             self._open_turn = False
-        elif event.type == "user/message":
-            self._outstanding.discard(str(event.data.get("id")))
-        elif event.type == "agent/inbox/spliced" and event.data.get("op") == "discard":
-            self._outstanding.discard(str(event.data.get("messageId")))
+        self._outstanding.difference_update(consumed_ids([event]))

@@ -53,17 +53,20 @@ _READ_CHUNK = 2_000
 
 def consumed_ids(events: Sequence[Event]) -> list[str]:
     """Ids of the messages whose effect these events make durable: a ``user/message``
-    (the message entered the log) or a discard from the inbox."""
-    ids = []
+    (the message entered the log), a discard from the inbox, or a turn that ended
+    ``blocked`` because a pre-step listener vetoed them (its ``messageIds``)."""
+    ids: list[str] = []
     for event in events:
         if event.type == "user/message":
-            message_id = event.data.get("id")
+            found = [event.data.get("id")]
         elif event.type == "agent/inbox/spliced" and event.data.get("op") == "discard":
-            message_id = event.data.get("messageId")
+            found = [event.data.get("messageId")]
+        elif event.type == "turn/end" and isinstance(reason := event.data.get("reason"), dict):
+            vetoed = reason.get("messageIds") if reason.get("kind") == "blocked" else None
+            found = vetoed if isinstance(vetoed, list) else []
         else:
             continue
-        if isinstance(message_id, str):
-            ids.append(message_id)
+        ids.extend(i for i in found if isinstance(i, str))
     return ids
 
 

@@ -150,7 +150,8 @@ async def test_pre_step_reject_blocks_the_turn_and_the_agent_goes_on(rt):
     with trio.fail_after(5):
         await agent.wait_idle()
     assert reservation.state == "rejected" and reservation.reason == "not now"
-    assert turn_ends(agent) == [{"kind": "blocked", "reason": "not now"}, {"kind": "completed"}]
+    vetoed = {"kind": "blocked", "reason": "not now", "messageIds": [reservation.message.id]}
+    assert turn_ends(agent) == [vetoed, {"kind": "completed"}]
     assert user_texts(agent) == ["next"]
     assert len(adapter.requests) == 1
 
@@ -163,10 +164,10 @@ async def test_failing_pre_step_listener_fails_closed(rt):
     handle = await rt.create_agent(
         session_id="a1", agent_options=SCRIPTED, setup=lambda ctx: ctx.on("agent/pre-step", broken) and None
     )
-    handle.agent.followup("hi")
+    sent = handle.agent.followup("hi")
     with trio.fail_after(5):
         await handle.agent.wait_idle()
-    assert turn_ends(handle.agent) == [{"kind": "blocked", "reason": "pre-step listener failed"}]
+    assert turn_ends(handle.agent) == [{"kind": "blocked", "reason": "pre-step listener failed", "messageIds": [sent.id]}]
     assert types(handle.agent, "user/message", "request/header") == []
 
 

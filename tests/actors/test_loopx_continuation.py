@@ -182,6 +182,7 @@ async def test_human_input_wins_at_pre_step(tmp_path, loopx_env, loopx_project, 
         await handle.dispose()
 
     assert ends[0] == {"kind": "completed"}
+    assert len(ends[1].pop("messageIds")) == 1  # the continuation's message, vetoed
     assert ends[1] == {"kind": "blocked", "reason": "loopx continuation: human input is waiting"}
     assert ends[2] == {"kind": "completed"}  # the person's message, right after
     assert driver.admitted == []

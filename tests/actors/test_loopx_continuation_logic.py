@@ -216,7 +216,10 @@ async def test_a_revalidation_that_raises_rejects_the_step_and_the_agent_goes_on
             handle.agent.followup("/loopx go")
             await driver.wait_quiescent()
         ends = [e.data["reason"] for e in handle.agent.session.events if e.type == "turn/end"]
+        vetoed = ends[1].pop("messageIds")  # the continuation's message, which never entered the log
         assert ends[1] == {"kind": "blocked", "reason": "loopx continuation: revalidation failed: ValueError"}
+        assert len(vetoed) == 1 and vetoed[0] not in {e.data["id"] for e in handle.agent.session.events
+                                                      if e.type == "user/message"}
         assert driver.admitted == [] and continuation_turns(handle.agent) == []
         assert [f["error"] for f in faults(handle.agent)] == ["revalidation failed: ValueError"]
         # The blocked turn latches it: quiet, without a CLI call, until a person acts.

@@ -141,12 +141,12 @@ async def test_a_vetoed_invocation_injects_nothing(tmp_path, project):
             adapter = ScriptedAdapter([])
             agent = await start(rt, adapter)
             agent.pre_step.add(veto)
-            agent.followup("/demo do X")
+            sent = agent.followup("/demo do X")
             await agent.wait_idle()
             assert user_events(agent) == []
             assert adapter.requests == []
             ends = [e.data["reason"] for e in agent.session.events if e.type == "turn/end"]
-            assert ends == [{"kind": "blocked", "reason": "no demos"}]
+            assert ends == [{"kind": "blocked", "reason": "no demos", "messageIds": [sent.id]}]
 
 
 async def test_the_default_catalog_reads_dsh_home_and_registers_the_tool(tmp_path):

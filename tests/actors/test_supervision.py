@@ -220,9 +220,10 @@ async def test_a_failing_pre_step_listener_rejects_the_step_and_is_recorded(rt):
         ctx.on("agent/pre-step", broken)
 
     handle = await rt.create_agent(session_id="p", setup=setup)
-    handle.agent.followup("hi")
+    sent = handle.agent.followup("hi")
     await handle.agent.wait_idle()
-    assert handle.agent.session.events[-1].data["reason"] == {"kind": "blocked", "reason": "pre-step listener failed"}
+    assert handle.agent.session.events[-1].data["reason"] == {
+        "kind": "blocked", "reason": "pre-step listener failed", "messageIds": [sent.id]}
     assert [f["actor"] for f in _faults(handle.agent.session)] == ["pre-step listener"]
 
 

@@ -266,3 +266,45 @@ async def test_the_worker_command_says_an_unreachable_cluster_in_one_line(tmp_pa
     assert done.returncode == 2 and done.stdout == b""
     [line] = done.stderr.decode().splitlines()
     assert line.startswith("loopdock: CLUSTER_UNREACHABLE: cannot reach the cluster's Redis: ")
+
+
+GATED_LOOPS = """\
+from loopdock import Reject, StrategyLoop
+
+
+async def no_weekends(pre, next_):
+    if any("weekend" in m.text for m in pre.messages):
+        return Reject("not on weekends")
+    return await next_(pre)
+
+
+def setup(ctx):
+    ctx.on("agent/pre-step", no_weekends)
+
+
+LOOPS = [StrategyLoop(id="gated", setup=setup)]
+"""
+
+
+async def test_a_message_vetoed_at_pre_step_on_a_worker_is_settled_once(redis_server, tmp_path, nursery, monkeypatch):
+    from runtime.cluster import _keys as keys
+
+    (tmp_path / "gated_loops.py").write_text(GATED_LOOPS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = {"loopPackages": ["gated_loops"]}
+    with trio.fail_after(30):
+        worker = await nursery.start(functools.partial(
+            run_worker, redis_server.url, home=tmp_path / "w", config=config, shards=4, worker_id="w"))
+        async with Runtime.open(cluster=redis_server.url) as rt:
+            handle = await rt.create_agent(session_id="v1", loop="gated")
+            vetoed = handle.agent.followup("work over the weekend")
+            await handle.agent.wait_idle()  # the veto settles the message: nothing left to wait for
+            handle.agent.followup("work on monday")
+            await handle.agent.wait_idle()
+            events = await rt.read_events("v1")
+            assert vetoed.id in await rt._redis.smembers(keys.done("v1"))  # recorded, so a redelivery is dropped
+            pending = await rt._redis.xpending(keys.inbox(keys.shard_of("v1", 4), "human"), keys.GROUP)
+    ends = [e.data["reason"] for e in events if e.type == "turn/end"]
+    assert [r["kind"] for r in ends] == ["blocked", "completed"]
+    assert ends[0]["messageIds"] == [vetoed.id]
+    assert pending.pending == 0 and vetoed.id not in worker.ownership.pending
