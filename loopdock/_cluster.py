@@ -8,7 +8,8 @@
             ...
 
 Messages go to the agent's shard as inbox entries (``followup`` returns at once, like the
-embedded agent's; a sender task writes them in order), and events are read from the
+embedded agent's; a sender task writes them in order; ``reserve`` returns a reservation
+whose settlement ``wait()`` reads from the log), and events are read from the
 session's log in Redis, so any process can watch any agent. Nothing here runs agents:
 ``loopdock worker --cluster`` does.
 """
@@ -25,6 +26,7 @@ import attrs
 import coredis
 import trio
 
+from actors import InvalidReservationError, Placement, ReservationState
 from runtime._errors import LoopdockError
 from runtime._events import Event, SessionHeader
 from runtime._ids import MESSAGE_IDS, check_session_id
@@ -206,6 +208,17 @@ class ClusterRuntime:
         await self._request("resume", session_id, {"loop": loop, "driver": driver}, timeout)
         return RemoteHandle(RemoteAgent(self, session_id), self)
 
+    async def fork_session(
+        self, source_id: str, new_id: str, *, upto_seq: int | None = None, timeout: float = REPLY_TIMEOUT
+    ) -> str:
+        """Copy the longest prefix of a session that ends at a turn boundary (at or before
+        ``upto_seq``) into a new one, as the embedded ``fork_session``; the worker owning
+        the new session's shard makes it, durable when this returns. ``resume_agent``
+        makes it live."""
+        body = {"source": check_session_id(source_id, what="source session id"), "upto_seq": upto_seq}
+        await self._request("fork", check_session_id(new_id), body, timeout)
+        return new_id
+
     def get_agent(self, agent_id: str) -> RemoteAgent:
         """A handle on ``agent_id``'s inbox and log (no check that it exists)."""
         return RemoteAgent(self, check_session_id(agent_id))
@@ -310,6 +323,17 @@ class RemoteAgent:
             message = user_message(message, source=ProducerSource(kind="cluster"))
         return self._queue("inject", message)
 
+    def reserve(self, message: Message, placement: Placement = "followup") -> RemoteReservation:
+        """Queue an automatic message and return its reservation, as the embedded agent's
+        ``reserve``: admitted when it enters a model step, rejected at pre-step, or
+        cancelled (a person's input came first, a cancel, a withdrawal). Only producer
+        sources reserve. Its state is read from the session's log (``await wait()``)."""
+        if not isinstance(message.source, ProducerSource):
+            raise InvalidReservationError(f"only producer-owned sources reserve; got {message.source!r}")
+        cursor = self._cursor  # its id is new: nothing before this point of the log names it
+        self._queue("reserve", message, placement)
+        return RemoteReservation(message, placement, self, cursor)
+
     def cancel(self, *, keep_inbox: bool = True) -> None:
         self._sent = self._rt.post(InboxMessage(MESSAGE_IDS.new(), "cancel", self.id, {"keep_inbox": keep_inbox}))
 
@@ -335,12 +359,15 @@ class RemoteAgent:
                 cursor = event.seq + 1
             events = await self._rt.watcher.follow(self.id, cursor)
 
-    def _queue(self, kind: str, message: str | Message) -> Message:
+    def _queue(self, kind: str, message: str | Message, placement: Placement | None = None) -> Message:
         if isinstance(message, str):
             message = user_message(message)
         self._outstanding.add(message.id)
         lane = "auto" if kind == "inject" or isinstance(message.source, ProducerSource) else "human"
-        wire = InboxMessage(message.id, kind, self.id, {"message": message_to_wire(message)}, lane)  # type: ignore[arg-type]
+        body: dict[str, Any] = {"message": message_to_wire(message)}
+        if placement is not None:
+            body["placement"] = placement
+        wire = InboxMessage(message.id, kind, self.id, body, lane)  # type: ignore[arg-type]
         self._sent = self._rt.post(wire)
         return message
 
@@ -351,3 +378,41 @@ class RemoteAgent:
         elif event.type == "turn/end":
             self._open_turn = False
         self._outstanding.difference_update(consumed_ids([event]))
+
+
+@attrs.define(eq=False)
+class RemoteReservation:
+    """A reservation on an agent some worker runs. ``state`` and ``reason`` are the
+    embedded ``Reservation``'s, known once ``wait()`` has read them from the log: its
+    ``user/message`` (admitted), the ``blocked`` ``turn/end`` naming it (rejected, with
+    the listener's reason), or its discard from the inbox (cancelled, with why)."""
+
+    message: Message
+    placement: Placement
+    _agent: RemoteAgent
+    _cursor: int
+    state: ReservationState = "pending"
+    reason: str | None = None
+
+    async def wait(self) -> ReservationState:
+        """Wait until the reservation is settled; its final state."""
+        rt, session_id = self._agent._rt, self._agent.id
+        events = await rt.store.aload_events(session_id, self._cursor)
+        while self.state == "pending":
+            for event in events:
+                self._cursor = event.seq + 1
+                self._settle(event)
+            if self.state == "pending":
+                events = await rt.watcher.follow(session_id, self._cursor)
+        return self.state
+
+    def _settle(self, event: Event) -> None:
+        if self.state != "pending" or self.message.id not in consumed_ids([event]):
+            return
+        if event.type == "user/message":
+            self.state = "admitted"
+        elif event.type == "turn/end":
+            self.state, self.reason = "rejected", str(event.data["reason"].get("reason"))
+        else:
+            reason = event.data.get("reason")
+            self.state, self.reason = "cancelled", reason if isinstance(reason, str) else None

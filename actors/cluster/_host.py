@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast, get_args
 
 import coredis
 import trio
@@ -36,6 +36,7 @@ from runtime.cluster._scripts import SETTLE
 from runtime.cluster._store import RETRYABLE
 
 from .._driver import AgentHandle, CreateAgentOptions, ResumeAgentOptions
+from .._inbox import Placement
 from .._supervisor import Supervisor
 from ..dock import LoopDock
 
@@ -257,18 +258,29 @@ class ShardHost:
             await handle.agent.session.flush()
             await self._settled(token, shard, message, stream, entry_id, live="add")
             await self._reply(message, None)
+        elif message.kind == "fork":  # sent to the new session's shard: its owner creates it
+            if message.session in self.handles or await self.store.aexists(message.session):
+                raise _Refused("SESSION_EXISTS", f"session {message.session!r} already exists")
+            upto = body.get("upto_seq")
+            await self.supervisor.fork_session(
+                str(body.get("source")), message.session, upto_seq=upto if isinstance(upto, int) else None)
+            await self._settled(token, shard, message, stream, entry_id)
+            await self._reply(message, None)
         elif message.kind == "resume":
             await self._activate(message.session, loop=body.get("loop"), driver=body.get("driver"))
             await self._settled(token, shard, message, stream, entry_id)
             await self._reply(message, None)
-        elif message.kind in ("followup", "steer", "inject"):
+        elif message.kind in ("followup", "steer", "inject", "reserve"):
             agent = await self._activate(message.session)
             wire = message_from_wire(body.get("message"))
             if wire.id != message.id:
                 raise _Refused("BAD_INBOX_MESSAGE", "an inbox message's id must be its message's id")
             self.ownership.pending[message.id] = Pending(shard, lane, entry_id)
             try:
-                getattr(agent, message.kind)(wire)
+                if message.kind == "reserve":  # its settlement is read from the log by whoever waits
+                    agent.reserve(wire, _placement(body.get("placement")))
+                else:
+                    getattr(agent, message.kind)(wire)
             except BaseException:
                 self.ownership.pending.pop(message.id, None)
                 raise
@@ -319,7 +331,7 @@ class ShardHost:
             log.warning("inbox message not settled: the shard moved", shard=shard, answer=str(answer))
 
     async def _reply(self, message: InboxMessage, error: BaseException | None) -> None:
-        if message.kind not in ("create", "resume", "dispose"):
+        if message.kind not in ("create", "resume", "fork", "dispose"):
             return
         if error is None:
             answer: dict[str, Any] = {"ok": True}
@@ -378,3 +390,9 @@ class _Refused(LoopdockError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+def _placement(value: object) -> Placement:
+    if value not in get_args(Placement):
+        raise _Refused("BAD_INBOX_MESSAGE", f"a reservation's placement must be one of {get_args(Placement)}")
+    return cast(Placement, value)

@@ -268,30 +268,10 @@ async def test_the_worker_command_says_an_unreachable_cluster_in_one_line(tmp_pa
     assert line.startswith("loopdock: CLUSTER_UNREACHABLE: cannot reach the cluster's Redis: ")
 
 
-GATED_LOOPS = """\
-from loopdock import Reject, StrategyLoop
-
-
-async def no_weekends(pre, next_):
-    if any("weekend" in m.text for m in pre.messages):
-        return Reject("not on weekends")
-    return await next_(pre)
-
-
-def setup(ctx):
-    ctx.on("agent/pre-step", no_weekends)
-
-
-LOOPS = [StrategyLoop(id="gated", setup=setup)]
-"""
-
-
-async def test_a_message_vetoed_at_pre_step_on_a_worker_is_settled_once(redis_server, tmp_path, nursery, monkeypatch):
+async def test_a_message_vetoed_at_pre_step_on_a_worker_is_settled_once(redis_server, tmp_path, nursery):
     from runtime.cluster import _keys as keys
 
-    (tmp_path / "gated_loops.py").write_text(GATED_LOOPS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    config = {"loopPackages": ["gated_loops"]}
+    config = {"loopPackages": ["gated_loops"]}  # tests/gated_loops.py
     with trio.fail_after(30):
         worker = await nursery.start(functools.partial(
             run_worker, redis_server.url, home=tmp_path / "w", config=config, shards=4, worker_id="w"))
@@ -308,3 +288,62 @@ async def test_a_message_vetoed_at_pre_step_on_a_worker_is_settled_once(redis_se
     assert [r["kind"] for r in ends] == ["blocked", "completed"]
     assert ends[0]["messageIds"] == [vetoed.id]
     assert pending.pending == 0 and vetoed.id not in worker.ownership.pending
+
+
+async def test_fork_from_a_client_copies_whole_turns_and_the_fork_lives_on_its_own(redis_server, worker):
+    from loopdock._cluster import ClusterRequestError
+
+    with trio.fail_after(30):
+        async with Runtime.open(cluster=redis_server.url) as rt:
+            handle = await rt.create_agent(session_id="src", loop="minimal-first")
+            for text in ("first", "second"):
+                handle.agent.followup(text)
+                await handle.agent.wait_idle()
+            source = await rt.read_events("src")
+            second_start = [e.seq for e in source if e.type == "turn/start"][1]
+            assert await rt.fork_session("src", "whole") == "whole"
+            await rt.fork_session("src", "half", upto_seq=second_start + 1)  # inside the second turn
+            whole, half = await rt.read_events("whole"), await rt.read_events("half")
+            headers = {h.id: h for h in await rt.list_sessions()}
+
+            forked = await rt.resume_agent(resume_session_id="whole")
+            forked.agent.followup("only in the fork")
+            await forked.agent.wait_idle()
+            assert await rt.read_events("src") == source
+
+            with pytest.raises(ClusterRequestError) as exists:
+                await rt.fork_session("src", "whole")
+            with pytest.raises(ClusterRequestError) as missing:
+                await rt.fork_session("no-such-session", "orphan")
+            assert not await rt.store.aexists("orphan")
+    assert [(e.type, e.data) for e in whole] == [(e.type, e.data) for e in source]
+    first_end = [e.seq for e in source if e.type == "turn/end"][0]
+    assert [(e.type, e.data) for e in half] == [(e.type, e.data) for e in source[: first_end + 1]]
+    assert headers["whole"].parent_session == "src" and headers["whole"].forked_events == len(source)
+    assert (exists.value.code, missing.value.code) == ("SESSION_EXISTS", "SESSION_NOT_FOUND")
+
+
+async def test_fork_of_a_session_live_on_another_worker_copies_its_durable_turns(redis_server, tmp_path, nursery):
+    from runtime.cluster import shard_of
+
+    with trio.fail_after(60):
+        a = await nursery.start(functools.partial(
+            run_worker, redis_server.url, home=tmp_path / "a", shards=4, lease_ttl=1.0, worker_id="a"))
+        b = await nursery.start(functools.partial(
+            run_worker, redis_server.url, home=tmp_path / "b", shards=4, lease_ttl=1.0, worker_id="b"))
+        while len(b.ownership.tokens) < 2:  # the first hands shards over, one per tick
+            await trio.sleep(0.05)
+        on_a = next(f"s{i}" for i in range(100) if shard_of(f"s{i}", 4) in a.ownership.tokens)
+        on_b = next(f"f{i}" for i in range(100) if shard_of(f"f{i}", 4) in b.ownership.tokens)
+        async with Runtime.open(cluster=redis_server.url) as rt:
+            handle = await rt.create_agent(session_id=on_a, loop="minimal-first")
+            handle.agent.followup("on a")
+            await handle.agent.wait_idle()
+            await rt.fork_session(on_a, on_b)
+            forked = await rt.resume_agent(resume_session_id=on_b)
+            forked.agent.followup("on b")
+            await forked.agent.wait_idle()
+            source, fork = await rt.read_events(on_a), await rt.read_events(on_b)
+    assert on_a in a.host.handles and on_b in b.host.handles
+    assert [(e.type, e.data) for e in fork[: len(source)]] == [(e.type, e.data) for e in source]
+    assert [e.data["content"][0]["text"] for e in fork if e.type == "user/message"] == ["on a", "on b"]
