@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import random
 import shutil
 import sqlite3
@@ -137,12 +138,13 @@ class NoopDriver:
 
 
 class Recorder:
-    """Times followups to the admission of their turn's first step, through an
-    outermost ``agent/pre-step`` listener (it reads the clock after ``await next_(pre)``,
-    right before ``step/start``)."""
+    """Times followups to the admission of the step they enter, through an outermost
+    ``agent/pre-step`` listener (it reads the clock after ``await next_(pre)``, right
+    before ``step/start``). Keyed by message, so an agent sent a second message before
+    its first was admitted loses neither."""
 
     def __init__(self) -> None:
-        self.sent: dict[str, float] = {}  # agent id -> intended arrival of its followup
+        self.sent: dict[str, float] = {}  # message id -> intended arrival
         self.admission: list[float] = []
 
     def setup(self, ctx: Any) -> None:
@@ -150,8 +152,8 @@ class Recorder:
 
     async def _listener(self, pre: Any, next_: Any) -> Any:
         verdict = await next_(pre)
-        if pre.step == 1:
-            t0 = self.sent.pop(pre.agent_id, None)
+        for message in pre.messages:
+            t0 = self.sent.pop(message.id, None)
             if t0 is not None:
                 self.admission.append(trio.current_time() - t0)
         return verdict
@@ -316,8 +318,11 @@ async def run_priority(params: dict[str, Any], progress: Progress) -> dict[str, 
     (idle agents people talk to), ``automatic`` (agents running automatic turns),
     ``think`` (seconds between one automatic turn's end and the next; 0 = back to back),
     ``rate`` (people per second, Poisson), ``seconds`` (how long people arrive),
-    ``seed``. Each person's followup is timed from its *intended* arrival (so a late
-    sender counts against us) to the admission of its first step."""
+    ``drain`` (how long after the last arrival people are waited for; None: until every
+    one is admitted), ``seed``. Each person's followup is timed from its *intended*
+    arrival (so a late sender counts against us) to the admission of its first step; a
+    person still waiting when ``drain`` runs out counts with the wait so far (a lower
+    bound: ``admission.censored`` says how many)."""
     scenario = params["scenario"]
     slots = {"automatic_slots": 10**9} if scenario.endswith("ungated") else {}
     home = _Home(params.get("home_parent"))
@@ -369,12 +374,15 @@ async def run_priority(params: dict[str, Any], progress: Progress) -> dict[str, 
                     for i, due in enumerate(arrivals):
                         await trio.sleep_until(due)
                         agent = holders[i % len(holders)].agent
-                        recorder.sent[agent.id] = due
-                        agent.followup(HUMAN_TEXT)
+                        recorder.sent[agent.followup(HUMAN_TEXT).id] = due  # admitted at a later checkpoint
                         progress(i / len(arrivals), f"priority {scenario}")
                     await trio.sleep_until(end)
-                    for handle in holders:
-                        await handle.agent.wait_idle()
+                    drain = params.get("drain")
+                    with trio.move_on_at(end + drain if drain is not None else math.inf):
+                        for handle in holders:
+                            await handle.agent.wait_idle()
+                    censored = [trio.current_time() - due for due in recorder.sent.values()]
+                    admitted = list(recorder.admission)
                 with_people = (automatic_turns - before) / (trio.current_time() - t0)
                 people_cpu = time.process_time() - cpu0
                 busy = rt.supervisor.admission
@@ -384,7 +392,7 @@ async def run_priority(params: dict[str, Any], progress: Progress) -> dict[str, 
     return {
         "scenario": scenario, "holders": params["holders"], "automatic_agents": params["automatic"],
         "people": len(arrivals), "rate": params["rate"],
-        "admission": summary_ms(recorder.admission),
+        "admission": {**summary_ms(admitted + censored), "censored": len(censored)},
         "automatic_turns_per_s_alone": alone, "automatic_turns_per_s_with_people": with_people,
         "cpu_share_alone": alone_cpu / (params["seconds"] / 2), "cpu_share_with_people": people_cpu / params["seconds"],
         "gate": {"granted": busy.granted, "waited": busy.waited, "stalled": busy.stalled},

@@ -32,7 +32,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "turns": {"n": 1000, "k": 5},
         "bare": {"n": 1000, "k": 10},
         "priority": {
-            "holders": 200, "rate": 50, "seconds": 3,
+            # drain: people still waiting 5 s after the last arrival count with their wait
+            # so far (only the gate-off scenario gets there; waiting it out took a minute).
+            "holders": 200, "rate": 50, "seconds": 3, "drain": 5,
             # automatic agents and their think time (s) between turns
             "scenarios": {"idle": [0, 0], "busy": [100, 0.25], "saturated": [200, 0], "saturated-ungated": [200, 0]},
         },
@@ -53,7 +55,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "turns": {"n": 100, "k": 3},
         "bare": {"n": 100, "k": 5},
         "priority": {
-            "holders": 20, "rate": 40, "seconds": 1,
+            "holders": 20, "rate": 40, "seconds": 1, "drain": 5,
             "scenarios": {"idle": [0, 0], "busy": [10, 0.05], "saturated": [30, 0], "saturated-ungated": [30, 0]},
         },
         "history": {"turns": 200, "block": 50},

@@ -90,7 +90,8 @@ def render(results: dict[str, Any]) -> dict[str, str]:
             continue
         automatic = cfg["priority"]["scenarios"][scenario]
         rows.append([
-            scenario + (" (gate off)" if scenario.endswith("ungated") else ""), f"{automatic[0]}",
+            scenario + (" (gate off)" if scenario.endswith("ungated") else "") + _censored(f, key, cfg),
+            f"{automatic[0]}",
             spread(f[key]["automatic_turns_per_s_alone"], 0), spread(r.get(f"automatic_kept:{scenario}"), 2),
             spread(f[key]["admission.p50_ms"], 2), spread(f[key]["admission.p99_ms"], 1),
             spread(f[key]["admission.max_ms"], 1), spread(f[key]["gc.max_ms"], 1),
@@ -98,7 +99,9 @@ def render(results: dict[str, Any]) -> dict[str, str]:
     p = cfg["priority"]
     out["People first, open-loop arrivals"] = (
         f"{p['rate']} people/s (Poisson) for {p['seconds']} s per run at {p['holders']} idle agents, timed from the intended "
-        "arrival to the admission of the turn's first step.\n\n"
+        "arrival to the admission of the turn's first step"
+        + (f"; a person still waiting {p['drain']} s after the last arrival counts with the wait so far" if "drain" in p else "")
+        + ".\n\n"
         + _table(["scenario", "automatic agents", "automatic turns/s without people", "kept with people (x)",
                   "admission p50 ms", "p99 ms", "max ms", "longest GC pause ms"], rows))
 
@@ -181,12 +184,20 @@ PROFILE_FIGURES = (
 )
 
 
+def _censored(figures: dict[str, Any], key: str, cfg: dict[str, Any]) -> str:
+    """A note for admission figures some of whose waits were cut at the drain time."""
+    censored = figures.get(key, {}).get("admission.censored")
+    if not censored or not censored["max"]:
+        return ""
+    return f" (at least: waits cut {cfg['priority']['drain']} s after the last arrival)"
+
+
 def profile_table(results: dict[str, Any]) -> str:
     cfg = results["config"]
     sizes = {**cfg["history"], **cfg["memory"], "idle_n": cfg["idle"]["n"]}
     rows = []
     for label, key, path in PROFILE_FIGURES:
-        label = label.format(**sizes)
+        label = label.format(**sizes) + (_censored(results["figures"], key, cfg) if path.startswith("admission") else "")
         figures = results["figures"].get(key, {})
         if path == "gc.by_generation":
             run = results["runs"].get(key, [{}])[0]
