@@ -391,7 +391,7 @@ async def run_priority(params: dict[str, Any], progress: Progress) -> dict[str, 
         home.remove()
     return {
         "scenario": scenario, "holders": params["holders"], "automatic_agents": params["automatic"],
-        "people": len(arrivals), "rate": params["rate"],
+        "people": len(arrivals), "rate": params["rate"], "drain": params.get("drain"),
         "admission": {**summary_ms(admitted + censored), "censored": len(censored)},
         "automatic_turns_per_s_alone": alone, "automatic_turns_per_s_with_people": with_people,
         "cpu_share_alone": alone_cpu / (params["seconds"] / 2), "cpu_share_with_people": people_cpu / params["seconds"],

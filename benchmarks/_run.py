@@ -119,7 +119,7 @@ def plan(cfg: dict[str, Any], have_peer: bool) -> list[tuple[str, str, dict[str,
         prio = cfg["priority"]
         for scenario, (automatic, think) in prio["scenarios"].items():
             params = {"scenario": scenario, "holders": prio["holders"], "automatic": automatic, "think": think,
-                      "rate": prio["rate"], "seconds": prio["seconds"], "seed": r + 1}
+                      "rate": prio["rate"], "seconds": prio["seconds"], "drain": prio.get("drain"), "seed": r + 1}
             steps.append((f"priority:{scenario}", "priority", params, r))
         steps.append(("history", "history", cfg["history"], r))
         steps.append(("loops", "loops", cfg["loops"], r))

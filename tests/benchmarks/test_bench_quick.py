@@ -70,7 +70,7 @@ def check_results(results, out_dir, *, peer_ok, repeats) -> None:
         for run in runs[f"priority:{scenario}"]:
             # every person counted once: admitted, or still waiting when the drain ran out
             assert run["people"] > 0 and run["admission"]["samples"] == run["people"]
-            assert 0 <= run["admission"]["censored"] <= run["people"]
+            assert 0 <= run["admission"]["censored"] <= run["people"] and run["drain"] == 0
             check_latency(run["admission"])
             if run["automatic_agents"]:
                 assert positive(run["automatic_turns_per_s_alone"])
