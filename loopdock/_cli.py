@@ -362,6 +362,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # a file or socket the user named; a one-line reason
         print(f"loopdock: {exc.strerror or exc}{': ' + str(exc.filename) if exc.filename else ''}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:
+        if exc.name != "coredis":
+            raise
+        print("loopdock: the cluster needs coredis: pip install 'loopdock[cluster]'", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

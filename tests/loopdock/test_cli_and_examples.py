@@ -10,6 +10,7 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
 import trio
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,3 +122,16 @@ async def test_an_embedded_runtime_prints_nothing(tmp_path):
     )
     code, out, err = await run(str(program), cwd=tmp_path)
     assert (code, out, err) == (0, "", "")
+
+
+@pytest.mark.parametrize("command", [["worker", "--cluster", "redis://127.0.0.1:1/0"],
+                                     ["serve", "--no-loopx", "--cluster", "redis://127.0.0.1:1/0"]])
+def test_the_cluster_without_coredis_says_what_to_install(command, monkeypatch, capsys, tmp_path):
+    from loopdock._cli import main
+
+    # As after `pip install loopdock` without the [cluster] extra: coredis cannot be imported.
+    for name in [m for m in sys.modules if m.split(".")[0] == "coredis" or ".cluster" in m or m.endswith("_worker")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "coredis", None)
+    assert main([*command, "--home", str(tmp_path / "home")]) == 2
+    assert capsys.readouterr().err.strip() == "loopdock: the cluster needs coredis: pip install 'loopdock[cluster]'"
