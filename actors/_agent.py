@@ -417,7 +417,9 @@ class AgentActor:
             if self._turn_scope.cancelled_caught:
                 reason = {"kind": "aborted", "cause": self._cancel_cause or "cancelled"}
         except TurnBlocked as blocked:
-            reason = {"kind": "blocked", "reason": blocked.reason, "messageIds": blocked.message_ids}
+            reason = {"kind": "blocked", "reason": blocked.reason}
+            if blocked.message_ids:  # a step with no new message (a turn's later step) names none
+                reason["messageIds"] = blocked.message_ids
         except Exception as exc:
             self.log.warning("turn failed", turn=turn.number, error=repr(exc))
             reason = {"kind": "error", "message": safe_message(exc)}
