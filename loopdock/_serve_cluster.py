@@ -7,11 +7,12 @@ cluster's agents on the console next to DSH's (``ClusterFollower``).
 The follower looks every ``period`` seconds: which sessions are live in the cluster (the
 shards' live sets: created or resumed, not disposed; a session whose worker died stays
 live, as the shard's next owner resumes it), and what each live session's log added since
-it last looked (one ``XREAD`` per 500 sessions, only the turn and binding events decoded).
-Each live session is a console row of origin ``cluster``: its loop and driver, its turns,
-how the last one ended, and ``running`` while a turn is open in its log, else ``idle``.
-Its inbox count is the worker's to know and stays 0 here. The row goes when the session
-is disposed. Redis out of reach only delays the rows: the follower logs it and looks again.
+it last looked (one ``XREAD`` per 500 sessions, only the turn, binding and inbox events
+decoded). Each live session is a console row of origin ``cluster``: its loop and driver,
+its turns, how the last one ended, ``running`` while a turn is open in its log, else
+``idle``, and its inbox (the messages its log shows inserted and not yet claimed or
+discarded). The row goes when the session is disposed. Redis out of reach only delays
+the rows: the follower logs it and looks again.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ log = get_logger(__name__)
 ORIGIN = "cluster"
 #: How often the console looks at the cluster by default.
 FOLLOW_PERIOD = 1.0
-_FOLLOWED_TYPES = frozenset({"turn/start", "turn/end", BINDING_EVENT})
+_FOLLOWED_TYPES = frozenset({"turn/start", "turn/end", "agent/inbox/spliced", BINDING_EVENT})
 
 
 async def check_registry(cluster: ClusterRuntime, dock: LoopDock) -> int:
@@ -61,9 +62,16 @@ class _Followed:
     open_turn: bool = False
     last_turn: str | None = None
     binding: Route | None = None
+    inbox: set[str] = attrs.field(factory=set)  # ids inserted and not claimed or discarded yet
 
     def fold(self, event: Event) -> None:
-        if event.type == "turn/start":
+        if event.type == "agent/inbox/spliced":
+            message_id = str(event.data.get("messageId"))
+            if event.data.get("op") == "insert":
+                self.inbox.add(message_id)  # (again, for a message a takeover delivers again)
+            else:
+                self.inbox.discard(message_id)
+        elif event.type == "turn/start":
             self.turns += 1
             self.open_turn = True
         elif event.type == "turn/end":
@@ -120,5 +128,8 @@ class ClusterFollower:
             for event in events:
                 followed.fold(event)
             view = RuntimeView(followed.binding, followed.turns, followed.last_turn)
+            row = console.rows.get(session_id)
+            if row is not None:
+                row.inbox = len(followed.inbox)  # published with the status below
             status = LiveEvent("agent/status", session_id, {"status": "running" if followed.open_turn else "idle"})
             console.apply_live(ORIGIN, status, view)

@@ -71,7 +71,7 @@ async def test_the_console_shows_a_cluster_agent_its_turns_and_its_disposal(redi
             assert (console.rows["c1"].turns, console.rows["c1"].loop) == (2, "minimal-first")
 
 
-async def test_a_turn_open_in_the_log_shows_running_and_a_dead_workers_agent_stays(redis_server, tmp_path, nursery):
+async def test_a_turn_open_in_the_log_shows_running_with_the_inbox_and_a_dead_workers_agent_stays(redis_server, tmp_path, nursery):
     from cluster_workers import start_worker
 
     console = ConsoleHandler()
@@ -84,18 +84,21 @@ async def test_a_turn_open_in_the_log_shows_running_and_a_dead_workers_agent_sta
             async for event in handle.agent.events():
                 if event.type == "tool/call":
                     break
+            queued = handle.agent.followup("after the sleep")
+            async for event in handle.agent.events():
+                if event.type == "agent/inbox/spliced" and event.data["messageId"] == queued.id:
+                    break
             await follower.look(console)
-            assert (console.rows["r1"].status, console.rows["r1"].turns) == ("running", 1)
+            row = console.rows["r1"]
+            assert (row.status, row.turns, row.inbox) == ("running", 1, 1)
             a.signal(signal.SIGKILL)  # the session stays live for the shard's next owner
             await a.process.wait()
             await follower.look(console)
-            assert console.rows["r1"].status == "running"
+            assert (row.status, row.inbox) == ("running", 1)
             b = await start_worker(nursery, redis_server.url, tmp_path / "b", "b")
-            async for event in handle.agent.events():
-                if event.type == "turn/end":
-                    break
+            await handle.agent.wait_idle()  # the turn ends interrupted; the queued message runs once
             await follower.look(console)
-            assert (console.rows["r1"].status, console.rows["r1"].last_turn) == ("idle", "interrupted")
+            assert (row.status, row.turns, row.last_turn, row.inbox) == ("idle", 2, "completed", 0)
             await b.stop()
 
 
