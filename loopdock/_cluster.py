@@ -34,6 +34,7 @@ from runtime._logging import get_logger
 from runtime._messages import Message, ProducerSource, user_message
 from runtime._serde import message_to_wire
 from runtime.cluster import (
+    RETRYABLE,
     ClusterUnreachableError,
     InboxMessage,
     Ownership,
@@ -43,7 +44,7 @@ from runtime.cluster import (
     live_workers,
 )
 from runtime.cluster import _keys as keys
-from runtime.cluster._store import RETRYABLE, consumed_ids, decode_event
+from runtime.cluster._store import consumed_ids, decode_event
 
 log = get_logger(__name__)
 

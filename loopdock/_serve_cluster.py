@@ -27,7 +27,7 @@ from bridge._console import ConsoleHandler, RuntimeView
 from runtime._events import Event
 from runtime._logging import get_logger
 from runtime._store import StoreError
-from runtime.cluster._store import RETRYABLE
+from runtime.cluster import RETRYABLE
 
 from ._cluster import ClusterRuntime
 from ._worker import fingerprint
@@ -113,10 +113,8 @@ class ClusterFollower:
         for session_id in sorted(self.sessions.keys() - live):
             del self.sessions[session_id]
             console.apply_live(ORIGIN, LiveEvent("agent/disposed", session_id, {}))
-        for session_id in sorted(live - self.sessions.keys()):
-            header = await self._cluster.store.aheader(session_id)
-            if header is None:  # live before its header: it shows at the next look
-                continue
+        headers = await self._cluster.store.aheaders(sorted(live - self.sessions.keys()))
+        for session_id, header in headers.items():  # one live before its header shows next time
             self.sessions[session_id] = _Followed(header.cwd)
             created = LiveEvent("agent/created", session_id, {"sessionId": session_id, "cwd": header.cwd})
             console.apply_live(ORIGIN, created)

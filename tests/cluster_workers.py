@@ -1,4 +1,5 @@
-"""Real worker processes (``loopdock worker --cluster``) for the cluster's fault tests."""
+"""Real worker processes (``loopdock worker --cluster``) for the cluster's tests, and
+``until_event``: wait for an event in a (remote) agent's log."""
 
 from __future__ import annotations
 
@@ -71,3 +72,11 @@ async def start_worker(nursery: trio.Nursery, url: str, home: Path, name: str, *
     with trio.fail_after(60):
         await worker.until(f"loopdock worker {name}: serving")
     return worker
+
+
+async def until_event(agent, predicate, start=0):
+    """The first event of ``agent``'s log from seq ``start`` on for which ``predicate``
+    holds, once it is durable."""
+    async for event in agent.events(start):
+        if predicate(event):
+            return event

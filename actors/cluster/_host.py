@@ -30,10 +30,9 @@ import trio
 from runtime._errors import LoopdockError, safe_message
 from runtime._logging import get_logger
 from runtime._serde import message_from_wire
-from runtime.cluster import BadInboxMessageError, InboxMessage, Ownership, Pending, RedisSessionStore
+from runtime.cluster import RETRYABLE, BadInboxMessageError, InboxMessage, Ownership, Pending, RedisSessionStore
 from runtime.cluster import _keys as keys
 from runtime.cluster._scripts import SETTLE
-from runtime.cluster._store import RETRYABLE
 
 from .._driver import AgentHandle, CreateAgentOptions, ResumeAgentOptions
 from .._inbox import Placement
@@ -241,8 +240,7 @@ class ShardHost:
         stream = keys.inbox(shard, lane)
         body = message.body
         if message.kind == "create":
-            if message.session in self.handles or await self.store.aexists(message.session):
-                raise _Refused("SESSION_EXISTS", f"session {message.session!r} already exists")
+            await self._check_new(message.session)
             await self._disposed(message.session)
             self.ownership.active[message.session] = token
             try:
@@ -259,8 +257,7 @@ class ShardHost:
             await self._settled(token, shard, message, stream, entry_id, live="add")
             await self._reply(message, None)
         elif message.kind == "fork":  # sent to the new session's shard: its owner creates it
-            if message.session in self.handles or await self.store.aexists(message.session):
-                raise _Refused("SESSION_EXISTS", f"session {message.session!r} already exists")
+            await self._check_new(message.session)
             upto = body.get("upto_seq")
             await self.supervisor.fork_session(
                 str(body.get("source")), message.session, upto_seq=upto if isinstance(upto, int) else None)
@@ -293,6 +290,10 @@ class ShardHost:
             await self._dispose(message.session)
             await self._settled(token, shard, message, stream, entry_id, live="remove")
             await self._reply(message, None)
+
+    async def _check_new(self, session_id: str) -> None:
+        if session_id in self.handles or await self.store.aexists(session_id):
+            raise _Refused("SESSION_EXISTS", f"session {session_id!r} already exists")
 
     async def _activate(self, session_id: str, *, loop: str | None = None, driver: str | None = None) -> Any:
         handle = self.handles.get(session_id)

@@ -23,10 +23,9 @@ import trio
 
 from runtime._errors import LoopdockError
 from runtime._logging import get_logger
-from runtime.cluster import Ownership
+from runtime.cluster import RETRYABLE, Ownership
 from runtime.cluster import _keys as keys
 from runtime.cluster._scripts import ACQUIRE, HEARTBEAT, LEAVE, RELEASE, RENEW
-from runtime.cluster._store import RETRYABLE
 
 log = get_logger(__name__)
 

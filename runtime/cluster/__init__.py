@@ -1,6 +1,7 @@
 """The cluster's infrastructure on Redis: key layout, Lua scripts, the session store that
 any worker can continue, and the wire form of inbox messages (see docs/cluster.md)."""
 
+from ._connect import RETRYABLE as RETRYABLE
 from ._connect import ClusterConfigError as ClusterConfigError
 from ._connect import ClusterUnreachableError as ClusterUnreachableError
 from ._connect import ClusterUrlError as ClusterUrlError

@@ -11,6 +11,9 @@ from .._errors import LoopdockError
 from . import _keys as keys
 from ._scripts import LIVE_WORKERS
 
+#: Errors after which a command is worth trying again on a new connection.
+RETRYABLE = (coredis.exceptions.ConnectionError, TimeoutError, OSError)
+
 
 class ClusterUrlError(LoopdockError):
     """The cluster URL is not ``redis://HOST:PORT/DB``."""
@@ -74,7 +77,7 @@ async def cluster_shards(redis: Any, wanted: int | None) -> int:
     try:
         await redis.hsetnx(keys.META, "shards", str(wanted or keys.DEFAULT_SHARDS))
         have = int(await redis.hget(keys.META, "shards"))
-    except (coredis.exceptions.ConnectionError, TimeoutError, OSError) as exc:
+    except RETRYABLE as exc:
         raise ClusterUnreachableError(f"cannot reach the cluster's Redis: {exc}") from None
     if wanted is not None and wanted != have:
         raise ClusterConfigError(f"the cluster has {have} shards; this worker was asked for {wanted}")

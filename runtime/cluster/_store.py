@@ -10,8 +10,7 @@ async client serves both. Redis persists with its append-only file (see docs/clu
 
 Fencing: appending to a session needs the lease of its shard, the very lease its live
 agent was activated under (``Ownership.active``); the check and the append are one Lua
-script. Creating a session
-needs no lease, only that the session not exist yet (a fork may create a session on a
+script. Creating a session needs no lease, only that the session not exist yet (a fork may create a session on a
 shard another worker owns). A commit also records the ids of the messages its events
 consumed and acknowledges their inbox entries, in the same script: a message is
 acknowledged exactly when its effect is durable.
@@ -35,6 +34,7 @@ from .._logging import get_logger
 from .._serde import header_from_wire, header_to_wire
 from .._store import StoreError, Write, encode_json
 from . import _keys as keys
+from ._connect import RETRYABLE
 from ._ownership import Ownership, Pending
 from ._scripts import COMMIT
 
@@ -42,13 +42,12 @@ log = get_logger(__name__)
 
 T = TypeVar("T")
 
-#: Errors after which a command is worth trying again on a new connection.
-RETRYABLE = (coredis.exceptions.ConnectionError, TimeoutError, OSError)
+#: The most log entries one read returns (the rest come with the next).
+_READ_CHUNK = 2_000
 
 
 class _ScriptGone(Exception):
     """The commit script is no longer in Redis's cache: load it and try again."""
-_READ_CHUNK = 2_000
 
 
 def consumed_ids(events: Sequence[Event]) -> list[str]:
@@ -73,6 +72,17 @@ def consumed_ids(events: Sequence[Event]) -> list[str]:
 def decode_event(seq: int, fields: dict[str, str]) -> Event:
     """An event from its log stream entry's fields."""
     return Event(type=fields["t"], seq=seq, time=int(fields["m"]), data=json.loads(fields["d"]))
+
+
+def _decoded(entries: Sequence[Any], types: Collection[str] | None) -> list[Event]:
+    """The events of log stream ``entries`` whose type is in ``types`` (None: all); only
+    those are JSON-decoded."""
+    events = []
+    for entry in entries:
+        fields = {str(k): str(v) for k, v in entry.field_values.items()}
+        if types is None or fields["t"] in types:
+            events.append(decode_event(keys.seq_of(str(entry.identifier)), fields))
+    return events
 
 
 class RedisSessionStore:
@@ -139,11 +149,7 @@ class RedisSessionStore:
             chunk = await self._retrying(
                 "read events", lambda: self._redis.xrange(keys.log(session_id), low, high, count=_READ_CHUNK)
             )
-            for entry in chunk:
-                seq = keys.seq_of(str(entry.identifier))
-                fields = {str(k): str(v) for k, v in entry.field_values.items()}
-                if types is None or fields["t"] in types:
-                    events.append(decode_event(seq, fields))
+            events.extend(_decoded(chunk, types))
             if len(chunk) < _READ_CHUNK:
                 return events
             low = keys.log_id(keys.seq_of(str(chunk[-1].identifier)) + 1)
@@ -161,12 +167,8 @@ class RedisSessionStore:
             streams = {keys.log(s): keys.log_id(cursors[s] - 1) if cursors[s] else "0-0" for s in ids[start : start + 500]}
             reply = await self._retrying("read logs", lambda: self._redis.xread(streams, count=_READ_CHUNK))
             for stream, entries in (reply or {}).items():
-                events = []
-                for entry in entries:
-                    fields = {str(k): str(v) for k, v in entry.field_values.items()}
-                    if fields["t"] in types:
-                        events.append(decode_event(keys.seq_of(str(entry.identifier)), fields))
-                found[keys.session_of_log(str(stream))] = (keys.seq_of(str(entries[-1].identifier)) + 1, events)
+                last = keys.seq_of(str(entries[-1].identifier))
+                found[keys.session_of_log(str(stream))] = (last + 1, _decoded(entries, types))
         return found
 
     async def aload_outline(
@@ -183,12 +185,19 @@ class RedisSessionStore:
 
     async def alist_headers(self) -> list[SessionHeader]:
         ids = await self._retrying("list sessions", lambda: self._redis.zrange(keys.SESSIONS, 0, -1))
-        headers: list[SessionHeader] = []
-        for start in range(0, len(ids), 500):
-            part = ids[start : start + 500]
+        headers = await self.aheaders([str(i) for i in ids])
+        return sorted(headers.values(), key=lambda h: (h.created_at, h.id))
+
+    async def aheaders(self, session_ids: Sequence[str]) -> dict[str, SessionHeader]:
+        """The headers of those of ``session_ids`` that exist, one ``MGET`` per 500."""
+        headers: dict[str, SessionHeader] = {}
+        for start in range(0, len(session_ids), 500):
+            part = session_ids[start : start + 500]
             raws = await self._retrying("read headers", lambda: self._redis.mget([keys.header(i) for i in part]))
-            headers.extend(header_from_wire(json.loads(raw)) for raw in raws if raw is not None)
-        return sorted(headers, key=lambda h: (h.created_at, h.id))
+            for session_id, raw in zip(part, raws):
+                if raw is not None:
+                    headers[session_id] = header_from_wire(json.loads(raw))
+        return headers
 
     async def acommit(self, batch: Sequence[Write]) -> dict[str, StoreError]:
         """Every session's part in one pipelined round trip, each part one fenced script."""

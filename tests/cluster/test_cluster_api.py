@@ -6,6 +6,7 @@ import functools
 
 import pytest
 import trio
+from cluster_workers import until_event
 
 from loopdock import Runtime
 from loopdock._worker import run_worker
@@ -125,9 +126,7 @@ async def test_cancel_ends_the_running_turn_aborted_and_resume_keeps_the_bound_l
         async with Runtime.open(cluster=redis_server.url) as rt:
             handle = await rt.create_agent(session_id="c1", loop="minimal-first")
             handle.agent.followup('call: shell {"command": "sleep 30"}')
-            async for event in handle.agent.events():
-                if event.type == "tool/call":
-                    break
+            await until_event(handle.agent, lambda e: e.type == "tool/call")
             handle.agent.cancel()
             await handle.agent.wait_idle()
             await handle.dispose()
@@ -188,9 +187,7 @@ async def test_a_lease_lost_and_taken_again_delivers_the_queued_message_once(red
         async with Runtime.open(cluster=redis_server.url) as rt:
             handle = await rt.create_agent(session_id="q1", loop="minimal-first")
             handle.agent.followup('call: shell {"command": "sleep 30"}')
-            async for event in handle.agent.events():
-                if event.type == "tool/call":
-                    break
+            await until_event(handle.agent, lambda e: e.type == "tool/call")
             queued = handle.agent.followup("queued behind the long turn")
             await rt.wait_sent()
             while queued.id not in w.ownership.pending:  # handed to the agent, not durable yet
@@ -245,9 +242,7 @@ async def test_closing_the_client_writes_what_followup_queued(redis_server, work
             handle = await rt.create_agent(session_id="f1", loop="minimal-first")
             sent = handle.agent.followup("last words")  # returns before the message is in Redis
         async with Runtime.open(cluster=redis_server.url) as again:
-            async for event in again.get_agent("f1").events():
-                if event.type == "user/message":
-                    break
+            event = await until_event(again.get_agent("f1"), lambda e: e.type == "user/message")
     assert event.data["id"] == sent.id
 
 

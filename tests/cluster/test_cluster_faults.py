@@ -6,18 +6,12 @@ import json
 import signal
 
 import trio
-from cluster_workers import start_worker
+from cluster_workers import start_worker, until_event
 
 from loopdock import Runtime
 from runtime._messages import ProducerSource, user_message
 
 SLEEP_CALL = 'call: shell {"command": "sleep 30"}'
-
-
-async def _until_event(agent, predicate, start=0):
-    async for event in agent.events(start):
-        if predicate(event):
-            return event
 
 
 async def test_kill_9_mid_turn_moves_the_shard_and_the_turn_ends_interrupted(redis_server, tmp_path, nursery):
@@ -26,7 +20,7 @@ async def test_kill_9_mid_turn_moves_the_shard_and_the_turn_ends_interrupted(red
         async with Runtime.open(cluster=redis_server.url) as rt:
             handle = await rt.create_agent(session_id="k1", loop="minimal-first")
             first = handle.agent.followup(SLEEP_CALL)
-            await _until_event(handle.agent, lambda e: e.type == "tool/call")
+            await until_event(handle.agent, lambda e: e.type == "tool/call")
             queued = handle.agent.followup("after the crash")
             await rt.wait_sent()
             a.signal(signal.SIGKILL)
@@ -48,10 +42,10 @@ async def test_a_worker_paused_past_its_lease_cannot_write_after_it_resumes(redi
         async with Runtime.open(cluster=redis_server.url) as rt:
             handle = await rt.create_agent(session_id="p1", loop="minimal-first")
             handle.agent.followup('call: shell {"command": "sleep 2"}')
-            await _until_event(handle.agent, lambda e: e.type == "tool/call")
+            await until_event(handle.agent, lambda e: e.type == "tool/call")
             a.signal(signal.SIGSTOP)
             b = await start_worker(nursery, redis_server.url, tmp_path / "b", "b")
-            interrupted = await _until_event(
+            interrupted = await until_event(
                 handle.agent, lambda e: e.type == "turn/end" and e.data["reason"]["kind"] == "interrupted")
             # A wakes up after its sleep tool finished: everything it tries to write
             # for that turn must be refused.
@@ -123,7 +117,7 @@ async def test_a_message_sent_twice_is_processed_once(redis_server, tmp_path, nu
             rt.post(wire)  # a producer's retry: the same id again
             agent = rt.get_agent("d1")
             await rt.wait_sent()
-            await _until_event(agent, lambda e: e.type == "turn/end")
+            await until_event(agent, lambda e: e.type == "turn/end")
             rt.post(wire)  # and once more, after it was processed
             agent.followup("a marker")
             await agent.wait_idle()

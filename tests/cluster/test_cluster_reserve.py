@@ -10,6 +10,7 @@ import signal
 
 import pytest
 import trio
+from cluster_workers import until_event
 
 from actors import InvalidReservationError
 from loopdock import Runtime
@@ -25,12 +26,6 @@ async def worker(redis_server, tmp_path, nursery):
     return await nursery.start(functools.partial(
         run_worker, redis_server.url, home=tmp_path / "w", config={"loopPackages": ["gated_loops"]}, shards=4,
         worker_id="w", shell=ShellPolicy(allow=frozenset({"sleep"}))))
-
-
-async def _until(agent, predicate):
-    async for event in agent.events():
-        if predicate(event):
-            return event
 
 
 async def test_a_reservation_on_an_idle_agent_is_admitted(redis_server, worker):
@@ -61,9 +56,9 @@ async def test_a_persons_message_cancels_a_reservation_not_yet_admitted(redis_se
         async with Runtime.open(cluster=redis_server.url) as rt:
             handle = await rt.create_agent(session_id="r3", loop="gated")
             handle.agent.followup('call: shell {"command": "sleep 1"}')  # the agent is busy meanwhile
-            await _until(handle.agent, lambda e: e.type == "tool/call")
+            await until_event(handle.agent, lambda e: e.type == "tool/call")
             reservation = handle.agent.reserve(user_message("automatic work", source=PRODUCER))
-            await _until(handle.agent, lambda e: e.type == "agent/inbox/spliced"
+            await until_event(handle.agent, lambda e: e.type == "agent/inbox/spliced"
                          and e.data.get("messageId") == reservation.message.id)  # queued on the worker
             person = handle.agent.followup("a person")
             assert await reservation.wait() == "cancelled"
@@ -106,9 +101,9 @@ async def test_a_reservation_queued_on_a_worker_killed_mid_turn_is_settled_by_th
         async with Runtime.open(cluster=redis_server.url) as rt:
             handle = await rt.create_agent(session_id="k1", loop="minimal-first")
             handle.agent.followup('call: shell {"command": "sleep 30"}')
-            await _until(handle.agent, lambda e: e.type == "tool/call")
+            await until_event(handle.agent, lambda e: e.type == "tool/call")
             reservation = handle.agent.reserve(user_message("automatic work", source=PRODUCER))
-            await _until(handle.agent, lambda e: e.type == "agent/inbox/spliced"
+            await until_event(handle.agent, lambda e: e.type == "agent/inbox/spliced"
                          and e.data.get("messageId") == reservation.message.id)
             a.signal(signal.SIGKILL)
             await a.process.wait()

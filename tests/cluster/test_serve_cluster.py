@@ -37,6 +37,13 @@ LOOPS = [StrategyLoop(id="extra", setup=setup)]
 """
 
 
+async def _console_rows(ws, agent_id):
+    """The console rows of ``agent_id`` in the next frame a console page receives."""
+    frame = json.loads(await ws.get_message())
+    items = frame["data"].get("items", []) if frame["type"] == "live" else []
+    return [i["data"] for i in items if i["type"] == "console/agent" and i["agentId"] == agent_id]
+
+
 @pytest.fixture
 async def worker(redis_server, tmp_path, nursery):
     return await nursery.start(functools.partial(
@@ -72,7 +79,7 @@ async def test_the_console_shows_a_cluster_agent_its_turns_and_its_disposal(redi
 
 
 async def test_a_turn_open_in_the_log_shows_running_with_the_inbox_and_a_dead_workers_agent_stays(redis_server, tmp_path, nursery):
-    from cluster_workers import start_worker
+    from cluster_workers import start_worker, until_event
 
     console = ConsoleHandler()
     with trio.fail_after(60):
@@ -81,13 +88,10 @@ async def test_a_turn_open_in_the_log_shows_running_with_the_inbox_and_a_dead_wo
             follower = ClusterFollower(rt)
             handle = await rt.create_agent(session_id="r1", loop="minimal-first")
             handle.agent.followup('call: shell {"command": "sleep 30"}')
-            async for event in handle.agent.events():
-                if event.type == "tool/call":
-                    break
+            await until_event(handle.agent, lambda e: e.type == "tool/call")
             queued = handle.agent.followup("after the sleep")
-            async for event in handle.agent.events():
-                if event.type == "agent/inbox/spliced" and event.data["messageId"] == queued.id:
-                    break
+            await until_event(handle.agent, lambda e: e.type == "agent/inbox/spliced"
+                              and e.data["messageId"] == queued.id)
             await follower.look(console)
             row = console.rows["r1"]
             assert (row.status, row.turns, row.inbox) == ("running", 1, 1)
@@ -155,18 +159,14 @@ async def test_serve_with_a_cluster_shows_its_agents_to_a_console_page(redis_ser
                     await ws.send_message(json.dumps({"v": 1, "type": "hello", "data": hello}))
                     assert json.loads(await ws.get_message())["type"] == "welcome"
                     while True:  # rows come as the follower sees the cluster (every second)
-                        frame = json.loads(await ws.get_message())
-                        items = frame["data"].get("items", []) if frame["type"] == "live" else []
-                        rows = [i["data"] for i in items if i["type"] == "console/agent" and i["agentId"] == "p1"]
+                        rows = await _console_rows(ws, "p1")
                         if rows and rows[-1]["turns"] == 1:
                             break
                     assert (rows[-1]["origin"], rows[-1]["loop"], rows[-1]["lastTurn"]) == (
                         "cluster", "minimal-first", "completed")
                     await handle.dispose()
                     while not any(r.get("gone") for r in rows):
-                        frame = json.loads(await ws.get_message())
-                        items = frame["data"].get("items", []) if frame["type"] == "live" else []
-                        rows = [i["data"] for i in items if i["type"] == "console/agent" and i["agentId"] == "p1"]
+                        rows = await _console_rows(ws, "p1")
             proc.send_signal(signal.SIGTERM)
             assert await proc.wait() == 0
         finally:
