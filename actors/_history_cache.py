@@ -16,8 +16,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
-#: Messages and events of idle agents kept in memory in all (about 30-60 MB).
-WARM_HISTORY = 50_000
+#: Messages and events of idle agents kept in memory in all: about 60 MB of short
+#: messages (~400 B each), more for long ones. Enough for a thousand agents with
+#: conversations of a hundred messages or so to stay warm: agents served in turn (a
+#: runtime under load) thrash a least-recently-used cache that holds fewer than all of
+#: them, every turn then reading its whole transcript back.
+WARM_HISTORY = 150_000
 
 
 class Evictable(Protocol):
