@@ -69,6 +69,8 @@ class AgentActor:
         self.id = session.id  # agent id == session id
         self.session = session
         self.options = options
+        self._cwd_of: AgentOptions | None = None  # the options self._cwd was built from
+        self._cwd = Path()
         self.owner = owner
         self.body = body
         self.tools = AgentTools(owner.tools, options.tools)
@@ -108,7 +110,12 @@ class AgentActor:
 
     @property
     def cwd(self) -> Path:
-        return Path(self.options.cwd or self.session.header.cwd)
+        # Every tool call asks; built again only when a setup replaced the options.
+        options = self.options
+        if self._cwd_of is not options:
+            self._cwd = Path(options.cwd or self.session.header.cwd)
+            self._cwd_of = options
+        return self._cwd
 
     @property
     def inbox_size(self) -> int:

@@ -119,7 +119,11 @@ class Supervisor:
             expanded: list[Message] = []
             for current in messages:
                 try:
-                    result = list(expander(current))
+                    returned = expander(current)
+                    if type(returned) is tuple and len(returned) == 1 and returned[0] is current:
+                        expanded.append(current)  # unchanged: the common case, nothing to check
+                        continue
+                    result = list(returned)
                     if not result or not all(isinstance(m, Message) for m in result):
                         raise TypeError("an expander must return a non-empty sequence of Message")
                 except Exception as exc:

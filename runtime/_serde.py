@@ -46,7 +46,8 @@ _BUILTIN_SOURCES: dict[str, type] = {
 }
 
 
-def _make_converter() -> cattrs.Converter:
+def _make_converter() -> tuple[cattrs.Converter, Callable[[Message], dict[str, Any]]]:
+    """The converter, and its Message hook (called directly on the hot path)."""
     conv = cattrs.Converter(omit_if_default=False)
 
     def register_camel(cls: type, *, omit_none: bool = True) -> None:
@@ -127,7 +128,7 @@ def _make_converter() -> cattrs.Converter:
 
     conv.register_unstructure_hook(Message, unstructure_message)
     conv.register_structure_hook(Message, structure_message)
-    return conv
+    return conv, unstructure_message
 
 
 # Reading a transcript back from the store builds every message again: the shipped
@@ -189,11 +190,12 @@ def _direct_source_hooks() -> dict[type, Callable[[Any], dict[str, Any]]]:
     }
 
 
-converter = _make_converter()
+converter, _message_to_wire = _make_converter()
 
 
 def message_to_wire(message: Message) -> dict[str, Any]:
-    return cast(dict[str, Any], converter.unstructure(message, Message))
+    # Every recorded message goes through here: its hook, without cattrs' dispatch.
+    return _message_to_wire(message)
 
 
 def message_from_wire(raw: Any) -> Message:

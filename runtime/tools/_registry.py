@@ -130,6 +130,7 @@ class AgentTools:
         self._cache_key: tuple[int, int] | None = None
         self._visible: tuple[Tool, ...] = ()
         self._by_name: dict[str, Tool] = {}
+        self._specs: tuple[ToolSpec, ...] = ()
 
     # -- changes --------------------------------------------------------------------
 
@@ -229,11 +230,15 @@ class AgentTools:
             tools = self._candidates()
             self._visible = tuple(tools[n] for n in sorted(tools) if self._allowed(n))
             self._by_name = {tool.name: tool for tool in self._visible}
+            self._specs = tuple(tool.spec for tool in self._visible)
             self._cache_key = key
         return self._visible
 
     def specs(self) -> tuple[ToolSpec, ...]:
-        return tuple(tool.spec for tool in self.visible())
+        """The visible tools' specs (what every model request carries: built once per
+        change of the tool set, not per request)."""
+        self.visible()
+        return self._specs
 
     def names(self) -> tuple[str, ...]:
         return tuple(tool.name for tool in self.visible())

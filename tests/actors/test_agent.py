@@ -3,6 +3,7 @@ cancellation), waterfalls, and the shape of a turn in the session log."""
 
 import json
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -501,3 +502,30 @@ async def test_live_events_follow_the_agent(rt):
     assert ("agent/status", {"status": "running"}) in seen
     assert kinds.index("agent/inbox/inserted") < kinds.index("agent/inbox/claimed")
     assert kinds[-1] == "agent/disposed"
+
+
+async def test_tools_run_in_the_cwd_of_the_options_a_setup_chose(rt, tmp_path):
+    # The agent's cwd is built once per options: a setup that replaces them (after the
+    # cwd was read) moves the tools to the new one.
+    first, chosen = tmp_path / "first", tmp_path / "chosen"
+    first.mkdir()
+    chosen.mkdir()
+    seen = []
+
+    async def where(arguments, ctx):
+        seen.append(ctx.cwd)
+        return "here"
+
+    rt.register_tool(Tool("where", "Where the tool runs.", {"type": "object", "properties": {}}, where))
+
+    def setup(ctx):
+        assert ctx.agent.cwd == first
+        ctx.options = attrs.evolve(ctx.options, cwd=str(chosen))
+
+    rt.register_adapter("scripted", ScriptedAdapter([Reply(tool_calls=[ToolCall("where", "{}", call_id="c1")]), "ok"]))
+    handle = await rt.create_agent(session_id="a1", agent_options={**SCRIPTED, "cwd": str(first)}, setup=setup)
+    handle.agent.followup("where are you?")
+    with trio.fail_after(5):
+        await handle.agent.wait_idle()
+    assert seen == [chosen]
+    assert handle.agent.cwd == chosen
