@@ -160,12 +160,16 @@ class Recorder:
 
 
 class GcPauses:
-    """CPython's cyclic-GC pauses while inside (the usual cause of latency tails)."""
+    """CPython's cyclic-GC pauses while inside (the usual cause of latency tails): wall
+    time, and the CPU time the collecting thread spent (a pause far longer in wall time
+    than in CPU is the process not running: preempted, or its virtual CPU not scheduled)."""
 
     def __init__(self) -> None:
         self.pauses: list[float] = []
+        self.cpu: list[float] = []
         self.by_generation: list[int] = [0, 0, 0]
         self._started = 0.0
+        self._started_cpu = 0.0
 
     def __enter__(self) -> GcPauses:
         gc.callbacks.append(self._callback)
@@ -176,9 +180,10 @@ class GcPauses:
 
     def _callback(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
-            self._started = time.perf_counter()
+            self._started, self._started_cpu = time.perf_counter(), time.thread_time()
         else:
             self.pauses.append(time.perf_counter() - self._started)
+            self.cpu.append(time.thread_time() - self._started_cpu)
             self.by_generation[info["generation"]] += 1
 
     def summary(self) -> dict[str, Any]:
@@ -187,6 +192,8 @@ class GcPauses:
             "by_generation": self.by_generation,
             "p99_ms": percentile(self.pauses, 99) * 1e3,
             "max_ms": max(self.pauses, default=0.0) * 1e3,
+            "cpu_p99_ms": percentile(self.cpu, 99) * 1e3,
+            "cpu_max_ms": max(self.cpu, default=0.0) * 1e3,
             "over_10ms": sum(1 for p in self.pauses if p > 0.01),
         }
 

@@ -128,7 +128,7 @@ def render(results: dict[str, Any]) -> dict[str, str]:
         m = f["memory"]
         rows.append([f"{cfg['memory']['n']:,} agents, each resumed with {cfg['memory']['history']} turns of history and run one more, then idle",
                      f"{spread(m['kb_per_agent'], 1)} KB per agent", f"GC pause p99 {spread(m['gc.p99_ms'], 2)} ms, "
-                     f"max {spread(m['gc.max_ms'], 1)} ms; {fmt(m['warm_agents']['median'], 0)} histories kept warm"])
+                     f"max {spread(m['gc.max_ms'], 1)} ms{_gc_cpu(m)}; {fmt(m['warm_agents']['median'], 0)} histories kept warm"])
     if "idle" in f:
         i = f["idle"]
         rows.append([f"{cfg['idle']['n']:,} idle agents (standard loop), created one by one",
@@ -178,6 +178,7 @@ PROFILE_FIGURES = (
     ("KB per idle agent, {n:,} agents after {history}-turn histories", "memory", "kb_per_agent"),
     ("GC pauses over that phase: p99 ms", "memory", "gc.p99_ms"),
     ("GC pauses over that phase: max ms", "memory", "gc.max_ms"),
+    ("GC pauses over that phase: the collecting thread's CPU, p99 ms", "memory", "gc.cpu_p99_ms"),
     ("full (generation 2) collections over that phase", "memory", "gc.by_generation"),
     ("KB per idle agent, {idle_n:,} agents", "idle", "kb_per_agent"),
     ("CPU us per latency-bound model call", "latency", "cpu_us_per_call"),
@@ -190,6 +191,14 @@ def _censored(figures: dict[str, Any], key: str, cfg: dict[str, Any]) -> str:
     if not censored or not censored["max"]:
         return ""
     return f" (at least: waits cut {cfg['priority']['drain']} s after the last arrival)"
+
+
+def _gc_cpu(figures: dict[str, Any]) -> str:
+    """The collecting thread's CPU time over the pauses (runs from before it was
+    recorded have none)."""
+    if "gc.cpu_p99_ms" not in figures:
+        return ""
+    return f" (CPU p99 {spread(figures['gc.cpu_p99_ms'], 2)} ms, max {spread(figures['gc.cpu_max_ms'], 1)} ms)"
 
 
 def profile_table(results: dict[str, Any]) -> str:

@@ -83,6 +83,10 @@ def check_results(results, out_dir, *, peer_ok, repeats) -> None:
     assert loops["minimal-first: 3 parallel calls"]["steps_per_turn"] == 2
     memory = runs["memory"][0]
     assert memory["n"] == 12 and memory["history_turns"] == 4 and memory["events_per_session"] > 4 * 6
+    # A pause's CPU time (the collecting thread's) is never more than its wall time.
+    gc_pauses = memory["gc"]
+    assert 0 <= gc_pauses["cpu_p99_ms"] <= gc_pauses["p99_ms"] + 0.01
+    assert 0 <= gc_pauses["cpu_max_ms"] <= gc_pauses["max_ms"] + 0.01
     assert positive(runs["idle"][0]["cpu_us_per_agent"])
     latency = runs["latency"][0]
     assert latency["calls"] == 10 and positive(latency["cpu_us_per_call"]) and latency["late_ms"]["samples"] == 10
