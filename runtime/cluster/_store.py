@@ -10,10 +10,10 @@ async client serves both. Redis persists with its append-only file (see docs/clu
 
 Fencing: appending to a session needs the lease of its shard, the very lease its live
 agent was activated under (``Ownership.active``); the check and the append are one Lua
-script. Creating a session needs no lease, only that the session not exist yet (a fork may create a session on a
-shard another worker owns). A commit also records the ids of the messages its events
-consumed and acknowledges their inbox entries, in the same script: a message is
-acknowledged exactly when its effect is durable.
+script. Creating a session needs no lease, only that the session not exist yet (a fork
+may create a session on a shard another worker owns). A commit also records the ids of
+the messages its events consumed and acknowledges their inbox entries, in the same
+script: a message is acknowledged exactly when its effect is durable.
 
 A lost connection (Redis restarting, say) is retried for ``retry_for`` seconds before the
 store gives up with StoreError; a retried commit that had in fact landed is recognised.
@@ -44,6 +44,8 @@ T = TypeVar("T")
 
 #: The most log entries one read returns (the rest come with the next).
 _READ_CHUNK = 2_000
+#: Sessions per multi-key command (one ``XREAD`` or ``MGET`` for this many).
+_SESSIONS_PER_COMMAND = 500
 
 
 class _ScriptGone(Exception):
@@ -163,8 +165,9 @@ class RedisSessionStore:
         ``XREAD`` per 500 sessions; a session with nothing new is left out."""
         found: dict[str, tuple[int, list[Event]]] = {}
         ids = list(cursors)
-        for start in range(0, len(ids), 500):
-            streams = {keys.log(s): keys.log_id(cursors[s] - 1) if cursors[s] else "0-0" for s in ids[start : start + 500]}
+        step = _SESSIONS_PER_COMMAND
+        for start in range(0, len(ids), step):
+            streams = {keys.log(s): keys.log_id(cursors[s] - 1) if cursors[s] else "0-0" for s in ids[start : start + step]}
             reply = await self._retrying("read logs", lambda: self._redis.xread(streams, count=_READ_CHUNK))
             for stream, entries in (reply or {}).items():
                 last = keys.seq_of(str(entries[-1].identifier))
@@ -191,8 +194,9 @@ class RedisSessionStore:
     async def aheaders(self, session_ids: Sequence[str]) -> dict[str, SessionHeader]:
         """The headers of those of ``session_ids`` that exist, one ``MGET`` per 500."""
         headers: dict[str, SessionHeader] = {}
-        for start in range(0, len(session_ids), 500):
-            part = session_ids[start : start + 500]
+        step = _SESSIONS_PER_COMMAND
+        for start in range(0, len(session_ids), step):
+            part = session_ids[start : start + step]
             raws = await self._retrying("read headers", lambda: self._redis.mget([keys.header(i) for i in part]))
             for session_id, raw in zip(part, raws):
                 if raw is not None:
