@@ -98,6 +98,8 @@ class LoopDock:
         self._owner = owner
         self.config = config or DockConfig()
         self._loops: dict[str, Loop] = {}
+        self._loops_version = 0  # counts changes of ``_loops`` (see ``_pinned``)
+        self._pins: tuple[DockConfig, int, frozenset[tuple[str, str]]] | None = None
         self._drivers: dict[str, Driver] = {}
         self._default_driver: str | None = None  # the live setting; None: the config's
         self._registry = Changes()  # wakes configured agents waiting for a loop
@@ -122,16 +124,20 @@ class LoopDock:
                 "DUPLICATE_LOOP", f"loop {loop.id!r} is already registered (as a {self._loops[loop.id].kind} loop)"
             )
         self._loops[loop.id] = loop
+        self._loops_version += 1
         self._registry.notify()
 
         def dispose() -> None:
             if self._loops.get(loop.id) is loop:
                 del self._loops[loop.id]
+                self._loops_version += 1
 
         return dispose
 
     def unregister(self, loop_id: str) -> bool:
-        return self._loops.pop(check_loop_id(loop_id), None) is not None
+        removed = self._loops.pop(check_loop_id(loop_id), None) is not None
+        self._loops_version += removed
+        return removed
 
     def has(self, loop_id: str) -> bool:
         return check_loop_id(loop_id) in self._loops
@@ -318,12 +324,20 @@ class LoopDock:
         return route_follow
 
     def _is_someone_elses_pin(self, request: ModelRequest) -> bool:
-        for route in self.config.preset_loops.values():
-            loop = self._loops.get(route.loop)
-            if loop is not None and loop.provider and loop.model:
-                if (request.provider, request.model) == (loop.provider, loop.model):
-                    return True
-        return False
+        return (request.provider, request.model) in self._pinned()
+
+    def _pinned(self) -> frozenset[tuple[str, str]]:
+        """The (provider, model) of every loop a preset maps to that pins both. Asked on
+        every model request, so it is computed once per config and registry change."""
+        config, version = self.config, self._loops_version
+        if self._pins is None or self._pins[0] is not config or self._pins[1] != version:
+            pins = frozenset(
+                (loop.provider, loop.model)
+                for route in config.preset_loops.values()
+                if (loop := self._loops.get(route.loop)) is not None and loop.provider and loop.model
+            )
+            self._pins = (config, version, pins)
+        return self._pins[2]
 
     # -- configured agents ---------------------------------------------------------------
 

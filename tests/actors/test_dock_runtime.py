@@ -24,6 +24,7 @@ from actors._fake import FakeDriver
 from actors.dock import (
     BINDING_EVENT,
     BINDING_KEY,
+    DockConfig,
     DockError,
     DriverLoop,
     Route,
@@ -965,6 +966,31 @@ async def test_a_stale_pin_falls_back_to_the_agents_own_route(home, route_config
             assert await ask(handle.agent, "hi") == "own"
             assert pinned.requests == []
             assert route_of(own.requests[0])[:2] == ("own", "m-own")
+
+
+async def test_what_counts_as_a_stale_pin_follows_the_registry_and_the_config(home, route_config):
+    with trio.fail_after(TIMEOUT):
+        async with opened(home, config=route_config) as rt:
+            pinned, own = register_pinned(rt)
+
+            def force_pin(ctx):
+                async def replay_pin(request, next_):
+                    return attrs.evolve(await next_(request), provider="scripted", model="m-pinned")
+
+                ctx.on("agent/request", replay_pin)
+
+            handle = await rt.create_agent(
+                session_id="p5", loop="bare", setup=force_pin, agent_options={"provider": "own", "model": "m-own"}
+            )
+            assert await ask(handle.agent, "pinned by a preset's loop") == "own"
+            # No preset maps to a loop that pins it any more: the route is the listener's own.
+            assert rt.dock.unregister("pinned-loop")
+            assert await ask(handle.agent, "loop gone") == "pinned"
+            rt.dock.register(StrategyLoop(id="pinned-loop", setup=noop, provider="scripted", model="m-pinned"))
+            assert await ask(handle.agent, "loop back") == "own"
+            rt.dock.config = DockConfig()  # a config that maps no preset
+            assert await ask(handle.agent, "no preset maps") == "pinned"
+            assert len(pinned.requests) == 2 and len(own.requests) == 2
 
 
 async def test_without_a_pinned_route_requests_are_left_alone(home, route_config):
