@@ -101,6 +101,8 @@ class Inbox:
 
     def take_step(self) -> list[Entry]:
         """Everything queued for the next step, human messages first, FIFO otherwise."""
+        if not self.next_step:  # a step of a turn nobody steers: most of them
+            return []
         entries = sorted(self.next_step, key=lambda e: not e.human)  # stable
         self.next_step.clear()
         return entries

@@ -7,7 +7,6 @@ kinds (``loopx-continuation``, ...). Humans' messages have priority in an agent'
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
@@ -162,31 +161,47 @@ class Message:
         if self.role not in ("user", "assistant", "tool", "system"):
             raise InvalidMessageError(f"unknown message role {self.role!r}")
 
-    # A message is frozen, so what is derived from its content is computed once: model
-    # requests re-read the whole transcript on every step.
+    # A message is frozen, so what is derived from its content is computed once, on first
+    # use: model requests re-read the whole transcript on every step. Kept in plain slots
+    # rather than cached_property, which attrs serves through ``__getattr__`` (a failed
+    # attribute lookup first, on every first use).
+    _text: str | None = attrs.field(default=None, init=False, eq=False, repr=False)
+    _tool_calls: tuple[ToolCallBlock, ...] | None = attrs.field(default=None, init=False, eq=False, repr=False)
+    _word_count: int = attrs.field(default=-1, init=False, eq=False, repr=False)
 
-    @functools.cached_property
+    @property
     def text(self) -> str:
         """The concatenated text blocks (what a transcript shows)."""
-        return "".join(b.text for b in self.content if isinstance(b, TextBlock))
+        text = self._text
+        if text is None:
+            text = "".join(b.text for b in self.content if isinstance(b, TextBlock))
+            object.__setattr__(self, "_text", text)
+        return text
 
-    @functools.cached_property
+    @property
     def tool_calls(self) -> tuple[ToolCallBlock, ...]:
-        return tuple(b for b in self.content if isinstance(b, ToolCallBlock))
+        calls = self._tool_calls
+        if calls is None:
+            calls = tuple(b for b in self.content if isinstance(b, ToolCallBlock))
+            object.__setattr__(self, "_tool_calls", calls)
+        return calls
 
-    @functools.cached_property
+    @property
     def word_count(self) -> int:
         """Whitespace-separated words of every block's text: text, reasoning, a tool
         call's name and arguments, a tool result's content (images count none). The
         offline ``ping`` model's token count."""
-        words = 0
-        for block in self.content:
-            if isinstance(block, (TextBlock, ReasoningBlock)):
-                words += len(block.text.split())
-            elif isinstance(block, ToolCallBlock):
-                words += len(block.name.split()) + len(block.arguments.split())
-            elif isinstance(block, ToolResultBlock):
-                words += len(block.content.split())
+        words = self._word_count
+        if words < 0:
+            words = 0
+            for block in self.content:
+                if isinstance(block, (TextBlock, ReasoningBlock)):
+                    words += len(block.text.split())
+                elif isinstance(block, ToolCallBlock):
+                    words += len(block.name.split()) + len(block.arguments.split())
+                elif isinstance(block, ToolResultBlock):
+                    words += len(block.content.split())
+            object.__setattr__(self, "_word_count", words)
         return words
 
 
