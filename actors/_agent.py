@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import trio
 
-from runtime._cancellation import is_cancellation
+from runtime._cancellation import split_cancellation
 from runtime._changes import Changes
 from runtime._errors import AgentClosedError, safe_message
 from runtime._events import Event
@@ -90,7 +90,9 @@ class AgentActor:
         self._wake = trio.Event()
         self._changes = Changes()  # every status or inbox change
         self._scope: trio.CancelScope | None = None
-        self._turn_scope: trio.CancelScope | None = None
+        # One cancel scope serves turn after turn until ``cancel`` uses it (see ``run``).
+        self._turns_scope: trio.CancelScope | None = None
+        self._in_turn = False
         self._cancel_cause: str | None = None
         self._stopped = trio.Event()
         self._closed = False
@@ -181,9 +183,9 @@ class AgentActor:
 
     def cancel(self, cause: str = "cancelled", *, keep_inbox: bool = True) -> None:
         """End the current turn ``aborted``; with ``keep_inbox=False`` drop queued messages too."""
-        if self._turn_scope is not None:
+        if self._in_turn and self._turns_scope is not None:
             self._cancel_cause = cause
-            self._turn_scope.cancel()
+            self._turns_scope.cancel()
         if not keep_inbox:
             for entry in self._inbox.clear():
                 self._discarded(entry, cause)
@@ -248,25 +250,36 @@ class AgentActor:
                 async with trio.open_nursery() as self._companions:
                     task_status.started()
                     while True:
-                        if not self._inbox.has_wakeable():
-                            self._set_status("idle")
-                            self.owner.history.idle(self)
-                            self._wake = trio.Event()
-                            await self._wake.wait()
-                            self.owner.history.busy(self)
-                            continue
-                        if self._transcript is None:  # outside any slot: this waits on the store
-                            await self._load_transcript()
-                        slot = None
-                        if not self._inbox.has_human():
-                            slot = await self._admit()
-                            if slot is None:  # a person's message came first, or nothing is left
-                                continue
-                        await self._run_turn(slot)
+                        # Not a scope per turn: entering and leaving one was about 4% of
+                        # a short turn's CPU. ``cancel`` cancels this one only while a
+                        # turn runs, and ``_serve`` returns after such a turn, so each
+                        # cancelled turn still has a scope of its own.
+                        with trio.CancelScope() as self._turns_scope:
+                            await self._serve(self._turns_scope)
         finally:
             self.owner.history.busy(self)
             self._set_status("idle")
             self._stopped.set()
+
+    async def _serve(self, scope: trio.CancelScope) -> None:
+        """Run turns until one is cancelled (its Cancelled ends this at ``scope``) or
+        ``scope`` was cancelled during a turn that ended before it noticed."""
+        while not scope.cancel_called:
+            if not self._inbox.has_wakeable():
+                self._set_status("idle")
+                self.owner.history.idle(self)
+                self._wake = trio.Event()
+                await self._wake.wait()
+                self.owner.history.busy(self)
+                continue
+            if self._transcript is None:  # outside any slot: this waits on the store
+                await self._load_transcript()
+            slot = None
+            if not self._inbox.has_human():
+                slot = await self._admit()
+                if slot is None:  # a person's message came first, or nothing is left
+                    continue
+            await self._run_turn(slot)
 
     async def start_companion(
         self,
@@ -418,11 +431,9 @@ class AgentActor:
         self.session.append("turn/start", {"turn": turn.number})
         reason: dict[str, Any]
         self._cancel_cause = None
+        self._in_turn = True
         try:
-            with trio.CancelScope() as self._turn_scope:
-                reason = {"kind": await self.body.run_turn(turn)}
-            if self._turn_scope.cancelled_caught:
-                reason = {"kind": "aborted", "cause": self._cancel_cause or "cancelled"}
+            reason = {"kind": await self.body.run_turn(turn)}
         except TurnBlocked as blocked:
             reason = {"kind": "blocked", "reason": blocked.reason}
             if blocked.message_ids:  # a step with no new message (a turn's later step) names none
@@ -431,11 +442,21 @@ class AgentActor:
             self.log.warning("turn failed", turn=turn.number, error=repr(exc))
             reason = {"kind": "error", "message": safe_message(exc)}
         except BaseException as exc:
-            if is_cancellation(exc):  # the agent itself is going away: the turn still ends
+            # Cancelled by ``cancel`` (``run`` catches it) or with the agent: the turn ends.
+            cancelled, failed = split_cancellation(exc)
+            try:
+                if cancelled is None:  # KeyboardInterrupt and the like
+                    raise
                 self._end_turn(turn, {"kind": "aborted", "cause": self._cancel_cause or "cancelled"})
-            raise
+                if failed is None:
+                    raise
+                # Something failed as the turn was cancelled: it must not end the agent too.
+                self.log.warning("turn failed as it was cancelled", turn=turn.number, error=repr(failed))
+                raise cancelled from failed
+            finally:
+                del cancelled, failed  # the traceback holds this frame: no cycle through it
         finally:
-            self._turn_scope = None
+            self._in_turn = False
             turn.release_slot()
         self._end_turn(turn, reason)
 

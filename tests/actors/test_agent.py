@@ -8,7 +8,8 @@ import pytest
 import trio
 import trio.testing
 
-from actors import Reject
+from actors import Reject, create_with_body
+from actors.dock import DriverLoop
 from loopdock import Message, ProducerSource, TextBlock, user_message
 from runtime import (
     AgentClosedError,
@@ -529,3 +530,78 @@ async def test_tools_run_in_the_cwd_of_the_options_a_setup_chose(rt, tmp_path):
         await handle.agent.wait_idle()
     assert seen == [chosen]
     assert handle.agent.cwd == chosen
+
+
+# -- one cancel scope for a run of turns -------------------------------------------------
+
+
+def body_driver(body):
+    class Driver:
+        async def create_agent(self, owner, options):
+            return await create_with_body(owner, options, body)
+
+        async def resume(self, owner, options):
+            raise NotImplementedError
+
+    return DriverLoop.from_driver("body", Driver())
+
+
+async def test_a_cancel_after_a_turns_last_checkpoint_does_not_reach_the_next_turn(rt, autojump_clock):
+    checkpoints: list[str] = []
+
+    class CancelsAtItsEnd:
+        async def run_turn(self, turn) -> str:
+            (message,) = await turn.begin_step()
+            await trio.sleep(1)  # the turn's last checkpoint
+            checkpoints.append(message.text)
+            turn.end_step()
+            if message.text == "first":
+                turn.agent.cancel("too late")  # nothing of this turn is left to cancel
+            return "completed"
+
+    rt.dock.register(body_driver(CancelsAtItsEnd()))
+    handle = await rt.create_agent(session_id="c1", loop="body")
+    agent = handle.agent
+    agent.followup("first")
+    agent.followup("second")
+    await agent.wait_idle()
+    assert checkpoints == ["first", "second"]
+    assert turn_ends(agent) == [{"kind": "completed"}, {"kind": "completed"}]
+    agent.followup("third")  # and cancelling still works afterwards
+    await trio.testing.wait_all_tasks_blocked()
+    agent.cancel("stop")
+    await agent.wait_idle()
+    assert turn_ends(agent)[-1] == {"kind": "aborted", "cause": "stop"} and checkpoints == ["first", "second"]
+
+
+async def test_a_failure_raised_as_a_turn_is_cancelled_ends_that_turn_not_the_agent(rt, autojump_clock, caplog):
+    class FailsWhenCancelled:
+        async def run_turn(self, turn) -> str:
+            (message,) = await turn.begin_step()
+            if message.text != "fail as cancelled":
+                turn.end_step()
+                return "completed"
+
+            async def cleanup_fails():
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    raise ValueError("cleanup failed")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cleanup_fails)
+                await trio.sleep_forever()
+            return "unreachable"
+
+    rt.dock.register(body_driver(FailsWhenCancelled()))
+    handle = await rt.create_agent(session_id="c2", loop="body")
+    agent = handle.agent
+    agent.followup("fail as cancelled")
+    await trio.testing.wait_all_tasks_blocked()
+    agent.cancel("stop")
+    await agent.wait_idle()
+    assert turn_ends(agent) == [{"kind": "aborted", "cause": "stop"}]
+    assert "cleanup failed" in caplog.text
+    agent.followup("next")  # the agent is still there
+    await agent.wait_idle()
+    assert turn_ends(agent)[-1] == {"kind": "completed"} and agent.status == "idle"
