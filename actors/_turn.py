@@ -26,7 +26,7 @@ from ._admission import Slot
 from ._faults import record_fault
 from ._inbox import Entry, ReservationState
 from ._owner import AgentOwner
-from ._pre_step import PreStep, Reject, Verdict, enter
+from ._pre_step import ENTER, PreStep, Reject, Verdict, enter
 from ._session import SessionActor
 
 
@@ -123,12 +123,14 @@ class Turn:
         entries = agent.claim_step(self._entries)
         self._entries = entries
         messages = tuple(e.message for e in entries)
-        pre = PreStep(agent.id, agent.id, self.number, self.step + 1, messages)
-        try:
-            verdict = await agent.pre_step.run(pre, enter)
-        except Exception as exc:  # a broken gate fails closed
-            record_fault(agent.session, "pre-step listener", exc, action="the step was rejected")
-            verdict = Reject("pre-step listener failed")
+        verdict: Verdict = ENTER  # what the waterfall answers when nobody listens
+        if agent.pre_step:
+            pre = PreStep(agent.id, agent.id, self.number, self.step + 1, messages)
+            try:
+                verdict = await agent.pre_step.run(pre, enter)
+            except Exception as exc:  # a broken gate fails closed
+                record_fault(agent.session, "pre-step listener", exc, action="the step was rejected")
+                verdict = Reject("pre-step listener failed")
         if isinstance(verdict, Reject):
             _settle(entries, "rejected", verdict.reason)
             self._entries = []
