@@ -483,3 +483,51 @@ def test_appended_events_are_ordinary_frozen_events():
     assert hash(new_event("a", 1, 2, ())) == hash(Event("a", 1, 2, ()))
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         made.seq = 4  # type: ignore[misc]
+
+
+# -- group commit under load ------------------------------------------------------------------
+
+
+class _TimedStore:
+    """Commits nothing and takes ``duration`` (trio time) per commit; records when each
+    commit started and which sessions it carried."""
+
+    def __init__(self, duration: float) -> None:
+        self.duration = duration
+        self.commits: list[tuple[float, list[str]]] = []
+
+    async def acommit(self, batch):
+        self.commits.append((trio.current_time(), sorted(write.session_id for write in batch)))
+        await trio.sleep(self.duration)
+        return {}
+
+
+async def test_writes_made_during_a_commit_wait_the_window_so_batches_grow_with_load(autojump_clock):
+    store = _TimedStore(duration=0.005)
+    writer = StoreWriter(store, window=0.001)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        t0 = trio.current_time()
+        first = SessionActor(header("first"), writer)
+        first.publish()
+        first.append("user/message", {"i": 0})
+        await trio.sleep(0.002)  # the first commit is in flight (from t0 + 1 ms to t0 + 6 ms)
+        late = [SessionActor(header(f"late{i}"), writer) for i in range(3)]
+        for i, session in enumerate(late):
+            session.publish()
+            session.append("user/message", {"i": i})
+            await trio.sleep(0.001)  # arriving one by one while the commit runs
+        await trio.sleep(0.020)
+        # The writes that arrived during the first commit go together, a window after it.
+        assert [sessions for _, sessions in store.commits] == [["first"], ["late0", "late1", "late2"]]
+        assert store.commits[0][0] == pytest.approx(t0 + 0.001)
+        assert store.commits[1][0] == pytest.approx(t0 + 0.001 + 0.005 + 0.001)
+
+        # Someone waiting for durability does not wait out the window.
+        urgent = SessionActor(header("urgent"), writer)
+        urgent.publish()
+        urgent.append("user/message", {"i": 0})
+        started = trio.current_time()
+        await urgent.flush()
+        assert store.commits[-1] == (pytest.approx(started), ["urgent"])
+        nursery.cancel_scope.cancel()
