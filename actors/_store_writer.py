@@ -40,6 +40,10 @@ class Durable(Protocol):
         """``write`` is durable (``error`` None), or failed with ``error`` (the batch's,
         or this session's own refusal)."""
 
+    def writer_stopped(self) -> None:
+        """The writer stopped with this session still scheduled: whoever waits for its
+        commit must drain it (see ``StoreWriter.stopped``)."""
+
 
 class StoreWriter:
     def __init__(self, store: SessionLog, *, window: float = GROUP_COMMIT_WINDOW, persist: bool = True) -> None:
@@ -93,6 +97,10 @@ class StoreWriter:
                 await self._commit(one_batch=True)  # then the window again for the next
         finally:
             self.stopped = True
+            # Cancelled between two batches: a flush waiting for the next one must learn
+            # that it will not come, and drain itself.
+            for session in list(self._scheduled):
+                session.writer_stopped()
 
     async def drain(self) -> None:
         """Commit everything scheduled so far (and what arrives meanwhile)."""

@@ -531,3 +531,29 @@ async def test_writes_made_during_a_commit_wait_the_window_so_batches_grow_with_
         await urgent.flush()
         assert store.commits[-1] == (pytest.approx(started), ["urgent"])
         nursery.cancel_scope.cancel()
+
+
+async def test_a_flush_waiting_for_the_next_batch_drains_itself_when_the_writer_is_cancelled(autojump_clock):
+    store = _TimedStore(duration=0.005)
+    writer = StoreWriter(store, window=0.001)  # type: ignore[arg-type]
+    with trio.fail_after(1):
+        async with trio.open_nursery() as nursery:
+            writer_scope = trio.CancelScope()
+
+            async def run_writer(task_status=trio.TASK_STATUS_IGNORED):
+                with writer_scope:
+                    await writer.run(task_status=task_status)
+
+            await nursery.start(run_writer)
+            first = SessionActor(header("first"), writer)
+            first.publish()
+            first.append("user/message", {"i": 0})
+            await trio.sleep(0.002)  # the first commit is in flight
+            waiting = SessionActor(header("waiting"), writer)
+            waiting.publish()
+            waiting.append("user/message", {"i": 0})
+            nursery.start_soon(waiting.flush)  # waits for the batch after the first
+            await trio.testing.wait_all_tasks_blocked()
+            writer_scope.cancel()  # the writer stops once its commit is done, before that batch
+    assert writer.stopped and waiting.committed_count == 1
+    assert [sessions for _, sessions in store.commits] == [["first"], ["waiting"]]
