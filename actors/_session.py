@@ -264,9 +264,6 @@ class SessionActor:
         self._header_sent = True
         return Write(self.id, header, events)
 
-    def writer_stopped(self) -> None:
-        self._commits.notify()  # a flush waiting for a commit looks again (and drains)
-
     def commit_done(self, write: Write, error: BaseException | None) -> None:
         if error is not None:
             # From now on nothing of this session is written: a later write would leave

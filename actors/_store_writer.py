@@ -2,15 +2,13 @@
 
 Sessions schedule themselves when they have pending events; the writer takes everything
 scheduled, commits it in one SQLite transaction on a worker thread, then tells each
-session. Whatever arrives while a commit is in flight goes into the next one.
+session. Batching falls out naturally: whatever arrives while a commit is in flight goes
+into the next one, so the cost per event shrinks as load grows.
 
-Group commit: a transaction (and its thread round trip, 100-150 us of CPU) for every few
-events would cost more than the events, so before each commit the writer waits up to
-``window`` seconds for more writes to join the batch. It does so after a commit too, when
-writes arrived meanwhile: under load batches then grow with the load (half as many
-transactions for a thousand busy agents as when commits followed each other back to
-back), at up to ``window`` more before an event is durable. A ``flush()`` (a caller
-waiting for durability) cuts the wait short, and ``drain()`` never waits.
+Group commit: at low load that would mean one transaction (and one thread round trip,
+~80 us of CPU) for every few events, so after the first pending write the writer waits
+up to ``window`` seconds for more before committing. A ``flush()`` (a caller waiting for
+durability) cuts the wait short, and ``drain()`` never waits.
 """
 
 from __future__ import annotations
@@ -39,10 +37,6 @@ class Durable(Protocol):
     def commit_done(self, write: Write, error: BaseException | None) -> None:
         """``write`` is durable (``error`` None), or failed with ``error`` (the batch's,
         or this session's own refusal)."""
-
-    def writer_stopped(self) -> None:
-        """The writer stopped with this session still scheduled: whoever waits for its
-        commit must drain it (see ``StoreWriter.stopped``)."""
 
 
 class StoreWriter:
@@ -94,26 +88,19 @@ class StoreWriter:
                 if self.window > 0:
                     with trio.move_on_after(self.window):
                         await self._urgent.wait()
-                await self._commit(one_batch=True)  # then the window again for the next
+                await self.drain()
         finally:
             self.stopped = True
-            # Cancelled between two batches: a flush waiting for the next one must learn
-            # that it will not come, and drain itself.
-            for session in list(self._scheduled):
-                session.writer_stopped()
 
     async def drain(self) -> None:
         """Commit everything scheduled so far (and what arrives meanwhile)."""
-        await self._commit(one_batch=False)
-
-    async def _commit(self, *, one_batch: bool) -> None:
         if self.failure is not None:
             self.fail(self.failure)
             return
         async with self._lock:
-            await self._commit_locked(one_batch)
+            await self._drain_locked()
 
-    async def _commit_locked(self, one_batch: bool) -> None:
+    async def _drain_locked(self) -> None:
         while self._scheduled:
             sessions, self._scheduled = self._scheduled, []
             self._wakeup = trio.Event()
@@ -133,5 +120,3 @@ class StoreWriter:
             # A session whose part was refused fails alone; the rest of the batch is durable.
             for session, write in zip(sessions, writes):
                 session.commit_done(write, error if error is not None else refused.get(write.session_id))
-            if one_batch:
-                return
