@@ -947,21 +947,24 @@ async def test_the_pinned_route_follows_the_effective_preset_per_request(home, r
             assert headers == [("scripted", "m-pinned"), ("own", "m-own"), ("scripted", "m-pinned")]
 
 
+def replay_pinned_route(ctx):
+    """A setup whose inner listener still carries the pin of an earlier request."""
+
+    async def replay_pin(request, next_):
+        return attrs.evolve(await next_(request), provider="scripted", model="m-pinned")
+
+    ctx.on("agent/request", replay_pin)
+
+
 async def test_a_stale_pin_falls_back_to_the_agents_own_route(home, route_config):
     with trio.fail_after(TIMEOUT):
         async with opened(home, config=route_config) as rt:
             pinned, own = register_pinned(rt)
-
-            def stale(ctx):
-                # An inner listener that still carries the pin of an earlier request.
-                async def replay_stale_pin(request, next_):
-                    resolved = await next_(request)
-                    return attrs.evolve(resolved, provider="scripted", model="m-pinned")
-
-                ctx.on("agent/request", replay_stale_pin)
-
             handle = await rt.create_agent(
-                session_id="p3", loop="bare", setup=stale, agent_options={"provider": "own", "model": "m-own"}
+                session_id="p3",
+                loop="bare",
+                setup=replay_pinned_route,
+                agent_options={"provider": "own", "model": "m-own"},
             )
             assert await ask(handle.agent, "hi") == "own"
             assert pinned.requests == []
@@ -972,15 +975,11 @@ async def test_what_counts_as_a_stale_pin_follows_the_registry_and_the_config(ho
     with trio.fail_after(TIMEOUT):
         async with opened(home, config=route_config) as rt:
             pinned, own = register_pinned(rt)
-
-            def force_pin(ctx):
-                async def replay_pin(request, next_):
-                    return attrs.evolve(await next_(request), provider="scripted", model="m-pinned")
-
-                ctx.on("agent/request", replay_pin)
-
             handle = await rt.create_agent(
-                session_id="p5", loop="bare", setup=force_pin, agent_options={"provider": "own", "model": "m-own"}
+                session_id="p5",
+                loop="bare",
+                setup=replay_pinned_route,
+                agent_options={"provider": "own", "model": "m-own"},
             )
             assert await ask(handle.agent, "pinned by a preset's loop") == "own"
             # No preset maps to a loop that pins it any more: the route is the listener's own.
