@@ -33,6 +33,7 @@ from runtime.tools import AgentTools
 
 from ._admission import Slot
 from ._faults import record_fault
+from ._history_cache import ITEM_BYTES
 from ._inbox import Entry, Inbox, InvalidReservationError, Placement, Reservation
 from ._owner import AgentOwner
 from ._pre_step import PreStep, Verdict
@@ -235,7 +236,11 @@ class AgentActor:
     # -- the history cache's side ------------------------------------------------------
 
     def history_weight(self) -> int:
-        return (len(self._transcript) if self._transcript is not None else 0) + self.session.in_memory
+        items, chars = self.session.in_memory, 0
+        if self._transcript is not None:
+            items += len(self._transcript)
+            chars = self._transcript.content_chars
+        return items * ITEM_BYTES + chars
 
     def evict_history(self) -> None:
         """Drop the transcript and the session's durable events from memory."""

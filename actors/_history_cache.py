@@ -3,11 +3,16 @@
 The session log is in the store; an agent only needs its history (its transcript, and
 its session's recent events) in memory while it runs a turn. Dropping it the moment an
 agent goes idle would make every turn of a busy conversational agent read its whole
-history back, so idle histories are kept, least recently active first out, until they
-hold more than ``budget`` items (messages plus events) in all. An evicted agent costs
-O(1) memory whatever its history, and reads its transcript back from the store at its
-next turn (one read per cold turn: what a model call needs anyway, the whole
-conversation).
+history back, so idle histories are kept, least recently active first out, while they
+weigh at most ``budget`` bytes in all. An evicted agent costs O(1) memory whatever its
+history, and reads its transcript back from the store at its next turn (one read per
+cold turn: what a model call needs anyway, the whole conversation).
+
+A history weighs what it holds, estimated without walking the heap: ``ITEM_BYTES`` per
+message and per event, plus the characters of its messages' content. The budget once
+counted items alone, so a thousand agents whose tool results were files of 100 KB kept
+gigabytes warm under a budget meant as 60 MB; counted in bytes, long messages evict
+sooner (tests/actors/test_history.py).
 
 ``budget=0`` evicts every history as soon as its agent goes idle.
 """
@@ -16,17 +21,24 @@ from __future__ import annotations
 
 from typing import Protocol
 
-#: Messages and events of idle agents kept in memory in all: about 60 MB of short
-#: messages (~400 B each), more for long ones. Enough for a thousand agents with
-#: conversations of a hundred messages or so to stay warm: agents served in turn (a
-#: runtime under load) thrash a least-recently-used cache that holds fewer than all of
-#: them, every turn then reading its whole transcript back.
-WARM_HISTORY = 150_000
+#: Bytes of idle agents' history kept in memory in all: enough for a thousand agents
+#: with conversations of a hundred short messages or so to stay warm. Agents served in
+#: turn (a runtime under load) thrash a least-recently-used cache that holds fewer than
+#: all of them, every turn then reading its whole transcript back.
+WARM_HISTORY = 64 * 2**20
+
+#: What a message or an event costs in memory beyond its text: the objects that hold
+#: it. Measured with tracemalloc over turns of short messages: about 410 B per message
+#: or event held. An event's strings are its message's, shared, so only the messages'
+#: characters are added (tests/actors/test_history.py checks the estimate against
+#: tracemalloc).
+ITEM_BYTES = 400
 
 
 class Evictable(Protocol):
     def history_weight(self) -> int:
-        """Messages and events this agent holds in memory."""
+        """The bytes this agent's history holds in memory (estimated: ``ITEM_BYTES`` per
+        message and event, plus the messages' characters)."""
 
     def evict_history(self) -> None:
         """Drop what can be read back from the store."""

@@ -117,7 +117,7 @@ class Runtime:
         loopx: LoopxSettings | None = None,
         gc_threshold: tuple[int, int, int] | None = GC_THRESHOLD,
         automatic_slots: int = AUTOMATIC_SLOTS,
-        warm_history: int = WARM_HISTORY,
+        warm_history_bytes: int = WARM_HISTORY,
         persist: bool = True,
         _store: SessionLog | None = None,
         cluster: None = None,
@@ -140,7 +140,7 @@ class Runtime:
         loopx: LoopxSettings | None = None,
         gc_threshold: tuple[int, int, int] | None = GC_THRESHOLD,
         automatic_slots: int = AUTOMATIC_SLOTS,
-        warm_history: int = WARM_HISTORY,
+        warm_history_bytes: int = WARM_HISTORY,
         persist: bool = True,
         _store: SessionLog | None = None,
         cluster: str | None = None,
@@ -179,8 +179,9 @@ class Runtime:
         ``None`` leaves the collector alone.
         ``automatic_slots``: how many automatic turns compute at once, runtime-wide (a
         person's turn never waits for one; see ``actors.AdmissionGate``).
-        ``warm_history``: how many messages and events of idle agents' history stay in
-        memory in all (least recently active evicted first, read back from the store at
+        ``warm_history_bytes``: how much of idle agents' history stays in memory in all
+        (default 64 MiB, estimated from the messages' text and a fixed cost per message
+        and event; least recently active evicted first, read back from the store at
         their next turn; see ``actors.HistoryCache``).
         ``persist=False`` writes nothing: sessions keep their whole log in memory and
         vanish with the runtime (for measuring the runtime without its store).
@@ -199,7 +200,7 @@ class Runtime:
             return
         hide_environment_block()
         admission = AdmissionGate(automatic_slots)
-        history = HistoryCache(warm_history)
+        history = HistoryCache(warm_history_bytes)
         dock_config = dock_config_of(config)
         environ = env if env is not None else os.environ
         catalog = skills if skills is not None else SkillCatalog.from_env(Path.cwd(), environ)

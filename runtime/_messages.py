@@ -204,6 +204,23 @@ class Message:
             object.__setattr__(self, "_word_count", words)
         return words
 
+    @property
+    def content_chars(self) -> int:
+        """Characters of every block's text: text, reasoning, a tool call's name and
+        arguments, a tool result's content, an image's base64 data. What a message weighs
+        in the history budget, beyond a fixed cost per message (``actors.HistoryCache``)."""
+        chars = 0
+        for block in self.content:
+            if isinstance(block, (TextBlock, ReasoningBlock)):
+                chars += len(block.text)
+            elif isinstance(block, ToolCallBlock):
+                chars += len(block.name) + len(block.arguments)
+            elif isinstance(block, ToolResultBlock):
+                chars += len(block.content)
+            else:
+                chars += len(block.data)
+        return chars
+
 
 def user_message(text: str, *, source: Source | None = None) -> Message:
     """A user-role text message; the source defaults to a person."""

@@ -20,7 +20,7 @@ from ._messages import Message
 class Transcript:
     """An append-only list of messages (``append``, ``len``, indexing, iteration)."""
 
-    __slots__ = ("_messages", "_words", "_calls")
+    __slots__ = ("_messages", "_words", "_calls", "_chars")
 
     def __init__(self, messages: Iterable[Message] = ()) -> None:
         self._messages: list[Message] = list(messages)
@@ -29,9 +29,16 @@ class Transcript:
         # messages, for i < len(_words).
         self._words = array("q", [0])
         self._calls = array("q", [0])
+        self._chars = sum(m.content_chars for m in self._messages)
 
     def append(self, message: Message) -> None:
         self._messages.append(message)
+        self._chars += message.content_chars
+
+    @property
+    def content_chars(self) -> int:
+        """``sum(m.content_chars for m in transcript)``, in O(1)."""
+        return self._chars
 
     def _totals(self, length: int) -> tuple[int, int]:
         words, calls, messages = self._words, self._calls, self._messages

@@ -1,6 +1,12 @@
 """History off the heap: sessions trim durable events, idle agents' transcripts are
 evicted and read back, and every reader still sees the exact log. Memory is asserted
-as counts of what is held (events, messages), never as bytes or time."""
+as counts of what is held (events, messages) and, for the cache's weights, as bytes
+traced by tracemalloc; never as RSS or time."""
+
+import gc
+import tracemalloc
+
+import pytest
 
 from loopdock import Runtime
 from runtime._serde import message_to_wire
@@ -38,7 +44,7 @@ async def test_a_sessions_memory_stays_flat_while_its_log_grows(tmp_path):
 
 
 async def test_an_evicted_agent_reads_its_transcript_back_and_goes_on_exactly(tmp_path):
-    async with Runtime.open(tmp_path / "a", warm_history=0) as cold, Runtime.open(tmp_path / "b") as warm:
+    async with Runtime.open(tmp_path / "a", warm_history_bytes=0) as cold, Runtime.open(tmp_path / "b") as warm:
         evicted = (await cold.create_agent(session_id="s")).agent
         kept = (await warm.create_agent(session_id="s")).agent
         for agent in (evicted, kept):
@@ -56,16 +62,58 @@ async def test_an_evicted_agent_reads_its_transcript_back_and_goes_on_exactly(tm
 
 
 async def test_the_cache_evicts_the_least_recently_active_over_its_budget(tmp_path):
-    async with Runtime.open(tmp_path / "home", warm_history=40) as rt:
+    async with Runtime.open(tmp_path / "home", warm_history_bytes=20_000) as rt:
         agents = [(await rt.create_agent(session_id=f"a{i}")).agent for i in range(4)]
         for agent in agents:
             await run_turns(agent, 3)
         cache = rt.supervisor.history
-        assert cache.held <= 40
+        assert cache.held <= 20_000 and cache.evictions >= 1
         assert agents[0]._transcript is None  # the oldest went first
         assert agents[-1]._transcript is not None  # the newest is still warm
         await run_turns(agents[0], 1)  # a cold agent comes back with its whole history
         assert [m.text for m in agents[0].transcript][::2] == ["hello 0", "hello 1", "hello 2", "hello 0"]
+
+
+async def test_long_messages_weigh_their_length_and_evict_sooner(tmp_path):
+    # Four agents of one turn each hold a handful of items: an item budget kept them all.
+    async with Runtime.open(tmp_path / "home", warm_history_bytes=1_000_000) as rt:
+        agents = [(await rt.create_agent(session_id=f"a{i}")).agent for i in range(4)]
+        for i, agent in enumerate(agents):
+            agent.followup(f"{i} " + "x" * 400_000)
+            await agent.wait_idle()
+        cache = rt.supervisor.history
+        assert 400_000 <= cache.held <= 1_000_000
+        assert agents[0]._transcript is None and agents[-1]._transcript is not None
+        await run_turns(agents[0], 1)  # and it comes back whole
+        assert len(agents[0].transcript[0].text) == 400_002
+
+
+@pytest.mark.parametrize("text", ["hello", "x" * 20_000])
+async def test_a_historys_weight_is_about_the_memory_it_holds(tmp_path, text):
+    """The cache's estimate against what tracemalloc sees the same turns allocate and keep
+    (every message a string of its own, as messages from the network are)."""
+    async with Runtime.open(tmp_path / "home") as rt:
+        agents = [(await rt.create_agent(session_id=f"a{i}")).agent for i in range(20)]
+        for agent in agents:
+            await run_turns(agent, 2, "warm")
+            await agent.session.flush()
+
+        def weight():
+            return sum(a.history_weight() for a in agents)
+
+        tracemalloc.start()
+        try:
+            gc.collect()
+            memory, estimate = tracemalloc.get_traced_memory()[0], weight()
+            for agent in agents:
+                await run_turns(agent, 5, text)
+                await agent.session.flush()
+            gc.collect()
+            memory, estimate = tracemalloc.get_traced_memory()[0] - memory, weight() - estimate
+        finally:
+            tracemalloc.stop()
+        assert rt.supervisor.history.evictions == 0
+        assert 0.6 <= estimate / memory <= 1.5, (estimate, memory)
 
 
 async def test_resume_reads_an_outline_and_the_transcript_only_when_a_turn_needs_it(tmp_path):
@@ -101,7 +149,7 @@ async def test_an_interrupted_turn_is_closed_from_the_outline(tmp_path):
 
 
 async def test_without_persistence_nothing_is_written_and_the_log_stays_in_memory(tmp_path):
-    async with Runtime.open(tmp_path / "home", persist=False, warm_history=0) as rt:
+    async with Runtime.open(tmp_path / "home", persist=False, warm_history_bytes=0) as rt:
         agent = (await rt.create_agent(session_id="m")).agent
         await run_turns(agent, 3)
         await agent.session.flush()

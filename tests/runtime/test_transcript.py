@@ -29,3 +29,22 @@ def test_a_snapshots_totals_are_the_sums_of_its_messages(shapes, cut):
     if expected:
         assert view[-1] is expected[-1] and view[1:] == expected[1:]
     assert list(reversed(view)) == list(reversed(expected))
+
+
+def test_a_transcripts_characters_are_its_messages_content_however_it_was_built():
+    from runtime._messages import ImageBlock, ReasoningBlock, ToolResultBlock
+
+    blocks = (
+        TextBlock("héllo"), ReasoningBlock("think"), ToolCallBlock("c1", "read_file", '{"p": 1}'),
+        ToolResultBlock("c1", "x" * 1000), ImageBlock("image/png", "QUJD"),
+    )
+    full = Message("assistant", blocks)
+    assert full.content_chars == 5 + 5 + len("read_file") + len('{"p": 1}') + 1000 + 4
+    messages = [full, message(3, 1), Message("user", ())]
+    built, appended = Transcript(messages[:2]), Transcript()
+    built.append(messages[2])
+    for m in messages:
+        appended.append(m)
+    expected = sum(m.content_chars for m in messages)
+    assert built.content_chars == appended.content_chars == expected
+    assert Transcript().content_chars == 0
