@@ -590,9 +590,13 @@ async def test_two_stores_opening_a_version_1_home_at_once_migrate_it_once(tmp_p
     assert schema_of(path)[0] == 2
 
 
-def test_large_batches_are_written_whole_and_a_late_duplicate_is_named(store):
-    # 203 rows = 64 + 64 + 64 + 8 + 2 + 1: every size of multi-row INSERT the store uses.
-    sizes = {"a": 120, "b": 80, "c": 3}
+@pytest.mark.parametrize("host_parameters", [None, 99])
+def test_large_batches_are_written_whole_and_a_late_duplicate_is_named(store, host_parameters):
+    # 2,203 rows = 1,024 + 1,024 + 128 + 16 + 8 + 2 + 1 rows per INSERT; an SQLite that
+    # allows 99 host parameters gets INSERTs of 16 rows at most.
+    if host_parameters is not None:
+        store._conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, host_parameters)
+    sizes = {"a": 1500, "b": 700, "c": 3}
     batch = [
         Write(sid, header(sid), tuple(event(i, {"sid": sid, "i": i, "t": "ü" * (i % 3)}) for i in range(n)))
         for sid, n in sizes.items()
@@ -602,11 +606,20 @@ def test_large_batches_are_written_whole_and_a_late_duplicate_is_named(store):
         assert store.load(sid) == (header(sid), [event(i, {"sid": sid, "i": i, "t": "ü" * (i % 3)}) for i in range(n)])
 
     # A repeated seq at row 152 of 190: named, and nothing of its session is written.
-    late = [Write("d", header("d"), tuple(event(i) for i in range(150))), Write("a", None, (event(120), event(5)))]
+    late = [Write("d", header("d"), tuple(event(i) for i in range(150))), Write("a", None, (event(1500), event(5)))]
     late.append(Write("e", header("e"), tuple(event(i) for i in range(38))))
     assert refusals(store, late) == {"a": "session 'a' already has an event with seq 5"}
-    assert store.last_seq("a") == 119
+    assert store.last_seq("a") == 1499
     assert store.last_seq("d") == 149 and store.last_seq("e") == 37
+
+
+def test_a_missing_session_among_hundreds_of_existing_ones_is_named(store):
+    # The existence check counts 500 sessions at a time and names only when a count is short.
+    store.commit([Write(f"s{i}", header(f"s{i}"), ()) for i in range(700)])
+    batch = [Write(f"s{i}", None, (event(0),)) for i in range(700)]
+    batch.insert(600, Write("ghost", None, (event(0),)))
+    assert list(refusals(store, batch)) == ["ghost"]
+    assert all(store.last_seq(f"s{i}") == 0 for i in (0, 499, 500, 699))
 
 
 # --- who may read the database ---
