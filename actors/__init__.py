@@ -29,7 +29,7 @@ from ._faults import FAULT_KIND as FAULT_KIND
 from ._faults import fault_message as fault_message
 from ._faults import is_fault as is_fault
 from ._faults import record_fault as record_fault
-from ._history_cache import WARM_HISTORY as WARM_HISTORY
+from ._history_cache import WARM_HISTORY_BYTES as WARM_HISTORY_BYTES
 from ._history_cache import HistoryCache as HistoryCache
 from ._inbox import InvalidReservationError as InvalidReservationError
 from ._inbox import Placement as Placement

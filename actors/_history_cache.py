@@ -25,7 +25,7 @@ from typing import Protocol
 #: with conversations of a hundred short messages or so to stay warm. Agents served in
 #: turn (a runtime under load) thrash a least-recently-used cache that holds fewer than
 #: all of them, every turn then reading its whole transcript back.
-WARM_HISTORY = 64 * 2**20
+WARM_HISTORY_BYTES = 64 * 2**20
 
 #: What a message or an event costs in memory beyond its text: the objects that hold
 #: it. Measured with tracemalloc over turns of short messages: about 410 B per message
@@ -45,7 +45,7 @@ class Evictable(Protocol):
 
 
 class HistoryCache:
-    def __init__(self, budget: int = WARM_HISTORY) -> None:
+    def __init__(self, budget: int = WARM_HISTORY_BYTES) -> None:
         if budget < 0:
             raise ValueError(f"a history budget cannot be negative ({budget})")
         self.budget = budget

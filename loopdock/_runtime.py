@@ -23,7 +23,7 @@ import trio
 
 from actors import (
     AUTOMATIC_SLOTS,
-    WARM_HISTORY,
+    WARM_HISTORY_BYTES,
     WATCHER_POLICY,
     Action,
     AdmissionGate,
@@ -117,7 +117,7 @@ class Runtime:
         loopx: LoopxSettings | None = None,
         gc_threshold: tuple[int, int, int] | None = GC_THRESHOLD,
         automatic_slots: int = AUTOMATIC_SLOTS,
-        warm_history_bytes: int = WARM_HISTORY,
+        warm_history_bytes: int = WARM_HISTORY_BYTES,
         persist: bool = True,
         _store: SessionLog | None = None,
         cluster: None = None,
@@ -140,7 +140,7 @@ class Runtime:
         loopx: LoopxSettings | None = None,
         gc_threshold: tuple[int, int, int] | None = GC_THRESHOLD,
         automatic_slots: int = AUTOMATIC_SLOTS,
-        warm_history_bytes: int = WARM_HISTORY,
+        warm_history_bytes: int = WARM_HISTORY_BYTES,
         persist: bool = True,
         _store: SessionLog | None = None,
         cluster: str | None = None,
