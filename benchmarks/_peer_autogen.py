@@ -102,10 +102,10 @@ def _classes(writer: Writer) -> tuple[type, type]:
 
     echo_tool = FunctionTool(bench_echo, "Echo the text back.", name="bench_echo")
 
-    def model(history: list[Any]) -> Any:
-        """The scripted model: the same rule as loopdock's ping."""
+    def model(history: list[Any], words: int) -> Any:
+        """The scripted model: the same rule as loopdock's ping. ``words`` is the history's
+        word count, kept as it grows (ping counts its input from running totals too)."""
         last = history[-1]
-        words = sum(len(str(m.content).split()) for m in history)  # ping counts its input too
         if isinstance(last, UserMessage):
             calls = []
             for line in str(last.content).splitlines():
@@ -121,10 +121,15 @@ def _classes(writer: Writer) -> tuple[type, type]:
         def __init__(self) -> None:
             super().__init__("bench worker")
             self.history: list[Any] = []
+            self.words = 0  # the history's words, kept as it grows (see ``model``)
             self.seq = 0
             self.turns = 0
             self.session = str(self.id.key)
             writer.headers[self.session] = _header(self.session)
+
+        def remember(self, message: Any) -> None:
+            self.history.append(message)
+            self.words += len(str(message.content).split())
 
         def log(self, event_type: str, data: dict[str, Any]) -> None:
             writer.append(self.session, new_event(event_type, self.seq, time.time_ns() // 1_000_000, data))
@@ -139,7 +144,7 @@ def _classes(writer: Writer) -> tuple[type, type]:
             self.log("turn/start", {"turn": turn})
             self.log("agent/inbox/spliced", {"op": "claim", "list": "nextTurn", "placement": "followup", "messageId": msg_id})
             user = UserMessage(content=message.text, source="user")
-            self.history.append(user)
+            self.remember(user)
             step = 0
             while True:
                 step += 1
@@ -149,9 +154,9 @@ def _classes(writer: Writer) -> tuple[type, type]:
                                               "id": msg_id, "source": {"kind": "user"}})
                 self.log("request/header", {"turn": turn, "step": step, "provider": "scripted", "model": "scripted-1"})
                 await asyncio.sleep(0)  # a model call is an await, as ping's is a checkpoint
-                answer, _ = model(self.history)
+                answer, _ = model(self.history, self.words)
                 if isinstance(answer, list):
-                    self.history.append(AssistantMessage(content=answer, source="model"))
+                    self.remember(AssistantMessage(content=answer, source="model"))
                     self.log("assistant/message", {"role": "assistant", "id": f"a-{self.seq}", "content": [
                         {"type": "tool_call", "callId": c.id, "name": c.name, "arguments": c.arguments} for c in answer]})
                     results = []
@@ -160,13 +165,13 @@ def _classes(writer: Writer) -> tuple[type, type]:
                         output = await echo_tool.run_json(json.loads(call.arguments), CancellationToken(), call_id=call.id)
                         results.append(FunctionExecutionResult(content=echo_tool.return_value_as_string(output),
                                                                call_id=call.id, name=call.name, is_error=False))
-                    self.history.append(FunctionExecutionResultMessage(content=results))
+                    self.remember(FunctionExecutionResultMessage(content=results))
                     for result in results:
                         self.log("tool/result", {"role": "tool", "id": f"t-{self.seq}", "source": {"kind": "tool", "callId": result.call_id},
                                                  "content": [{"type": "tool_result", "callId": result.call_id, "content": result.content, "isError": False}]})
                     self.log("step/end", {"turn": turn, "step": step})
                     continue
-                self.history.append(AssistantMessage(content=answer, source="model"))
+                self.remember(AssistantMessage(content=answer, source="model"))
                 self.log("assistant/message", {"role": "assistant", "id": f"a-{self.seq}", "content": [{"type": "text", "text": answer}]})
                 self.log("step/end", {"turn": turn, "step": step})
                 self.log("turn/end", {"turn": turn, "reason": {"kind": "completed"}})
