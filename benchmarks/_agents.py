@@ -29,6 +29,7 @@ import random
 import shutil
 import sqlite3
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -162,14 +163,20 @@ class Recorder:
 class GcPauses:
     """CPython's cyclic-GC pauses while inside (the usual cause of latency tails): wall
     time, and the CPU time the collecting thread spent (a pause far longer in wall time
-    than in CPU is the process not running: preempted, or its virtual CPU not scheduled)."""
+    than in CPU is the thread not running: preempted, its virtual CPU not scheduled, or
+    waiting for the GIL, which a collector callback written in Python may hand to the
+    other thread).
+
+    Collections happen in whichever thread allocates (the store's writer thread too), so
+    starts are kept per thread. A collector callback may give the GIL away, so this can be
+    entered while another thread's collection is under way: a ``stop`` whose ``start`` it
+    did not see is skipped (it once showed up as a pause of 29,000 s)."""
 
     def __init__(self) -> None:
         self.pauses: list[float] = []
         self.cpu: list[float] = []
         self.by_generation: list[int] = [0, 0, 0]
-        self._started = 0.0
-        self._started_cpu = 0.0
+        self._started: dict[int, tuple[float, float]] = {}
 
     def __enter__(self) -> GcPauses:
         gc.callbacks.append(self._callback)
@@ -179,12 +186,16 @@ class GcPauses:
         gc.callbacks.remove(self._callback)
 
     def _callback(self, phase: str, info: dict[str, int]) -> None:
+        thread = threading.get_ident()
         if phase == "start":
-            self._started, self._started_cpu = time.perf_counter(), time.thread_time()
-        else:
-            self.pauses.append(time.perf_counter() - self._started)
-            self.cpu.append(time.thread_time() - self._started_cpu)
-            self.by_generation[info["generation"]] += 1
+            self._started[thread] = (time.perf_counter(), time.thread_time())
+            return
+        started = self._started.pop(thread, None)
+        if started is None:
+            return
+        self.pauses.append(time.perf_counter() - started[0])
+        self.cpu.append(time.thread_time() - started[1])
+        self.by_generation[info["generation"]] += 1
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -499,7 +510,7 @@ async def run_memory(params: dict[str, Any], progress: Progress) -> dict[str, An
                 "n": n, "history_turns": history + 1, "events_per_session": sample.session.event_count,
                 "kb_per_agent": (after - before) / n / 1024, "rss_mb": after / 2**20,
                 "peak_rss_mb": peak_rss_bytes() / 2**20, "cpu_ms_per_agent": cpu / n * 1e3,
-                "gc": gc_pauses.summary(), "warm_agents": len(cache), "warm_items": cache.held,
+                "gc": gc_pauses.summary(), "warm_agents": len(cache), "warm_bytes": cache.held,
                 "evictions": cache.evictions,
             }
             await _dispose(handles)
