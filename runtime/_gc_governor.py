@@ -16,16 +16,17 @@ nothing; what it freezes is whatever is live at that moment):
 - after agents started (created or resumed): a burst is frozen as it goes, once per
   pass of the scheduler that saw agents start, and the last time after it settles, so
   that the young collections do not keep walking the new agents either;
-- after every collection (a collector callback): what survived it is long-lived enough
-  to keep (the retained events and warm histories under steady turns; a turn's objects
+- after every collection (in the collector's callback itself): what survived it is
+  long-lived enough to keep (the retained events and warm histories under steady turns; a turn's objects
   that happened to be in flight die by reference counting, frozen or not). Survivors
   then never pile up in the older generations: at 10,000 resuming agents, freezing
   only when survivors reached generation 2 left generation 1 at 120,000 objects and
   its collections at 60 ms, so every collection is in effect a young one (at most the
   10,000 objects of generation 0's threshold, give or take).
 
-It waits for these events rather than polling, so an idle runtime has no timer (and a
-test's autojump clock does not leap while the runtime waits on a thread).
+Its task waits for agents to start (and, once a minute at most, for a collection to
+ask for the full-collection check below) rather than polling, so an idle runtime has no
+timer (and a test's autojump clock does not leap while the runtime waits on a thread).
 
 The trade-off: an object frozen and later part of unreachable cycles is not collected
 while it stays frozen. The runtime's own objects make none (see above); a loop, tool or
@@ -87,8 +88,17 @@ class GcGovernor:
 
     def collected(self, phase: str, info: dict[str, Any]) -> None:
         """The collector's callback (``gc.callbacks``); runs in whichever thread collected,
-        in the middle of any code, so it only asks trio to wake the governor."""
-        if phase == "stop":
+        in the middle of any code. It freezes the survivors itself (``gc.freeze()`` is
+        O(1) and touches nothing of trio's) and wakes the governor's task only when the
+        full-collection check is due. Waking it on every collection wrote to trio's
+        wake-up socket inside the pause, and that write gives the GIL up: at saturation
+        the store's writer thread took it, and the pause lasted about 5 ms (the switch
+        interval) longer than the collection."""
+        if phase != "stop":
+            return
+        gc.freeze()
+        self.freezes += 1
+        if time.monotonic() >= self._next_check:
             try:
                 self._token.run_sync_soon(self._wake)
             except trio.RunFinishedError:

@@ -242,6 +242,46 @@ async def test_a_failing_governor_is_restarted_and_agents_go_on(tmp_path, monkey
     assert failed == [("gc governor failed", "restarted")]
 
 
+class _Token:
+    """Stands in for the trio token: records the wake-ups asked of it."""
+
+    def __init__(self) -> None:
+        self.asked: list[Any] = []
+
+    def run_sync_soon(self, fn: Any, *args: Any) -> None:
+        self.asked.append(fn)
+
+
+async def test_a_collection_is_frozen_in_its_callback_and_wakes_the_task_only_when_due():
+    # Waking the task writes to trio's wake-up socket, which gives the GIL up in the
+    # middle of the pause; the callback freezes by itself, and wakes the task only for
+    # the full-collection check, at most once per tenth of full_interval.
+    token = _Token()
+    governor = GcGovernor(token, full_interval=3600.0)  # type: ignore[arg-type]
+    gc.disable()
+    gc.callbacks.append(governor.collected)
+    try:
+        gc.collect(0)  # the first one: the check is due (the baseline is not measured yet)
+        assert governor.freezes == 1 and gc.get_freeze_count() > 0
+        assert token.asked == [governor._wake]
+        governor.freeze()  # the task's own freeze measures the baseline, next check in 6 min
+        token.asked.clear()
+        keep = [[] for _ in range(100)]
+        frozen = gc.get_freeze_count()
+        for _ in range(5):
+            gc.collect(0)
+        assert governor.freezes == 7
+        assert gc.get_freeze_count() >= frozen + len(keep)  # survivors frozen at once
+        assert token.asked == []  # and no wake-up written
+        governor._next_check = 0.0  # the check is due again
+        gc.collect(0)
+        assert token.asked == [governor._wake]
+    finally:
+        gc.callbacks.remove(governor.collected)
+        gc.enable()
+        governor.thaw()
+
+
 class _Cycle:
     def __init__(self) -> None:
         self.me = self
