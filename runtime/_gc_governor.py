@@ -68,6 +68,7 @@ class GcGovernor:
     ) -> None:
         self._token = token
         self._wakeup = trio.Event()
+        self._running = False  # the task runs: the callback may freeze
         self.full_factor = full_factor
         self.full_interval = full_interval
         self._baseline = 0  # frozen objects after the first freeze or the last full collection
@@ -94,7 +95,7 @@ class GcGovernor:
         wake-up socket inside the pause, and that write gives the GIL up: at saturation
         the store's writer thread took it, and the pause lasted about 5 ms (the switch
         interval) longer than the collection."""
-        if phase != "stop":
+        if phase != "stop" or not self._running:
             return
         gc.freeze()
         self.freezes += 1
@@ -107,10 +108,16 @@ class GcGovernor:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The governor's task (one per runtime): freeze after each wakeup."""
         task_status.started()
-        while True:
-            await self._wakeup.wait()
-            self._wakeup = trio.Event()
-            self.freeze()
+        self._running = True
+        try:
+            while True:
+                await self._wakeup.wait()
+                self._wakeup = trio.Event()
+                self.freeze()
+        finally:
+            # A governor that stopped for good must not go on freezing from the
+            # callback: the full collection that bounds frozen garbage is the task's.
+            self._running = False
 
     def _wake(self) -> None:
         self._wakeup.set()  # whichever event the governor waits on by now

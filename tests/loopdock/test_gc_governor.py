@@ -261,21 +261,29 @@ async def test_a_collection_is_frozen_in_its_callback_and_wakes_the_task_only_wh
     gc.disable()
     gc.callbacks.append(governor.collected)
     try:
-        gc.collect(0)  # the first one: the check is due (the baseline is not measured yet)
-        assert governor.freezes == 1 and gc.get_freeze_count() > 0
-        assert token.asked == [governor._wake]
-        governor.freeze()  # the task's own freeze measures the baseline, next check in 6 min
-        token.asked.clear()
-        keep = [[] for _ in range(100)]
-        frozen = gc.get_freeze_count()
-        for _ in range(5):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(governor.run)
+            gc.collect(0)  # the first one: the check is due (no baseline measured yet)
+            assert governor.freezes == 1 and gc.get_freeze_count() > 0
+            assert token.asked == [governor._wake]
+            governor.freeze()  # the task's own freeze measures the baseline; next check later
+            token.asked.clear()
+            keep = [[] for _ in range(100)]
+            frozen = gc.get_freeze_count()
+            for _ in range(5):
+                gc.collect(0)
+            assert governor.freezes == 7
+            assert gc.get_freeze_count() >= frozen + len(keep)  # survivors frozen at once
+            assert token.asked == []  # and no wake-up written
+            governor._next_check = 0.0  # the check is due again
             gc.collect(0)
-        assert governor.freezes == 7
-        assert gc.get_freeze_count() >= frozen + len(keep)  # survivors frozen at once
-        assert token.asked == []  # and no wake-up written
-        governor._next_check = 0.0  # the check is due again
+            assert token.asked == [governor._wake]
+            nursery.cancel_scope.cancel()
+        # A governor whose task has ended (stopped for good after failures) freezes
+        # nothing more: frozen garbage would otherwise never meet a full collection.
+        governor.thaw()
         gc.collect(0)
-        assert token.asked == [governor._wake]
+        assert governor.freezes == 8 and gc.get_freeze_count() == 0 and token.asked == [governor._wake]
     finally:
         gc.callbacks.remove(governor.collected)
         gc.enable()
