@@ -102,6 +102,23 @@ async def test_the_governor_freezes_after_agents_start_and_thaws_on_close(tmp_pa
     assert gc.get_threshold() == CPYTHON_DEFAULT_THRESHOLD
 
 
+async def test_a_collection_in_another_thread_is_frozen_and_thawed_on_close(tmp_path):
+    # The store's writer thread collects too: the callback freezes there as well, and
+    # closing the runtime still leaves nothing frozen.
+    with trio.fail_after(TIMEOUT):
+        async with Runtime.open(tmp_path / "a") as rt:
+            governor = rt.gc_governor
+            assert governor is not None
+            await trio.testing.wait_all_tasks_blocked()
+            freezes = governor.freezes
+            survivors = [[] for _ in range(1000)]
+            frozen = gc.get_freeze_count()
+            await trio.to_thread.run_sync(gc.collect, 0)
+            assert governor.freezes > freezes
+            assert gc.get_freeze_count() >= frozen + len(survivors)
+    assert gc.get_freeze_count() == 0
+
+
 async def test_the_governor_freezes_after_agents_start_and_after_collections():
     gc.disable()  # no collection of its own may happen in between
     governor = GcGovernor(trio.lowlevel.current_trio_token())
