@@ -10,8 +10,8 @@ The scenario walks through what a person does with the bar over a working day:
    again is refused;
 3. while the agent works on a person's message, Start is refused; the person's message
    re-arms the continuation, but nothing continues on the paused goal;
-4. Start: the goal is resumed and the continuation goes on within that one checkpoint,
-   resuming the failed turn under its own id;
+4. Start: the goal is resumed and the continuation goes on at once, resuming the failed
+   turn under its own id;
 5. a continuation that is about to enter a model step when Pause is clicked never enters.
 
 The per-goal locks are gone whenever no action runs. Nothing sleeps to synchronise.
@@ -156,7 +156,10 @@ async def test_start_and_pause_control_the_continuation(tmp_path, loopx_env, loo
                 started = await bar.start(SESSION, loopx_project)
                 await driver.wait_quiescent()
             assert started.outcome == "done" and started.state.lifecycle_state == "active"
-            assert started.state.continuation in ("queued", "working")  # within that one checkpoint
+            # The state Start returns is read from LoopX after the continuation started: a
+            # CLI call, during which the resumed turn may already have ended (unsettled:
+            # needs-person, see 5). Either way it is no longer paused.
+            assert started.state.continuation in ("queued", "working", "needs-person")
             assert client.executed == ["stop", "stop", "resume"]
             assert continuations(agent) == [failed, failed]
 
