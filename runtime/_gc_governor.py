@@ -16,10 +16,10 @@ nothing; what it freezes is whatever is live at that moment):
 - after agents started (created or resumed): a burst is frozen as it goes, once per
   pass of the scheduler that saw agents start, and the last time after it settles, so
   that the young collections do not keep walking the new agents either;
-- after every collection (in the collector's callback itself): what survived it is
-  long-lived enough to keep (the retained events and warm histories under steady turns; a turn's objects
-  that happened to be in flight die by reference counting, frozen or not). Survivors
-  then never pile up in the older generations: at 10,000 resuming agents, freezing
+- after every collection (in the collector's callback itself, while the governor's task
+  runs): what survived it is long-lived enough to keep (the retained events and warm
+  histories under steady turns; a turn's objects that happened to be in flight die by
+  reference counting, frozen or not). Survivors then never pile up in the older generations: at 10,000 resuming agents, freezing
   only when survivors reached generation 2 left generation 1 at 120,000 objects and
   its collections at 60 ms, so every collection is in effect a young one (at most the
   10,000 objects of generation 0's threshold, give or take).
