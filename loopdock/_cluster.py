@@ -105,12 +105,19 @@ class LogWatcher:
         try:
             await waiter.ready.wait()
         finally:
-            waiting = self._waiters.get(session_id, [])
-            if waiter in waiting:
-                waiting.remove(waiter)
-            if not waiting:
-                self._waiters.pop(session_id, None)
+            self._forget(session_id, waiter)  # cancelled; a served waiter is gone already
         return waiter.events
+
+    def watched(self) -> set[str]:
+        """The sessions some caller waits on now."""
+        return set(self._waiters)
+
+    def _forget(self, session_id: str, waiter: _Waiter) -> None:
+        waiting = self._waiters.get(session_id, [])
+        if waiter in waiting:
+            waiting.remove(waiter)
+        if not waiting:
+            self._waiters.pop(session_id, None)
 
     async def run(self) -> None:
         delay = 0.05
@@ -134,11 +141,14 @@ class LogWatcher:
             for stream, entries in (reply or {}).items():
                 session_id = keys.session_of_log(str(stream))
                 events = [decode_event(keys.seq_of(str(e.identifier)), _fields(e.field_values)) for e in entries]
-                for waiter in self._waiters.get(session_id, []):
+                for waiter in list(self._waiters.get(session_id, [])):
                     mine = [e for e in events if e.seq >= waiter.cursor]
-                    if mine and not waiter.ready.is_set():
+                    if mine:
                         waiter.events = mine
                         waiter.ready.set()
+                        # Out of the watch at once: left in until its task runs, it
+                        # would make the next XREAD return these entries again at once.
+                        self._forget(session_id, waiter)
 
 
 class ClusterRuntime:
@@ -342,7 +352,14 @@ class RemoteAgent:
         """Wait until every message sent through this object has been processed (it
         entered the log, or was discarded) and the agent's last turn has ended."""
         await self._sent.wait()
-        events = await self._rt.store.aload_events(self.id, self._cursor)  # catch up
+        # With a message outstanding there is something to wait for: the watcher's read
+        # brings every event from the cursor on, so a catch-up read first would only
+        # read them twice. Otherwise the log may have moved on (a turn someone else
+        # started): read it up to now.
+        if self._outstanding:
+            events = await self._rt.watcher.follow(self.id, self._cursor)
+        else:
+            events = await self._rt.store.aload_events(self.id, self._cursor)
         while True:
             for event in events:
                 self._fold(event)

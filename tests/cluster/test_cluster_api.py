@@ -342,3 +342,29 @@ async def test_fork_of_a_session_live_on_another_worker_copies_its_durable_turns
     assert on_a in a.host.handles and on_b in b.host.handles
     assert [(e.type, e.data) for e in fork[: len(source)]] == [(e.type, e.data) for e in source]
     assert [e.data["content"][0]["text"] for e in fork if e.type == "user/message"] == ["on a", "on b"]
+
+
+async def test_wait_idle_reads_the_log_only_when_nothing_is_outstanding(redis_server, worker, monkeypatch):
+    with trio.fail_after(30):
+        async with Runtime.open(cluster=redis_server.url) as rt:
+            handle = await rt.create_agent(session_id="r1", loop="minimal-first")
+            read = rt.store.aload_events
+            reads: list[str] = []
+
+            async def counted(session_id, *args, **kwargs):
+                reads.append(session_id)
+                return await read(session_id, *args, **kwargs)
+
+            monkeypatch.setattr(rt.store, "aload_events", counted)
+            handle.agent.followup("one")
+            await handle.agent.wait_idle()
+            # A message was outstanding: the watcher's reads bring every event from the
+            # cursor on, so a catch-up read first would read them twice.
+            assert reads == []
+
+            other = rt.get_agent("r1")  # nothing sent through it: it reads the log up to now
+            await other.wait_idle()
+            assert reads == ["r1"]
+            seen = [e.type for e in await read("r1")][: other._cursor]
+    assert seen.count("turn/start") == seen.count("turn/end") == 1
+    assert seen[-1] == "turn/end"

@@ -1,0 +1,79 @@
+"""The client's log watcher: one blocking XREAD over every log some caller waits on."""
+
+from __future__ import annotations
+
+import json
+
+import trio
+
+from loopdock._cluster import LogWatcher
+from runtime.cluster import _keys as keys
+from runtime.cluster import connect
+
+
+async def _append(redis, session_id: str, seq: int, event_type: str) -> None:
+    await redis.xadd(keys.log(session_id), {"t": event_type, "m": "0", "d": json.dumps({"n": seq})},
+                     identifier=keys.log_id(seq))
+
+
+async def test_a_served_waiter_is_not_read_again_while_others_wait(redis_server):
+    async with connect(redis_server.url) as redis, trio.open_nursery() as nursery:
+        reads: list[list[str]] = []
+        xread = redis.xread
+
+        async def spy(streams, **kwargs):
+            reads.append(list(streams))
+            return await xread(streams, **kwargs)
+
+        redis.xread = spy
+        watcher = LogWatcher(redis)
+        nursery.start_soon(watcher.run)
+        await _append(redis, "one", 0, "turn/start")
+
+        # "two" keeps the watcher reading; "one" is served by its first read.
+        async def wait_two() -> None:
+            await watcher.follow("two", 0)
+
+        nursery.start_soon(wait_two)
+        while "two" not in watcher.watched():
+            await trio.sleep(0)
+        with trio.fail_after(10):
+            events = await watcher.follow("one", 0)
+        assert [(e.seq, e.type, e.data) for e in events] == [(0, "turn/start", {"n": 0})]
+        served = len(reads)
+
+        with trio.fail_after(10):
+            while len(reads) < served + 3:  # the watcher goes on reading for "two"
+                await trio.sleep(0.01)
+        # Only the read that served "one" asked for it. A waiter left in until its own
+        # task ran made the next read ask for "one" from seq 0 again: that read returned
+        # at once, with the same entries, decoded twice.
+        assert [keys.log("one") in streams for streams in reads].count(True) == 1
+        assert all(keys.log("two") in streams for streams in reads)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_waiter_that_follows_again_gets_only_what_is_new(redis_server):
+    async with connect(redis_server.url) as redis, trio.open_nursery() as nursery:
+        watcher = LogWatcher(redis)
+        nursery.start_soon(watcher.run)
+        await _append(redis, "one", 0, "turn/start")
+        with trio.fail_after(10):
+            first = await watcher.follow("one", 0)
+        await _append(redis, "one", 1, "step/start")
+        await _append(redis, "one", 2, "turn/end")
+        with trio.fail_after(10):
+            second = await watcher.follow("one", 1)
+        assert [e.seq for e in first] == [0]
+        assert [e.seq for e in second] == [1, 2]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_cancelled_follow_leaves_nothing_watched(redis_server):
+    async with connect(redis_server.url) as redis, trio.open_nursery() as nursery:
+        watcher = LogWatcher(redis)
+        nursery.start_soon(watcher.run)
+        with trio.move_on_after(0.2):
+            await watcher.follow("one", 0)
+        assert watcher.watched() == set()
+        nursery.cancel_scope.cancel()
