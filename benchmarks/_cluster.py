@@ -6,7 +6,9 @@ One run, on a private redis-server (append-only file, ``appendfsync everysec``):
   other's turn ended (the single-process benchmark's shape: model answer -> tool call ->
   answer, with the built-in ``list_dir`` tool since workers load no benchmark tools);
 - **cluster, 1 and 2 workers**: the same from a client process to ``loopdock worker``
-  processes (the client's own CPU is on the same 2 cores);
+  processes (the client's own CPU is on the same 2 cores), with the CPU time each
+  process spent per turn (workers, client, redis-server; from /proc) and how many cores
+  that kept busy: one worker whose run keeps every core busy leaves nothing for a second;
 - **per-turn overhead**: one agent's turns one after the other, embedded and clustered
   (median turn time; the difference is what the cluster path adds to a message);
 - **failover**: two workers, kill -9 one, then every agent gets a followup: how long until
@@ -32,7 +34,7 @@ import trio
 
 from loopdock import Runtime
 
-from ._common import machine, summary_ms
+from ._common import machine, process_cpu_seconds, summary_ms
 from ._redis import RedisServer
 
 TASK = 'call: list_dir {"path": "."}'
@@ -57,15 +59,44 @@ async def _turns(agents: list[Any], k: int, latencies: list[float]) -> float:
     return time.perf_counter() - started
 
 
+def _cpu_seconds(pids: dict[str, list[int]]) -> dict[str, float | None]:
+    """CPU seconds so far of each role's processes, summed; None where unreadable."""
+    spent: dict[str, float | None] = {}
+    for role, role_pids in pids.items():
+        values = [process_cpu_seconds(pid) for pid in role_pids]
+        spent[role] = None if any(v is None for v in values) else sum(v for v in values if v is not None)
+    return spent
+
+
+async def _metered_turns(
+    agents: list[Any], k: int, latencies: list[float], pids: dict[str, list[int]]
+) -> dict[str, Any]:
+    """``_turns``, with the CPU time each role's processes spent per turn meanwhile and
+    how many cores that kept busy (all of them: this machine had no room for more)."""
+    before = _cpu_seconds(pids)
+    seconds = await _turns(agents, k, latencies)
+    after = _cpu_seconds(pids)
+    turns = len(agents) * k
+    per_turn: dict[str, float | None] = {}
+    for role in pids:
+        b, a = before[role], after[role]
+        per_turn[role] = None if a is None or b is None else (a - b) / turns * 1e6
+    known = [v for v in per_turn.values() if v is not None]
+    every = len(known) == len(per_turn)
+    per_turn["all"] = sum(known) if every else None
+    busy = per_turn["all"] * 1e-6 * turns / seconds if per_turn["all"] is not None else None
+    return {"seconds": seconds, "cpu_us_per_turn": per_turn, "cores_busy": busy}
+
+
 async def _embedded(n: int, k: int, scratch: Path) -> dict[str, Any]:
     work = scratch / "work"
     work.mkdir(exist_ok=True)
     latencies: list[float] = []
     async with Runtime.open(scratch / "embedded-home") as rt:
         handles = [await rt.create_agent(session_id=f"e{i}", loop="standard", cwd=str(work)) for i in range(n)]
-        seconds = await _turns([h.agent for h in handles], k, latencies)
+        metered = await _metered_turns([h.agent for h in handles], k, latencies, {"process": [os.getpid()]})
     shutil.rmtree(scratch / "embedded-home", ignore_errors=True)
-    return {"n": n, "k": k, "seconds": seconds, "turns_per_s": n * k / seconds, "turn": summary_ms(latencies)}
+    return {"n": n, "k": k, "turns_per_s": n * k / metered["seconds"], **metered, "turn": summary_ms(latencies)}
 
 
 class _Workers:
@@ -127,11 +158,14 @@ async def _clustered(server: RedisServer, cfg: dict[str, Any], scratch: Path, wo
             with trio.fail_after(60):
                 await _balanced(rt, workers, cfg["shards"])
             agents = [(await rt.create_agent(session_id=f"c{i}", loop="standard")).agent for i in range(cfg["n"])]
-            seconds = await _turns(agents, cfg["k"], latencies)
+            assert server.process is not None
+            pids = {"workers": [p.pid for p in group.processes], "client": [os.getpid()],
+                    "redis": [server.process.pid]}
+            metered = await _metered_turns(agents, cfg["k"], latencies, pids)
     finally:
         group.stop_all()
     n, k = cfg["n"], cfg["k"]
-    return {"workers": workers, "n": n, "k": k, "seconds": seconds, "turns_per_s": n * k / seconds,
+    return {"workers": workers, "n": n, "k": k, "turns_per_s": n * k / metered["seconds"], **metered,
             "turn": summary_ms(latencies)}
 
 
@@ -231,8 +265,16 @@ async def _run(cfg: dict[str, Any], scratch: Path, progress: TextIO) -> dict[str
     finally:
         server.stop()
 
-    def median(name: str) -> float:
-        return statistics.median(run["turns_per_s"] for run in runs[name])
+    def median(name: str, key: str = "turns_per_s") -> float | None:
+        values = [run[key] for run in runs[name] if run.get(key) is not None]
+        return statistics.median(values) if values else None
+
+    def cpu(role: str) -> float | None:
+        values = [run["cpu_us_per_turn"][role] for run in runs["cluster-1"]
+                  if run["cpu_us_per_turn"].get(role) is not None]
+        return statistics.median(values) if values else None
+
+    busy = median("cluster-1", "cores_busy")
 
     return {
         "runs": runs, "sequential": sequential, "failover": failover,
@@ -240,12 +282,22 @@ async def _run(cfg: dict[str, Any], scratch: Path, progress: TextIO) -> dict[str
             "embedded_turns_per_s": median("embedded"),
             "cluster_1_turns_per_s": median("cluster-1"),
             "cluster_2_turns_per_s": median("cluster-2"),
-            "two_workers_vs_one": median("cluster-2") / median("cluster-1"),
+            "two_workers_vs_one": _ratio(median("cluster-2"), median("cluster-1")),
+            # With 1 worker: CPU per turn by role, the cores that kept busy, and so the
+            # most any number of workers could give on this machine if a turn cost each
+            # process what it cost there (it costs more with two: smaller batches).
+            "cluster_1_cpu_us_per_turn": {role: cpu(role) for role in ("workers", "client", "redis", "all")},
+            "cluster_1_cores_busy": busy,
+            "workers_ceiling_vs_one": _ratio(os.cpu_count(), busy),
             "overhead_ms_per_turn": sequential["overhead_ms"],
             "failover_s": failover["all_answered_s"],
             "failover_vs_ttl": failover["all_answered_s"] / cfg["ttl"],
         },
     }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
 
 
 def run_cluster(mode: str, out_dir: Path, stdout: TextIO) -> dict[str, Any]:
@@ -265,6 +317,14 @@ def run_cluster(mode: str, out_dir: Path, stdout: TextIO) -> dict[str, Any]:
     print(f"  cluster, 1 worker  {f['cluster_1_turns_per_s']:9.1f} turns/s", file=stdout)
     print(f"  cluster, 2 workers {f['cluster_2_turns_per_s']:9.1f} turns/s  "
           f"({f['two_workers_vs_one']:.2f}x one worker; target 1.7x)", file=stdout)
+    cpu = f["cluster_1_cpu_us_per_turn"]
+    if cpu["all"] is not None and f["cluster_1_cores_busy"] is not None:
+        print(f"  1 worker's CPU     {cpu['all']:9.0f} us per turn (worker {cpu['workers']:.0f}, client "
+              f"{cpu['client']:.0f}, redis {cpu['redis']:.0f}); {f['cluster_1_cores_busy']:.2f} of "
+              f"{os.cpu_count()} cores busy: more workers at most {f['workers_ceiling_vs_one']:.2f}x one here",
+              file=stdout)
+    else:
+        print("  1 worker's CPU     not measured (no /proc)", file=stdout)
     print(f"  per-turn overhead  {f['overhead_ms_per_turn']:9.2f} ms (one agent, median turn)", file=stdout)
     fo = result["failover"]
     print(f"  failover           {fo['all_answered_s']:9.2f} s until every agent answered "

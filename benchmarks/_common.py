@@ -63,6 +63,18 @@ def rss_bytes() -> int:
     return peak_rss_bytes()
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU time of process ``pid`` so far (every thread), from
+    /proc/PID/stat; None where there is no /proc (or no such process)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            # The command name, in parentheses, may hold spaces: fields count after it.
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def peak_rss_bytes() -> int:
     """The process's peak resident set size (getrusage ru_maxrss); 0 where there is none."""
     try:

@@ -201,17 +201,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only the cluster benchmark: embedded vs 1 and 2 workers on a private redis-server, "
                         "and failover after kill -9 (needs redis-server and loopdock[cluster])")
     parser.add_argument(
-        "--tables", metavar="JSON", nargs="?", const="benchmarks/results/bench-full.json",
-        help="run nothing: regenerate the tables in README.md and benchmarks/README.md from JSON",
+        "--tables", metavar="JSON", nargs="*",
+        help="run nothing: regenerate the docs' tables from these results (default: the committed full runs, "
+        "benchmarks/results/bench-full.json and bench-cluster-full.json)",
     )
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    if args.tables:
-        from ._tables import write_docs
+    if args.tables is not None:
+        from ._tables import COMMITTED, ROOT, write_docs
 
-        for path in write_docs(Path(args.tables)):
-            print(f"loopdock bench: tables written to {path}")
+        for source in args.tables or [ROOT / path for path in COMMITTED]:
+            for path in write_docs(Path(source)):
+                print(f"loopdock bench: tables written to {path} (from {source})")
         return 0
     if args.cluster:
         from ._cluster import run_cluster

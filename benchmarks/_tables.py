@@ -1,20 +1,25 @@
 """Markdown tables from a results JSON, and the docs' generated sections.
 
-``loopdock bench --tables [JSON]`` rewrites every block between ``<!-- bench:NAME -->``
-and ``<!-- /bench:NAME -->`` in README.md and benchmarks/README.md from the JSON (by
-default the committed ``benchmarks/results/bench-full.json``): the tables are never
-copied by hand, and a test checks the committed docs match the committed JSON.
+``loopdock bench --tables [JSON ...]`` rewrites every block between
+``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` in the docs from the JSON: a
+``bench-*.json`` fills README.md, benchmarks/README.md and benchmarks/PROFILE.md, a
+``bench-cluster-*.json`` docs/cluster.md (by default, both committed full runs in
+``benchmarks/results/``). The tables are never copied by hand, and a test checks the
+committed docs match the committed JSON.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import statistics
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = {"README.md": ("summary",), "benchmarks/README.md": ("details",), "benchmarks/PROFILE.md": ("profile",)}
+CLUSTER_DOCS = {"docs/cluster.md": ("cluster",)}
+COMMITTED = ("benchmarks/results/bench-full.json", "benchmarks/results/bench-cluster-full.json")
 _VERDICT = {True: "met", False: "**missed**", None: "not judged"}
 
 
@@ -225,6 +230,67 @@ def blocks(results: dict[str, Any]) -> dict[str, str]:
     return {"summary": summary, "details": details, "profile": _source(results) + "\n\n" + profile_table(results)}
 
 
+def _runs_spread(values: list[float], digits: int = 0) -> str:
+    if not values:
+        return "-"
+    figure = {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": len(values)}
+    return spread(figure, digits)
+
+
+def cluster_table(results: dict[str, Any]) -> str:
+    """docs/cluster.md's figures, from a ``loopdock bench --cluster`` JSON."""
+    m, cfg, f, runs = results["machine"], results["config"], results["figures"], results["runs"]
+    source = (
+        f"From `benchmarks/results/bench-cluster-{results['mode']}.json` (`loopdock bench --cluster`, commit "
+        f"`{m.get('git_commit') or '-'}`, {m['date']}, {m['cpu_count']} CPUs; median (min-max) of "
+        f"{cfg['repeats']} runs, alternating; one private redis-server with `appendfsync everysec`; "
+        f"{cfg['n']} agents, each sending {cfg['k']} followups one after the other's turn ended: model answer, "
+        "`list_dir` tool call, answer):"
+    )
+
+    def turns(name: str) -> str:
+        return _runs_spread([run["turns_per_s"] for run in runs[name]]) + " turns/s"
+
+    ratio = f["two_workers_vs_one"]
+    rows = [
+        ["one process (embedded, SQLite)", turns("embedded"), ""],
+        ["cluster, 1 worker", turns("cluster-1"), ""],
+        ["cluster, 2 workers", f"{turns('cluster-2')}: **{fmt(ratio, 2)}x one worker**",
+         f">= 1.7x: {_VERDICT[ratio >= 1.7]}"],
+    ]
+    cpu = f.get("cluster_1_cpu_us_per_turn")
+    if cpu and cpu.get("all") is not None:
+        rows.append([
+            "CPU per turn with 1 worker: worker, client, redis-server",
+            f"{fmt(cpu['workers'], 0)}, {fmt(cpu['client'], 0)}, {fmt(cpu['redis'], 0)} us "
+            f"({fmt(cpu['all'], 0)} in all)", "",
+        ])
+        rows.append([
+            "cores kept busy with 1 worker",
+            f"{fmt(f['cluster_1_cores_busy'], 2)} of {m['cpu_count']}: more workers at most "
+            f"**{fmt(f['workers_ceiling_vs_one'], 2)}x** one here", "",
+        ])
+    seq, fo = results["sequential"], results["failover"]
+    rows.append([
+        "what the cluster adds to one turn (one agent, median)",
+        f"{fmt(seq['overhead_ms'])} ms ({fmt(seq['embedded_ms'])} ms embedded, {fmt(seq['cluster_ms'])} ms clustered)",
+        "",
+    ])
+    within = fo["lost_turns"] == 0 and fo["doubled_turns"] == 0 and f["failover_vs_ttl"] < 2
+    rows.append([
+        f"failover after kill -9 of one of two workers (lease ttl {fo['ttl_s']:g} s)",
+        f"every agent answered again after {fmt(fo['all_answered_s'], 2)} s ({fmt(f['failover_vs_ttl'], 2)} x ttl); "
+        f"every shard owned again after {fmt(fo['shards_owned_again_s'], 2)} s; {fo['lost_turns']} turns lost, "
+        f"{fo['doubled_turns']} doubled",
+        f"< 2 x ttl, none lost or doubled: {_VERDICT[within]}",
+    ])
+    return source + "\n\n" + _table(["figure", "measured", "target"], rows)
+
+
+def is_cluster(results: dict[str, Any]) -> bool:
+    return "cluster-1" in results.get("runs", {})
+
+
 def replace_blocks(text: str, generated: dict[str, str]) -> str:
     for name, body in generated.items():
         pattern = re.compile(rf"(<!-- bench:{name} -->\n)(?:.*?\n)?(<!-- /bench:{name} -->)", re.S)
@@ -236,9 +302,12 @@ def replace_blocks(text: str, generated: dict[str, str]) -> str:
 
 def write_docs(json_path: Path, root: Path = ROOT) -> list[Path]:
     results = json.loads(Path(json_path).read_text())
-    generated = blocks(results)
+    if is_cluster(results):
+        generated, docs = {"cluster": cluster_table(results)}, CLUSTER_DOCS
+    else:
+        generated, docs = blocks(results), DOCS
     written = []
-    for doc, names in DOCS.items():
+    for doc, names in docs.items():
         path = root / doc
         text = path.read_text()
         new = replace_blocks(text, {name: generated[name] for name in names})
