@@ -158,10 +158,13 @@ class AgentActor:
         self._queue(message, placement, reservation)
         return reservation
 
-    def withdraw(self, reservation: Reservation, reason: str = "withdrawn") -> bool:
-        """Cancel a reservation that has not been admitted; True if it was still queued."""
+    def withdraw(self, reservation: Reservation | str, reason: str = "withdrawn") -> bool:
+        """Cancel a reservation that has not been admitted (given as itself, or as its
+        message's id); True if it was still queued."""
         for entry in self._inbox.entries():
-            if entry.reservation is reservation:
+            if entry.reservation is None:
+                continue
+            if entry.reservation is reservation or entry.message.id == reservation:
                 self._inbox.remove(entry)
                 self._discarded(entry, reason)
                 self._notify()

@@ -345,6 +345,15 @@ class RemoteAgent:
         self._queue("reserve", message, placement)
         return RemoteReservation(message, placement, self, cursor)
 
+    def withdraw(self, reservation: RemoteReservation, reason: str = "withdrawn") -> None:
+        """Cancel ``reservation`` if it is still queued when the agent's worker gets to
+        this (after the reservation itself: both travel on the ``auto`` lane). Unlike the
+        embedded ``withdraw`` this cannot tell at once whether it was still queued:
+        ``await reservation.wait()`` says, ``cancelled`` with ``reason`` if it was,
+        otherwise how it was settled before."""
+        body = {"message_id": reservation.message.id, "reason": reason}
+        self._sent = self._rt.post(InboxMessage(MESSAGE_IDS.new(), "withdraw", self.id, body, "auto"))
+
     def cancel(self, *, keep_inbox: bool = True) -> None:
         self._sent = self._rt.post(InboxMessage(MESSAGE_IDS.new(), "cancel", self.id, {"keep_inbox": keep_inbox}))
 

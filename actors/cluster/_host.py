@@ -281,6 +281,14 @@ class ShardHost:
             except BaseException:
                 self.ownership.pending.pop(message.id, None)
                 raise
+        elif message.kind == "withdraw":
+            live = self.handles.get(message.session)
+            target, reason = body.get("message_id"), body.get("reason")
+            reason = reason[:500] if isinstance(reason, str) and reason else "withdrawn"
+            if live is not None and isinstance(target, str) and live.agent.withdraw(target, reason):
+                # Its discard acknowledges the reservation's entry: durable before this one is.
+                await live.agent.session.flush()
+            await self._settled(token, shard, message, stream, entry_id)
         elif message.kind == "cancel":
             live = self.handles.get(message.session)
             if live is not None:

@@ -3,7 +3,8 @@
 The id is the producer's, stable across redelivery: the owner records the ids it has
 processed in the session (``done``) and drops a message it sees again. Human input and
 control travel on the ``human`` lane, which the owner drains first; automatic input
-(``inject``, ``reserve``, and any message from a producer source) on the ``auto`` lane.
+(``inject``, ``reserve``, and any message from a producer source) on the ``auto`` lane, and
+so does ``withdraw``: behind the reservation it withdraws, never ahead of it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import attrs
 
 from .._errors import LoopdockError
 
-Kind = Literal["create", "resume", "fork", "followup", "steer", "inject", "reserve", "cancel", "dispose"]
+Kind = Literal[
+    "create", "resume", "fork", "followup", "steer", "inject", "reserve", "withdraw", "cancel", "dispose"
+]
 KINDS: frozenset[str] = frozenset(get_args(Kind))
 MAX_BODY = 4 * 1024 * 1024
 

@@ -245,6 +245,27 @@ async def test_withdraw_reservations_withdraws_only_reservations(tmp_path):
             await agent.wait_idle()
 
 
+async def test_withdraw_takes_a_reservation_or_its_message_id_and_nothing_else(tmp_path):
+    gate = trio.Event()
+    with trio.fail_after(TIMEOUT):
+        async with Runtime.open(tmp_path / "home") as rt:
+            handle = await start(rt, ScriptedAdapter([Reply("held", block=gate), "plain", "plain 2"]))
+            agent = handle.agent
+            agent.followup("start")
+            await trio.testing.wait_all_tasks_blocked()
+            first = agent.reserve(automatic("r1"))
+            second = agent.reserve(automatic("r2"))
+            plain = agent.followup(automatic("plain automatic"))
+            assert agent.withdraw(plain.id) is False  # queued, but not a reservation
+            assert agent.withdraw(second.message.id, "by id") is True  # as a cluster worker withdraws
+            assert agent.withdraw(second.message.id) is False  # gone already
+            assert agent.withdraw(first, "by object") is True
+            assert [(r.state, r.reason) for r in (first, second)] == [("cancelled", "by object"), ("cancelled", "by id")]
+            assert agent.inbox_size == 1
+            gate.set()
+            await agent.wait_idle()
+
+
 async def test_disposing_the_agent_cancels_a_running_command(tmp_path):
     started = trio.Event()
     cancelled = []

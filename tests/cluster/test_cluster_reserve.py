@@ -114,3 +114,103 @@ async def test_a_reservation_queued_on_a_worker_killed_mid_turn_is_settled_by_th
             await b.stop()
     assert [e.data["reason"]["kind"] for e in events if e.type == "turn/end"] == ["interrupted", "completed"]
     assert [e.data["id"] for e in events if e.type == "user/message"][-1:] == [reservation.message.id]
+
+
+async def test_a_reservation_withdrawn_right_after_it_was_sent_is_cancelled_and_never_runs(redis_server, worker):
+    with trio.fail_after(30):
+        async with Runtime.open(cluster=redis_server.url) as rt:
+            handle = await rt.create_agent(session_id="w1", loop="gated")
+            handle.agent.followup('call: shell {"command": "sleep 1"}')  # the agent is busy meanwhile
+            await until_event(handle.agent, lambda e: e.type == "tool/call")
+            reservation = handle.agent.reserve(user_message("automatic work", source=PRODUCER))
+            # Sent at once: the worker must not see the withdrawal before the reservation
+            # (a person's lane is drained first; a withdrawal rides behind what it withdraws).
+            handle.agent.withdraw(reservation, "plans changed")
+            assert await reservation.wait() == "cancelled"
+            await handle.agent.wait_idle()  # the reservation's message is settled: nothing to wait for
+            events = await rt.read_events("w1")
+    assert reservation.reason == "plans changed"
+    assert reservation.message.id not in {e.data["id"] for e in events if e.type == "user/message"}
+    discards = [e.data for e in events if e.type == "agent/inbox/spliced" and e.data.get("op") == "discard"]
+    assert [d["messageId"] for d in discards] == [reservation.message.id]
+    assert [e.data["reason"]["kind"] for e in events if e.type == "turn/end"] == ["completed"]
+
+
+async def test_withdrawing_an_admitted_reservation_changes_nothing(redis_server, worker):
+    with trio.fail_after(30):
+        async with Runtime.open(cluster=redis_server.url) as rt:
+            handle = await rt.create_agent(session_id="w2", loop="gated")
+            first = handle.agent.reserve(user_message("automatic work", source=PRODUCER))
+            assert await first.wait() == "admitted"
+            handle.agent.withdraw(first)
+            # The same lane, in order: once the next reservation is settled, the worker has
+            # handled the withdrawal before it.
+            second = handle.agent.reserve(user_message("more automatic work", source=PRODUCER))
+            assert await second.wait() == "admitted"
+            await handle.agent.wait_idle()
+            events = await rt.read_events("w2")
+    assert [e.data["id"] for e in events if e.type == "user/message"] == [first.message.id, second.message.id]
+    assert not [e for e in events if e.type == "agent/inbox/spliced" and e.data.get("op") == "discard"]
+    assert first.state == "admitted"
+
+
+async def test_a_withdrawal_is_never_handled_before_the_reservation_it_withdraws(
+    redis_server, worker, monkeypatch
+):
+    from runtime.cluster import _keys as keys
+
+    with trio.fail_after(30):
+        async with Runtime.open(cluster=redis_server.url) as rt:
+            handle = await rt.create_agent(session_id="w3", loop="gated")
+            handle.agent.followup('call: shell {"command": "sleep 1"}')
+            await until_event(handle.agent, lambda e: e.type == "tool/call")
+            # A worker takes a person's lane first whenever both lanes have entries. Write
+            # the posted entries that way round (people's lane first, each lane in order),
+            # so the test does not depend on how Redis serves a read blocked on two streams.
+            posted = []
+            sent = trio.Event()
+            sent.set()
+            monkeypatch.setattr(rt, "post", lambda message: posted.append(message) or sent)
+            reservation = handle.agent.reserve(user_message("automatic work", source=PRODUCER))
+            handle.agent.withdraw(reservation, "plans changed")
+            monkeypatch.undo()
+            async with rt._redis.pipeline(transaction=True) as pipe:
+                for message in sorted(posted, key=lambda m: m.lane != "human"):
+                    pipe.xadd(keys.inbox(keys.shard_of(message.session, rt.shards), message.lane), message.to_fields())
+            assert await reservation.wait() == "cancelled"
+            await handle.agent.wait_idle()
+            events = await rt.read_events("w3")
+    assert [m.kind for m in posted] == ["reserve", "withdraw"]
+    assert reservation.message.id not in {e.data["id"] for e in events if e.type == "user/message"}
+
+
+async def test_a_withdrawal_sent_while_the_worker_is_dead_settles_the_reservation_once(redis_server, tmp_path, nursery):
+    from cluster_workers import start_worker
+
+    with trio.fail_after(90):
+        a = await start_worker(nursery, redis_server.url, tmp_path / "a", "a")
+        async with Runtime.open(cluster=redis_server.url) as rt:
+            handle = await rt.create_agent(session_id="k2", loop="minimal-first")
+            handle.agent.followup('call: shell {"command": "sleep 30"}')
+            await until_event(handle.agent, lambda e: e.type == "tool/call")
+            reservation = handle.agent.reserve(user_message("automatic work", source=PRODUCER))
+            await until_event(handle.agent, lambda e: e.type == "agent/inbox/spliced"
+                         and e.data.get("messageId") == reservation.message.id)
+            a.signal(signal.SIGKILL)
+            await a.process.wait()
+            handle.agent.withdraw(reservation, "plans changed")
+            await rt.wait_sent()
+            b = await start_worker(nursery, redis_server.url, tmp_path / "b", "b")
+            # The next owner gets the reservation again first (reclaimed entries before new
+            # ones), and the agent, idle after its interrupted turn, may admit it before the
+            # withdrawal is read. Whichever way it went: once, and the log says the same.
+            state = await reservation.wait()
+            await handle.agent.wait_idle()
+            events = await rt.read_events("k2")
+            await b.stop()
+    admitted = [e for e in events if e.type == "user/message" and e.data["id"] == reservation.message.id]
+    discarded = [e for e in events if e.type == "agent/inbox/spliced" and e.data.get("op") == "discard"
+                 and e.data.get("messageId") == reservation.message.id]
+    assert (state, len(admitted), len(discarded)) in {("admitted", 1, 0), ("cancelled", 0, 1)}
+    if state == "cancelled":
+        assert reservation.reason == "plans changed"
