@@ -175,7 +175,7 @@ async def open_cluster(url: str | None, rt: Runtime) -> AsyncIterator[tuple[Clus
         workers = await check_registry(cluster, rt.dock)
         if not workers:
             log.warning("no worker is live in the cluster yet; its agents show once workers run them")
-        yield ClusterFollower(cluster), workers
+        yield ClusterFollower(cluster, rt.dock), workers
 
 
 async def serve_command(

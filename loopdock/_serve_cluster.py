@@ -13,6 +13,11 @@ its turns, how the last one ended, ``running`` while a turn is open in its log, 
 ``idle``, and its inbox (the messages its log shows inserted and not yet claimed or
 discarded). The row goes when the session is disposed. Redis out of reach only delays
 the rows: the follower logs it and looks again.
+
+Serve is refused at its start if a live worker's loops and drivers differ from its dock's.
+A worker that joins later with other ones (it is refused only by live workers, so it
+joins a cluster whose workers all stopped) is seen by the follower's next look: logged
+once as an error (``REGISTRY_MISMATCH``) and kept in ``mismatched`` until it leaves.
 """
 
 from __future__ import annotations
@@ -85,10 +90,13 @@ class _Followed:
 class ClusterFollower:
     """See the module docstring. ``sessions``: what is known of each live session."""
 
-    def __init__(self, cluster: ClusterRuntime, *, period: float = FOLLOW_PERIOD) -> None:
+    def __init__(self, cluster: ClusterRuntime, dock: LoopDock, *, period: float = FOLLOW_PERIOD) -> None:
         self._cluster = cluster
+        self._fingerprint = fingerprint(dock)
         self.period = period
         self.sessions: dict[str, _Followed] = {}
+        #: Live workers whose loops and drivers differ from this serve's, each with its own.
+        self.mismatched: dict[str, str] = {}
 
     def cwd_of(self, session_id: str) -> str | None:
         """The working directory a live cluster session was created with."""
@@ -108,7 +116,9 @@ class ClusterFollower:
             await trio.sleep(self.period)
 
     async def look(self, console: ConsoleHandler) -> None:
-        """Bring every row up to date with the cluster, once."""
+        """Check the live workers' registries and bring every row up to date with the
+        cluster, once."""
+        await self._check_workers()
         live = await self._cluster.live_sessions()
         for session_id in sorted(self.sessions.keys() - live):
             del self.sessions[session_id]
@@ -131,3 +141,15 @@ class ClusterFollower:
                 row.inbox = len(followed.inbox)  # published with the status below
             status = LiveEvent("agent/status", session_id, {"status": "running" if followed.open_turn else "idle"})
             console.apply_live(ORIGIN, status, view)
+
+    async def _check_workers(self) -> None:
+        workers = await self._cluster.workers()
+        mismatched = {w: theirs for w, theirs in workers.items() if theirs and theirs != self._fingerprint}
+        for worker, theirs in sorted(mismatched.items()):
+            if self.mismatched.get(worker) != theirs:
+                log.error(
+                    "a live worker has other loops and drivers than this serve: DSH hosts are offered loops "
+                    "the cluster does not run; install the same loop packages everywhere",
+                    code=RegistryMismatchError.code, worker=worker, theirs=theirs, mine=self._fingerprint,
+                )
+        self.mismatched = mismatched

@@ -50,11 +50,18 @@ async def worker(redis_server, tmp_path, nursery):
         run_worker, redis_server.url, home=tmp_path / "w1", shards=4, lease_ttl=2.0, worker_id="w1"))
 
 
-async def test_the_console_shows_a_cluster_agent_its_turns_and_its_disposal(redis_server, worker, tmp_path):
+@pytest.fixture
+async def serve_dock(tmp_path):
+    """The dock of a serve process with no loop package: the same loops as the workers'."""
+    async with Runtime.open(tmp_path / "serve-home") as rt:
+        yield rt.dock
+
+
+async def test_the_console_shows_a_cluster_agent_its_turns_and_its_disposal(redis_server, worker, tmp_path, serve_dock):
     console = ConsoleHandler()
     with trio.fail_after(30):
         async with Runtime.open(cluster=redis_server.url) as rt:
-            follower = ClusterFollower(rt)
+            follower = ClusterFollower(rt, serve_dock)
             handle = await rt.create_agent(session_id="c1", loop="minimal-first", cwd=str(tmp_path))
             await follower.look(console)
             row = console.rows["c1"]
@@ -78,14 +85,16 @@ async def test_the_console_shows_a_cluster_agent_its_turns_and_its_disposal(redi
             assert (console.rows["c1"].turns, console.rows["c1"].loop) == (2, "minimal-first")
 
 
-async def test_a_turn_open_in_the_log_shows_running_with_the_inbox_and_a_dead_workers_agent_stays(redis_server, tmp_path, nursery):
+async def test_a_turn_open_in_the_log_shows_running_with_the_inbox_and_a_dead_workers_agent_stays(
+    redis_server, tmp_path, nursery, serve_dock
+):
     from cluster_workers import start_worker, until_event
 
     console = ConsoleHandler()
     with trio.fail_after(60):
         a = await start_worker(nursery, redis_server.url, tmp_path / "a", "a")
         async with Runtime.open(cluster=redis_server.url) as rt:
-            follower = ClusterFollower(rt)
+            follower = ClusterFollower(rt, serve_dock)
             handle = await rt.create_agent(session_id="r1", loop="minimal-first")
             handle.agent.followup('call: shell {"command": "sleep 30"}')
             await until_event(handle.agent, lambda e: e.type == "tool/call")
@@ -175,7 +184,9 @@ async def test_serve_with_a_cluster_shows_its_agents_to_a_console_page(redis_ser
                 await proc.wait()
 
 
-async def test_the_follower_outlives_failed_looks_and_a_redis_restart(redis_server, worker, nursery, monkeypatch):
+async def test_the_follower_outlives_failed_looks_and_a_redis_restart(
+    redis_server, worker, nursery, monkeypatch, serve_dock
+):
     console = ConsoleHandler()
     with trio.fail_after(60):
         async with Runtime.open(cluster=redis_server.url) as rt:
@@ -189,7 +200,7 @@ async def test_the_follower_outlives_failed_looks_and_a_redis_restart(redis_serv
                 return await real()
 
             monkeypatch.setattr(rt, "live_sessions", failing_then_real)
-            follower = ClusterFollower(rt, period=0.02)
+            follower = ClusterFollower(rt, serve_dock, period=0.02)
             nursery.start_soon(follower.run, console)
             while "g1" not in console.rows:  # the follower's own period: polled, as a page would
                 await trio.sleep(0.02)
@@ -200,3 +211,43 @@ async def test_the_follower_outlives_failed_looks_and_a_redis_restart(redis_serv
             while console.rows["g1"].turns != 1:
                 await trio.sleep(0.02)
             assert console.rows["g1"].last_turn == "completed"
+
+
+async def test_a_worker_that_joins_later_with_other_loops_is_reported_until_it_leaves(
+    redis_server, tmp_path, nursery, serve_dock
+):
+    import structlog
+
+    console = ConsoleHandler()
+    with trio.fail_after(60):
+        async with Runtime.open(cluster=redis_server.url) as rt:
+            follower = ClusterFollower(rt, serve_dock)
+            same = trio.CancelScope()
+
+            async def run(scope, *, task_status=trio.TASK_STATUS_IGNORED, **kwargs):
+                with scope:
+                    await run_worker(redis_server.url, lease_ttl=2.0, task_status=task_status, **kwargs)
+
+            await nursery.start(functools.partial(run, same, home=tmp_path / "same", worker_id="same"))
+            with structlog.testing.capture_logs() as logs:
+                await follower.look(console)
+            assert follower.mismatched == {} and not [e for e in logs if e["log_level"] == "error"]
+            same.cancel()  # the cluster's workers all stop: nothing refuses the next one
+            while "same" in await rt.workers():
+                await trio.sleep(0.02)
+
+            other = trio.CancelScope()
+            await nursery.start(functools.partial(
+                run, other, home=tmp_path / "other", worker_id="other", config={"loopPackages": ["gated_loops"]}))
+            with structlog.testing.capture_logs() as logs:
+                await follower.look(console)
+                await follower.look(console)  # reported once, not at every look
+            assert list(follower.mismatched) == ["other"] and "gated" in follower.mismatched["other"]
+            [error] = [e for e in logs if e["log_level"] == "error"]
+            assert (error["code"], error["worker"]) == ("REGISTRY_MISMATCH", "other")
+
+            other.cancel()
+            while "other" in await rt.workers():
+                await trio.sleep(0.02)
+            await follower.look(console)
+            assert follower.mismatched == {}
