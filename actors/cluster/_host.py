@@ -2,7 +2,11 @@
 
 One reader task serves every shard the worker owns: it reads both lanes of all of them
 with one ``XREADGROUP`` and handles the ``human`` entries of a batch before the ``auto``
-ones, one entry at a time, so a session's messages keep their order. Agents are
+ones, one entry at a time, so a session's messages keep their order. Which entries of a
+batch were done already is asked of Redis once for the whole batch; after that, messages
+to live agents reach them with nothing awaited in between, so a batch is in its agents'
+inboxes before any of them runs (a withdrawal read with its reservation finds it
+queued). Agents are
 activated on demand (Orleans' virtual actors): a message for a session with no live agent
 resumes it on its bound loop and driver.
 
@@ -21,7 +25,7 @@ its discard) durable, a control message once its effect is (see runtime.cluster)
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, cast, get_args
 
 import coredis
@@ -176,9 +180,37 @@ class ShardHost:
             _, _, rest = stream.partition(keys.PREFIX + "inbox:")
             shard_text, _, lane = rest.partition(":")
             by_lane[lane].extend((int(shard_text), entry) for entry in entries)
-        for lane in keys.LANES:  # human first
-            for shard, entry in by_lane[lane]:
-                await self._handle(shard, lane, str(entry.identifier), _fields(entry.field_values))
+        await self._handle_entries([(shard, lane, entry) for lane in keys.LANES for shard, entry in by_lane[lane]])
+
+    async def _handle_entries(self, entries: Sequence[tuple[int, str, Any]]) -> None:
+        """Handle inbox entries ``(shard, lane, entry)`` in order (see the module doc)."""
+        parsed: list[tuple[int, str, str, InboxMessage | BadInboxMessageError]] = []
+        for shard, lane, entry in entries:
+            try:
+                message = InboxMessage.from_fields(_fields(entry.field_values))
+                if self.ownership.shard(message.session) != shard:
+                    raise BadInboxMessageError(f"message for session {message.session[:80]!r} is on shard {shard}")
+            except BadInboxMessageError as exc:
+                parsed.append((shard, lane, str(entry.identifier), exc))
+            else:
+                parsed.append((shard, lane, str(entry.identifier), message))
+        # What this worker settles from here on is remembered: the done set read below
+        # would not show it, and a message settled meanwhile is no longer pending.
+        self.ownership.settled_since = set()
+        try:
+            done = await self._done([m for *_, m in parsed if isinstance(m, InboxMessage)])
+            for shard, lane, entry_id, item in parsed:
+                await self._handle(shard, lane, entry_id, item, done)
+        finally:
+            self.ownership.settled_since = None
+
+    async def _done(self, messages: Sequence[InboxMessage]) -> set[str]:
+        """The ids of ``messages`` their sessions have recorded as done, in one round trip."""
+        if not messages:
+            return set()
+        async with self._redis.pipeline(transaction=False) as pipe:
+            requests = [pipe.sismember(keys.done(m.session), m.id) for m in messages]
+        return {m.id for m, request in zip(messages, requests) if await request}
 
     async def _take_over(self, shard: int) -> None:
         if shard not in self.ownership.tokens:
@@ -199,22 +231,21 @@ class ShardHost:
                     keys.inbox(shard, lane), keys.GROUP, self.ownership.worker, min_idle_ms, start, count=READ_COUNT
                 )
                 start, entries = str(reply[0]), reply[1]
-                for entry in entries:
-                    await self._handle(shard, lane, str(entry.identifier), _fields(entry.field_values))
+                await self._handle_entries([(shard, lane, entry) for entry in entries])
                 if start == "0-0":
                     break
 
-    async def _handle(self, shard: int, lane: str, entry_id: str, fields: Mapping[str, str]) -> None:
+    async def _handle(
+        self, shard: int, lane: str, entry_id: str, message: InboxMessage | BadInboxMessageError, done: set[str]
+    ) -> None:
+        """``done``: which of the batch's ids were done when it was read; what was settled
+        since is in ``ownership.settled_since``."""
         token = self.ownership.holds(shard, trio.current_time())
         if token is None:
             return  # lost meanwhile: the entry stays pending, and the next owner reclaims it
         stream = keys.inbox(shard, lane)
-        try:
-            message = InboxMessage.from_fields(fields)
-            if self.ownership.shard(message.session) != shard:
-                raise BadInboxMessageError(f"message for session {message.session[:80]!r} is on shard {shard}")
-        except BadInboxMessageError as exc:
-            log.warning("dropping a bad inbox entry", stream=stream, entry=entry_id, error=str(exc))
+        if isinstance(message, BadInboxMessageError):
+            log.warning("dropping a bad inbox entry", stream=stream, entry=entry_id, error=str(message))
             await self._redis.xack(stream, keys.GROUP, [entry_id])
             return
         handed = self.ownership.pending.get(message.id)
@@ -224,7 +255,7 @@ class ShardHost:
             if handed.entry_id != entry_id:
                 await self._redis.xack(stream, keys.GROUP, [entry_id])
             return
-        if await self._redis.sismember(keys.done(message.session), message.id):
+        if message.id in done or message.id in (self.ownership.settled_since or ()):
             await self._redis.xack(stream, keys.GROUP, [entry_id])
             return
         try:
@@ -338,6 +369,8 @@ class ShardHost:
         )
         if answer != "OK":
             log.warning("inbox message not settled: the shard moved", shard=shard, answer=str(answer))
+        else:
+            self.ownership.settled(message.id)
 
     async def _reply(self, message: InboxMessage, error: BaseException | None) -> None:
         if message.kind not in ("create", "resume", "fork", "dispose"):

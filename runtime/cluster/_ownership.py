@@ -26,6 +26,10 @@ class Ownership:
     #: message id -> its inbox entry, for messages whose ``user/message`` (or discard)
     #: is not durable yet; the commit that makes it durable acknowledges the entry.
     pending: dict[str, Pending] = attrs.field(factory=dict)
+    #: While the shard host handles a batch of entries: the ids of the messages this
+    #: worker made durable since it asked Redis which of the batch were done already
+    #: (their answer may predate it). None between batches.
+    settled_since: set[str] | None = None
     #: session -> the lease token its live agent was activated under. Appends are fenced
     #: with it, not with the shard's current token: an activation that is being stopped
     #: after its shard was lost must not write under the lease this worker took again.
@@ -45,6 +49,11 @@ class Ownership:
         owner gets them again, and so may this worker, later)."""
         for message_id in [m for m, p in self.pending.items() if p.shard == shard]:
             del self.pending[message_id]
+
+    def settled(self, message_id: str) -> None:
+        """``message_id``'s effect is durable now (it is in its session's done set)."""
+        if self.settled_since is not None:
+            self.settled_since.add(message_id)
 
     def holds(self, shard: int, now: float) -> str | None:
         """The shard's token if this worker holds it and still trusts its lease at ``now``."""

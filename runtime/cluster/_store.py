@@ -243,6 +243,7 @@ class RedisSessionStore:
                 continue
             for message_id in call.acked:
                 self.ownership.pending.pop(message_id, None)
+                self.ownership.settled(message_id)
         return refused
 
     # -- internals -----------------------------------------------------------------------

@@ -368,3 +368,30 @@ async def test_wait_idle_reads_the_log_only_when_nothing_is_outstanding(redis_se
             seen = [e.type for e in await read("r1")][: other._cursor]
     assert seen.count("turn/start") == seen.count("turn/end") == 1
     assert seen[-1] == "turn/end"
+
+
+async def test_a_message_settled_while_its_batch_was_checked_is_not_handled_again(redis_server, worker, monkeypatch):
+    from runtime._serde import message_to_wire
+    from runtime.cluster import InboxMessage
+
+    with trio.fail_after(30):
+        async with Runtime.open(cluster=redis_server.url) as rt:
+            handle = await rt.create_agent(session_id="d1", loop="minimal-first")
+            first = handle.agent.followup("once")
+            await handle.agent.wait_idle()
+
+            # The race, injected: this worker's commit of `first` lands while the batch's
+            # done-check is in flight, so the check answers "not done", and `first` is no
+            # longer pending by the time its second copy is handled.
+            async def stale_done(messages):
+                for message in messages:
+                    if message.id == first.id:
+                        worker.host.ownership.settled(message.id)
+                return set()
+
+            monkeypatch.setattr(worker.host, "_done", stale_done)
+            rt.post(InboxMessage(first.id, "followup", "d1", {"message": message_to_wire(first)}))  # a retry
+            second = handle.agent.followup("after it")  # same lane, so handled after the retry
+            await handle.agent.wait_idle()
+            events = await rt.read_events("d1")
+    assert [e.data["id"] for e in events if e.type == "user/message"] == [first.id, second.id]

@@ -214,3 +214,32 @@ async def test_a_withdrawal_sent_while_the_worker_is_dead_settles_the_reservatio
     assert (state, len(admitted), len(discarded)) in {("admitted", 1, 0), ("cancelled", 0, 1)}
     if state == "cancelled":
         assert reservation.reason == "plans changed"
+
+
+async def test_a_reservation_and_its_withdrawal_read_together_reach_the_agent_together(
+    redis_server, worker, monkeypatch
+):
+    from runtime.cluster import _keys as keys
+
+    with trio.fail_after(30):
+        async with Runtime.open(cluster=redis_server.url) as rt:
+            handle = await rt.create_agent(session_id="w4", loop="gated")  # idle: it would run at once
+            posted = []
+            sent = trio.Event()
+            sent.set()
+            monkeypatch.setattr(rt, "post", lambda message: posted.append(message) or sent)
+            reservation = handle.agent.reserve(user_message("automatic work", source=PRODUCER))
+            handle.agent.withdraw(reservation, "plans changed")
+            monkeypatch.undo()
+            # One transaction: the worker's next read brings both. It hands the whole batch
+            # to the agents before any of them runs, so the withdrawal finds the
+            # reservation still queued (handled one at a time, with a round trip to Redis
+            # in between, the idle agent admitted it first).
+            async with rt._redis.pipeline(transaction=True) as pipe:
+                for message in posted:
+                    pipe.xadd(keys.inbox(keys.shard_of(message.session, rt.shards), message.lane), message.to_fields())
+            assert await reservation.wait() == "cancelled"
+            await handle.agent.wait_idle()
+            events = await rt.read_events("w4")
+    assert reservation.reason == "plans changed"
+    assert not [e for e in events if e.type == "turn/start"]
