@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -44,7 +44,7 @@ from runtime.cluster import (
     live_workers,
 )
 from runtime.cluster import _keys as keys
-from runtime.cluster._store import consumed_ids, decode_event
+from runtime.cluster._store import CONSUMING_TYPES, consumed_ids, decode_event
 
 log = get_logger(__name__)
 
@@ -54,6 +54,8 @@ _WATCH_BLOCK_MS = 20
 
 #: How long ``create_agent``/``resume_agent`` wait for a worker's answer by default.
 REPLY_TIMEOUT = 30.0
+#: What ``wait_idle`` reads of a log: turns opening and closing, and messages consumed.
+_IDLE_TYPES = CONSUMING_TYPES | {"turn/start"}
 
 
 def _fields(values: Mapping[Any, Any]) -> dict[str, str]:
@@ -84,8 +86,10 @@ class _Outgoing:
 @attrs.define(eq=False)
 class _Waiter:
     cursor: int
+    types: Collection[str] | None
     ready: trio.Event = attrs.field(factory=trio.Event)
     events: list[Event] = attrs.field(factory=list)
+    next_cursor: int = 0
 
 
 class LogWatcher:
@@ -97,16 +101,20 @@ class LogWatcher:
         self._waiters: dict[str, list[_Waiter]] = {}
         self._added = trio.Event()
 
-    async def follow(self, session_id: str, cursor: int) -> list[Event]:
-        """The session's events from seq ``cursor`` on, once there is at least one."""
-        waiter = _Waiter(cursor)
+    async def follow(
+        self, session_id: str, cursor: int, types: Collection[str] | None = None
+    ) -> tuple[list[Event], int]:
+        """Once the session's log has entries from seq ``cursor`` on: those events (only
+        those of ``types`` if given: the others are not even decoded), and the seq after
+        the last entry read."""
+        waiter = _Waiter(cursor, types)
         self._waiters.setdefault(session_id, []).append(waiter)
         self._added.set()
         try:
             await waiter.ready.wait()
         finally:
             self._forget(session_id, waiter)  # cancelled; a served waiter is gone already
-        return waiter.events
+        return waiter.events, waiter.next_cursor
 
     def watched(self) -> set[str]:
         """The sessions some caller waits on now."""
@@ -140,11 +148,14 @@ class LogWatcher:
             delay = 0.05
             for stream, entries in (reply or {}).items():
                 session_id = keys.session_of_log(str(stream))
-                events = [decode_event(keys.seq_of(str(e.identifier)), _fields(e.field_values)) for e in entries]
+                read = [(keys.seq_of(str(e.identifier)), e.field_values) for e in entries]
                 for waiter in list(self._waiters.get(session_id, [])):
-                    mine = [e for e in events if e.seq >= waiter.cursor]
+                    mine = [(seq, fields) for seq, fields in read if seq >= waiter.cursor]
                     if mine:
-                        waiter.events = mine
+                        types = waiter.types
+                        waiter.events = [decode_event(seq, _fields(fields)) for seq, fields in mine
+                                         if types is None or fields["t"] in types]
+                        waiter.next_cursor = mine[-1][0] + 1
                         waiter.ready.set()
                         # Out of the watch at once: left in until its task runs, it
                         # would make the next XREAD return these entries again at once.
@@ -366,15 +377,17 @@ class RemoteAgent:
         # read them twice. Otherwise the log may have moved on (a turn someone else
         # started): read it up to now.
         if self._outstanding:
-            events = await self._rt.watcher.follow(self.id, self._cursor)
+            events, cursor = await self._rt.watcher.follow(self.id, self._cursor, _IDLE_TYPES)
         else:
             events = await self._rt.store.aload_events(self.id, self._cursor)
+            cursor = events[-1].seq + 1 if events else self._cursor
         while True:
             for event in events:
                 self._fold(event)
+            self._cursor = cursor
             if not self._outstanding and not self._open_turn:
                 return
-            events = await self._rt.watcher.follow(self.id, self._cursor)
+            events, cursor = await self._rt.watcher.follow(self.id, self._cursor, _IDLE_TYPES)
 
     async def events(self, start: int = 0) -> AsyncIterator[Event]:
         """The session's events from seq ``start`` on, then each new one as it is durable."""
@@ -384,7 +397,7 @@ class RemoteAgent:
             for event in events:
                 yield event
                 cursor = event.seq + 1
-            events = await self._rt.watcher.follow(self.id, cursor)
+            events, _ = await self._rt.watcher.follow(self.id, cursor)
 
     def _queue(self, kind: str, message: str | Message, placement: Placement | None = None) -> Message:
         if isinstance(message, str):
@@ -399,7 +412,6 @@ class RemoteAgent:
         return message
 
     def _fold(self, event: Event) -> None:
-        self._cursor = event.seq + 1
         if event.type == "turn/start":
             self._open_turn = True
         elif event.type == "turn/end":
@@ -425,12 +437,13 @@ class RemoteReservation:
         """Wait until the reservation is settled; its final state."""
         rt, session_id = self._agent._rt, self._agent.id
         events = await rt.store.aload_events(session_id, self._cursor)
+        cursor = events[-1].seq + 1 if events else self._cursor
         while self.state == "pending":
             for event in events:
-                self._cursor = event.seq + 1
                 self._settle(event)
+            self._cursor = cursor
             if self.state == "pending":
-                events = await rt.watcher.follow(session_id, self._cursor)
+                events, cursor = await rt.watcher.follow(session_id, self._cursor, CONSUMING_TYPES)
         return self.state
 
     def _settle(self, event: Event) -> None:

@@ -52,6 +52,10 @@ class _ScriptGone(Exception):
     """The commit script is no longer in Redis's cache: load it and try again."""
 
 
+#: The only types ``consumed_ids`` looks at.
+CONSUMING_TYPES = frozenset({"user/message", "agent/inbox/spliced", "turn/end"})
+
+
 def consumed_ids(events: Sequence[Event]) -> list[str]:
     """Ids of the messages whose effect these events make durable: a ``user/message``
     (the message entered the log), a discard from the inbox, or a turn that ended

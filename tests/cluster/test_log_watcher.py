@@ -38,8 +38,9 @@ async def test_a_served_waiter_is_not_read_again_while_others_wait(redis_server)
         while "two" not in watcher.watched():
             await trio.sleep(0)
         with trio.fail_after(10):
-            events = await watcher.follow("one", 0)
+            events, cursor = await watcher.follow("one", 0)
         assert [(e.seq, e.type, e.data) for e in events] == [(0, "turn/start", {"n": 0})]
+        assert cursor == 1
         served = len(reads)
 
         with trio.fail_after(10):
@@ -59,11 +60,11 @@ async def test_a_waiter_that_follows_again_gets_only_what_is_new(redis_server):
         nursery.start_soon(watcher.run)
         await _append(redis, "one", 0, "turn/start")
         with trio.fail_after(10):
-            first = await watcher.follow("one", 0)
+            first, _ = await watcher.follow("one", 0)
         await _append(redis, "one", 1, "step/start")
         await _append(redis, "one", 2, "turn/end")
         with trio.fail_after(10):
-            second = await watcher.follow("one", 1)
+            second, _ = await watcher.follow("one", 1)
         assert [e.seq for e in first] == [0]
         assert [e.seq for e in second] == [1, 2]
         nursery.cancel_scope.cancel()
@@ -76,4 +77,25 @@ async def test_a_cancelled_follow_leaves_nothing_watched(redis_server):
         with trio.move_on_after(0.2):
             await watcher.follow("one", 0)
         assert watcher.watched() == set()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_follow_for_some_types_decodes_only_those_and_moves_past_the_rest(redis_server):
+    async with connect(redis_server.url) as redis, trio.open_nursery() as nursery:
+        watcher = LogWatcher(redis)
+        nursery.start_soon(watcher.run)
+        for seq, event_type in enumerate(["turn/start", "step/start", "assistant/message", "step/end"]):
+            await _append(redis, "one", seq, event_type)
+        with trio.fail_after(10):
+            events, cursor = await watcher.follow("one", 0, {"turn/start", "turn/end"})
+        assert ([e.type for e in events], cursor) == (["turn/start"], 4)
+        await _append(redis, "one", 4, "step/start")
+        await _append(redis, "one", 5, "step/end")
+        with trio.fail_after(10):  # nothing of that type among what is new: none, moved on
+            events, cursor = await watcher.follow("one", 4, {"turn/end"})
+        assert (events, cursor) == ([], 6)
+        await _append(redis, "one", 6, "turn/end")
+        with trio.fail_after(10):
+            events, cursor = await watcher.follow("one", 6, {"turn/end"})
+        assert ([(e.seq, e.type) for e in events], cursor) == ([(6, "turn/end")], 7)
         nursery.cancel_scope.cancel()
