@@ -3,10 +3,12 @@
 One reader task serves every shard the worker owns: it reads both lanes of all of them
 with one ``XREADGROUP`` and handles the ``human`` entries of a batch before the ``auto``
 ones, one entry at a time, so a session's messages keep their order. Which entries of a
-batch were done already is asked of Redis once for the whole batch; after that, messages
-to live agents reach them with nothing awaited in between, so a batch is in its agents'
-inboxes before any of them runs (a withdrawal read with its reservation finds it
-queued). Agents are
+batch were done already is asked of Redis once for the whole batch, and the agents its
+messages go to are made live before any is handed over; then handing over the messages
+of the ``auto`` lane awaits nothing (a withdrawal is settled in the background, a
+duplicate acknowledged after the batch; only a message refused with an error is answered
+at once), so they are all in their agents' inboxes before any agent runs: a withdrawal
+read with its reservation finds it queued. Agents are
 activated on demand (Orleans' virtual actors): a message for a session with no live agent
 resumes it on its bound loop and driver.
 
@@ -50,6 +52,10 @@ READ_BLOCK_MS = 200
 READ_COUNT = 256
 #: How long a reply to ``create``/``resume`` waits in Redis for its requester.
 REPLY_TTL_MS = 60_000
+#: The kinds of message handed to an agent, which is activated for them if need be.
+_TO_AGENTS = frozenset({"followup", "steer", "inject", "reserve"})
+#: The kinds that make a session live or not themselves.
+_CONTROLS_ACTIVATION = frozenset({"create", "resume", "fork", "dispose"})
 
 
 class ShardHost:
@@ -199,10 +205,39 @@ class ShardHost:
         self.ownership.settled_since = set()
         try:
             done = await self._done([m for *_, m in parsed if isinstance(m, InboxMessage)])
+            await self._activate_for([m for *_, m in parsed if isinstance(m, InboxMessage) and m.id not in done])
+            dropped: dict[str, list[str]] = {}  # stream -> entries to acknowledge as they are
             for shard, lane, entry_id, item in parsed:
-                await self._handle(shard, lane, entry_id, item, done)
+                await self._handle(shard, lane, entry_id, item, done, dropped)
+            for stream, entry_ids in dropped.items():  # after the batch: nothing waits in it
+                await self._redis.xack(stream, keys.GROUP, entry_ids)
         finally:
             self.ownership.settled_since = None
+
+    async def _activate_for(self, messages: Sequence[InboxMessage]) -> None:
+        """Make live, before any message of the batch is handed over, the agents its
+        messages go to, so that handing them over awaits nothing. Best effort: an agent
+        that cannot be activated is tried again, and refused, at its message. Not for a
+        session the batch also creates, resumes, forks or disposes: those messages
+        activate it themselves, in order (a resume checks the loop it names)."""
+        wanted: dict[str, None] = {}
+        for message in messages:
+            if message.kind in _TO_AGENTS and message.id not in self.ownership.pending:
+                wanted[message.session] = None
+        for message in messages:
+            if message.kind in _CONTROLS_ACTIVATION:
+                wanted.pop(message.session, None)
+        now = trio.current_time()
+        for session_id in wanted:
+            live = self.handles.get(session_id)
+            if live is not None and not live.agent.closed:
+                continue
+            if self.ownership.holds(self.ownership.shard(session_id), now) is None:
+                continue
+            try:
+                await self._activate(session_id)
+            except Exception:  # its messages are refused when handled, with the reason
+                continue
 
     async def _done(self, messages: Sequence[InboxMessage]) -> set[str]:
         """The ids of ``messages`` their sessions have recorded as done, in one round trip."""
@@ -236,27 +271,29 @@ class ShardHost:
                     break
 
     async def _handle(
-        self, shard: int, lane: str, entry_id: str, message: InboxMessage | BadInboxMessageError, done: set[str]
+        self, shard: int, lane: str, entry_id: str, message: InboxMessage | BadInboxMessageError, done: set[str],
+        dropped: dict[str, list[str]],
     ) -> None:
-        """``done``: which of the batch's ids were done when it was read; what was settled
-        since is in ``ownership.settled_since``."""
+        """``done``: which of the batch's ids were done when it was read (what was settled
+        since is in ``ownership.settled_since``); entries dropped as they are (bad ones,
+        duplicates) go to ``dropped``, acknowledged after the batch."""
         token = self.ownership.holds(shard, trio.current_time())
         if token is None:
             return  # lost meanwhile: the entry stays pending, and the next owner reclaims it
         stream = keys.inbox(shard, lane)
         if isinstance(message, BadInboxMessageError):
             log.warning("dropping a bad inbox entry", stream=stream, entry=entry_id, error=str(message))
-            await self._redis.xack(stream, keys.GROUP, [entry_id])
+            dropped.setdefault(stream, []).append(entry_id)
             return
         handed = self.ownership.pending.get(message.id)
         if handed is not None:
             # Handed to its agent already (its commit acknowledges that entry); another
             # entry with the same id is a producer's retry.
             if handed.entry_id != entry_id:
-                await self._redis.xack(stream, keys.GROUP, [entry_id])
+                dropped.setdefault(stream, []).append(entry_id)
             return
         if message.id in done or message.id in (self.ownership.settled_since or ()):
-            await self._redis.xack(stream, keys.GROUP, [entry_id])
+            dropped.setdefault(stream, []).append(entry_id)
             return
         try:
             await self._dispatch(message, token, lane, entry_id)
@@ -298,7 +335,7 @@ class ShardHost:
             await self._activate(message.session, loop=body.get("loop"), driver=body.get("driver"))
             await self._settled(token, shard, message, stream, entry_id)
             await self._reply(message, None)
-        elif message.kind in ("followup", "steer", "inject", "reserve"):
+        elif message.kind in _TO_AGENTS:
             agent = await self._activate(message.session)
             wire = message_from_wire(body.get("message"))
             if wire.id != message.id:
@@ -316,10 +353,16 @@ class ShardHost:
             live = self.handles.get(message.session)
             target, reason = body.get("message_id"), body.get("reason")
             reason = reason[:500] if isinstance(reason, str) and reason else "withdrawn"
-            if live is not None and isinstance(target, str) and live.agent.withdraw(target, reason):
-                # Its discard acknowledges the reservation's entry: durable before this one is.
-                await live.agent.session.flush()
-            await self._settled(token, shard, message, stream, entry_id)
+            withdrawn = live is not None and isinstance(target, str) and live.agent.withdraw(target, reason)
+            # Settled in the background, not to hold up the batch: a withdrawal further on
+            # must find its reservation before the agent runs. Once the discard is durable
+            # (it acknowledges the reservation's entry), so that a takeover meanwhile gets
+            # this withdrawal again, right behind the reservation.
+            assert self._nursery is not None
+            self._nursery.start_soon(
+                self._settle_withdrawal, live.agent if withdrawn and live is not None else None,
+                token, shard, message, stream, entry_id,
+            )
         elif message.kind == "cancel":
             live = self.handles.get(message.session)
             if live is not None:
@@ -329,6 +372,16 @@ class ShardHost:
             await self._dispose(message.session)
             await self._settled(token, shard, message, stream, entry_id, live="remove")
             await self._reply(message, None)
+
+    async def _settle_withdrawal(
+        self, agent: Any, token: str, shard: int, message: InboxMessage, stream: str, entry_id: str
+    ) -> None:
+        try:
+            if agent is not None:
+                await agent.session.flush()
+            await self._settled(token, shard, message, stream, entry_id)
+        except Exception as exc:  # unsettled, it is delivered again: withdrawing twice is harmless
+            log.warning("a withdrawal was not settled", session=message.session, error=repr(exc))
 
     async def _check_new(self, session_id: str) -> None:
         if session_id in self.handles or await self.store.aexists(session_id):

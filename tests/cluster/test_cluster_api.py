@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 
 import pytest
 import trio
@@ -395,3 +396,29 @@ async def test_a_message_settled_while_its_batch_was_checked_is_not_handled_agai
             await handle.agent.wait_idle()
             events = await rt.read_events("d1")
     assert [e.data["id"] for e in events if e.type == "user/message"] == [first.id, second.id]
+
+
+async def test_a_resume_read_with_messages_to_its_session_still_checks_the_loop(redis_server, worker):
+    from runtime._ids import MESSAGE_IDS
+    from runtime._messages import ProducerSource, user_message
+    from runtime._serde import message_to_wire
+    from runtime.cluster import InboxMessage
+    from runtime.cluster import _keys as keys
+
+    with trio.fail_after(30):
+        async with Runtime.open(cluster=redis_server.url) as rt:
+            handle = await rt.create_agent(session_id="v1", loop="minimal-first")
+            await handle.dispose()
+            resume = InboxMessage(MESSAGE_IDS.new(), "resume", "v1", {"loop": "standard"})
+            work = user_message("automatic", source=ProducerSource(kind="test"))
+            inject = InboxMessage(work.id, "inject", "v1", {"message": message_to_wire(work)}, "auto")
+            # One read brings both: the worker makes the batch's agents live before it
+            # hands messages over, but not one the batch resumes (the resume checks its loop).
+            shard = keys.shard_of("v1", rt.shards)
+            async with rt._redis.pipeline(transaction=True) as pipe:
+                for message in (resume, inject):
+                    pipe.xadd(keys.inbox(shard, message.lane), message.to_fields())
+            reply = await rt._redis.blpop([keys.reply(resume.id)], timeout=20)
+    assert reply is not None
+    answer = json.loads(reply[1])
+    assert (answer["ok"], answer["code"]) == (False, "LOOP_SWITCH")

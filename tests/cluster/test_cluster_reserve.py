@@ -243,3 +243,47 @@ async def test_a_reservation_and_its_withdrawal_read_together_reach_the_agent_to
             events = await rt.read_events("w4")
     assert reservation.reason == "plans changed"
     assert not [e for e in events if e.type == "turn/start"]
+
+
+async def test_nothing_a_batch_awaits_lets_an_agent_admit_a_reservation_withdrawn_in_it(
+    redis_server, worker, monkeypatch
+):
+    from runtime._ids import MESSAGE_IDS
+    from runtime._serde import message_to_wire
+    from runtime.cluster import InboxMessage
+    from runtime.cluster import _keys as keys
+
+    with trio.fail_after(30):
+        async with Runtime.open(cluster=redis_server.url) as rt:
+            a = await rt.create_agent(session_id="w5", loop="gated")  # idle: it would run at once
+            earlier = a.agent.followup(user_message("earlier", source=PRODUCER))
+            await a.agent.wait_idle()
+            b = await rt.create_agent(session_id="w6", loop="gated")
+            await b.dispose()  # not live: a message to it activates it first
+            posted = []
+            sent = trio.Event()
+            sent.set()
+            monkeypatch.setattr(rt, "post", lambda message: posted.append(message) or sent)
+            reservation = a.agent.reserve(user_message("automatic work", source=PRODUCER))
+            b.agent.followup(user_message("wake up", source=PRODUCER))  # the auto lane too
+            rt.post(InboxMessage(MESSAGE_IDS.new(), "withdraw", "w5", {"message_id": "not-queued"}, "auto"))
+            retry = InboxMessage(earlier.id, "followup", "w5", {"message": message_to_wire(earlier)}, "auto")
+            rt.post(retry)  # a producer's retry of a message done already
+            a.agent.withdraw(reservation, "plans changed")
+            monkeypatch.undo()
+            async with rt._redis.pipeline(transaction=True) as pipe:
+                for message in posted:
+                    pipe.xadd(keys.inbox(keys.shard_of(message.session, rt.shards), message.lane), message.to_fields())
+            # Between the reservation and its withdrawal: an agent to activate, a
+            # withdrawal to settle, a duplicate to drop. None may let the idle agent run.
+            assert await reservation.wait() == "cancelled"
+            await b.agent.wait_idle()
+            await a.agent.wait_idle()
+            b_events = await rt.read_events("w6")
+            a_events = await rt.read_events("w5")
+            auto = keys.inbox(keys.shard_of("w5", rt.shards), "auto")
+            while (await rt._redis.xpending(auto, keys.GROUP)).pending:  # the withdrawals settle after
+                await trio.sleep(0.01)
+    assert [m.lane for m in posted] == ["auto"] * 5
+    assert [e.data["reason"]["kind"] for e in b_events if e.type == "turn/end"] == ["completed"]
+    assert [e.data["id"] for e in a_events if e.type == "user/message"] == [earlier.id]  # the retry dropped
