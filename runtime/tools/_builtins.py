@@ -80,6 +80,9 @@ class _Confined:
 
 
 def _confine(tool: str, ctx: ToolContext, raw: str, home: Path | None) -> _Confined:
+    # Resolving a path stats every component of it: called in a worker thread, with the
+    # rest of a tool's filesystem calls, so that a slow or hung filesystem under one
+    # agent's cwd holds up that call, not the event loop every agent runs on.
     if "\x00" in raw:
         raise ToolError(f"{tool}: path contains a NUL byte")
     root = Path(ctx.cwd).resolve()
@@ -177,18 +180,20 @@ def read_file(*, home: Path | None = None) -> Tool:
         raw = _str_arg("read_file", arguments, "path")
         offset = _int_arg("read_file", arguments, "offset", 0) or 0
         limit = _int_arg("read_file", arguments, "limit", 1)
-        target = _confine("read_file", ctx, raw, home)
-        if target.path.is_dir():
-            raise ToolError(f"read_file: {target.shown}: is a directory; use list_dir")
-        if target.path.exists() and not target.path.is_file():
-            # A FIFO or device would block the worker thread, which cannot be cancelled.
-            raise ToolError(f"read_file: {target.shown}: not a regular file")
-        try:
-            return await trio.to_thread.run_sync(
-                _read_lines, target.path, offset, limit, MAX_READ_CHARS
-            )
-        except OSError as exc:
-            raise _os_error("read_file", target, exc) from None
+
+        def read() -> str:
+            target = _confine("read_file", ctx, raw, home)
+            if target.path.is_dir():
+                raise ToolError(f"read_file: {target.shown}: is a directory; use list_dir")
+            if target.path.exists() and not target.path.is_file():
+                # A FIFO or device would block the worker thread, which cannot be cancelled.
+                raise ToolError(f"read_file: {target.shown}: not a regular file")
+            try:
+                return _read_lines(target.path, offset, limit, MAX_READ_CHARS)
+            except OSError as exc:
+                raise _os_error("read_file", target, exc) from None
+
+        return await trio.to_thread.run_sync(read)  # every filesystem call: see _confine
 
     return Tool(
         name="read_file",
@@ -225,15 +230,19 @@ def write_file(*, home: Path | None = None) -> Tool:
         _check_args("write_file", arguments, {"path", "content"})
         raw = _str_arg("write_file", arguments, "path")
         content = _str_arg("write_file", arguments, "content")
-        target = _confine("write_file", ctx, raw, home)
-        if target.path.is_dir():
-            raise ToolError(f"write_file: {target.shown}: is a directory")
         data = content.encode("utf-8")
-        try:
-            await trio.to_thread.run_sync(_write, target.path, data)
-        except OSError as exc:
-            raise _os_error("write_file", target, exc) from None
-        return f"wrote {len(data)} bytes to {target.shown}"
+
+        def write() -> str:
+            target = _confine("write_file", ctx, raw, home)
+            if target.path.is_dir():
+                raise ToolError(f"write_file: {target.shown}: is a directory")
+            try:
+                _write(target.path, data)
+            except OSError as exc:
+                raise _os_error("write_file", target, exc) from None
+            return f"wrote {len(data)} bytes to {target.shown}"
+
+        return await trio.to_thread.run_sync(write)  # every filesystem call: see _confine
 
     return Tool(
         name="write_file",
@@ -275,11 +284,15 @@ def list_dir(*, home: Path | None = None) -> Tool:
     async def run(arguments: Mapping[str, Any], ctx: ToolContext) -> str:
         _check_args("list_dir", arguments, {"path"})
         raw = _str_arg("list_dir", arguments, "path", default=".")
-        target = _confine("list_dir", ctx, raw, home)
-        try:
-            entries = await trio.to_thread.run_sync(_list, target.path)
-        except OSError as exc:
-            raise _os_error("list_dir", target, exc) from None
+
+        def listing() -> tuple[_Confined, list[str]]:
+            target = _confine("list_dir", ctx, raw, home)
+            try:
+                return target, _list(target.path)
+            except OSError as exc:
+                raise _os_error("list_dir", target, exc) from None
+
+        target, entries = await trio.to_thread.run_sync(listing)  # every filesystem call: see _confine
         if not entries:
             return f"{target.shown}: (empty directory)"
         if len(entries) > MAX_LIST_ENTRIES:

@@ -186,6 +186,38 @@ async def test_symlink_inside_cwd_is_followed(workdir: Path):
 # -- file errors ----------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(("tool", "extra"), [
+    (read_file, {"path": "a.txt"}), (write_file, {"path": "a.txt", "content": "x"}), (list_dir, {}),
+])
+async def test_a_hung_filesystem_holds_up_the_call_not_the_event_loop(workdir: Path, monkeypatch, tool, extra):
+    import threading
+
+    (workdir / "a.txt").write_text("a")
+    entered, released, waits = threading.Event(), threading.Event(), []
+    realpath = os.path.realpath
+
+    def hung_realpath(path, *args, **kwargs):  # a stat on a mount that does not answer
+        entered.set()
+        waits.append(released.wait(timeout=2))
+        return realpath(path, *args, **kwargs)
+
+    monkeypatch.setattr(os.path, "realpath", hung_realpath)
+    results = []
+
+    async def run_tool() -> None:
+        results.append(await call(tool(), workdir, **extra))
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_tool)
+            await trio.to_thread.run_sync(entered.wait)  # the tool is in its filesystem call
+            # Only an event loop that runs meanwhile gets here before that call times out:
+            # in the trio thread, the call stopped every agent of the runtime with it.
+            released.set()
+    assert waits and all(waits)
+    assert len(results) == 1
+
+
 async def test_missing_file_error_is_relative(workdir: Path):
     with pytest.raises(ToolError) as info:
         await call(read_file(), workdir, path="nope/missing.txt")
