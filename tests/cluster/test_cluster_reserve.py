@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import signal
+from contextlib import asynccontextmanager
 
 import pytest
 import trio
@@ -16,6 +17,7 @@ from actors import InvalidReservationError
 from loopdock import Runtime
 from loopdock._worker import run_worker
 from runtime._messages import ProducerSource, user_message
+from runtime.cluster import _keys as keys
 from runtime.tools import ShellPolicy
 
 PRODUCER = ProducerSource(kind="test-producer")
@@ -26,6 +28,29 @@ async def worker(redis_server, tmp_path, nursery):
     return await nursery.start(functools.partial(
         run_worker, redis_server.url, home=tmp_path / "w", config={"loopPackages": ["gated_loops"]}, shards=4,
         worker_id="w", shell=ShellPolicy(allow=frozenset({"sleep"}))))
+
+
+async def _busy(agent) -> None:
+    """Keep ``agent`` in a turn for about a second (a shell ``sleep``), from its tool call on."""
+    agent.followup('call: shell {"command": "sleep 1"}')
+    await until_event(agent, lambda e: e.type == "tool/call")
+
+
+@asynccontextmanager
+async def _written_in_one_read(rt, monkeypatch, *, human_first=False):
+    """What the client posts in the block is held back, then written in one transaction:
+    the worker's next read brings all of it (``human_first``: the people's lane's entries
+    first, as a worker takes them when both lanes have some). Yields what was posted."""
+    posted = []
+    sent = trio.Event()
+    sent.set()
+    with monkeypatch.context() as patch:
+        patch.setattr(rt, "post", lambda message: posted.append(message) or sent)
+        yield posted
+    order = sorted(posted, key=lambda m: m.lane != "human") if human_first else posted
+    async with rt._redis.pipeline(transaction=True) as pipe:
+        for message in order:
+            pipe.xadd(keys.inbox(keys.shard_of(message.session, rt.shards), message.lane), message.to_fields())
 
 
 async def test_a_reservation_on_an_idle_agent_is_admitted(redis_server, worker):
@@ -55,8 +80,7 @@ async def test_a_persons_message_cancels_a_reservation_not_yet_admitted(redis_se
     with trio.fail_after(30):
         async with Runtime.open(cluster=redis_server.url) as rt:
             handle = await rt.create_agent(session_id="r3", loop="gated")
-            handle.agent.followup('call: shell {"command": "sleep 1"}')  # the agent is busy meanwhile
-            await until_event(handle.agent, lambda e: e.type == "tool/call")
+            await _busy(handle.agent)
             reservation = handle.agent.reserve(user_message("automatic work", source=PRODUCER))
             await until_event(handle.agent, lambda e: e.type == "agent/inbox/spliced"
                          and e.data.get("messageId") == reservation.message.id)  # queued on the worker
@@ -72,7 +96,6 @@ async def test_a_persons_message_cancels_a_reservation_not_yet_admitted(redis_se
 async def test_only_a_producer_reserves_and_a_bad_placement_is_dropped(redis_server, worker):
     from runtime._serde import message_to_wire
     from runtime.cluster import InboxMessage
-    from runtime.cluster import _keys as keys
 
     with trio.fail_after(30):
         async with Runtime.open(cluster=redis_server.url) as rt:
@@ -120,8 +143,7 @@ async def test_a_reservation_withdrawn_right_after_it_was_sent_is_cancelled_and_
     with trio.fail_after(30):
         async with Runtime.open(cluster=redis_server.url) as rt:
             handle = await rt.create_agent(session_id="w1", loop="gated")
-            handle.agent.followup('call: shell {"command": "sleep 1"}')  # the agent is busy meanwhile
-            await until_event(handle.agent, lambda e: e.type == "tool/call")
+            await _busy(handle.agent)
             reservation = handle.agent.reserve(user_message("automatic work", source=PRODUCER))
             # Sent at once: the worker must not see the withdrawal before the reservation
             # (a person's lane is drained first; a withdrawal rides behind what it withdraws).
@@ -157,26 +179,15 @@ async def test_withdrawing_an_admitted_reservation_changes_nothing(redis_server,
 async def test_a_withdrawal_is_never_handled_before_the_reservation_it_withdraws(
     redis_server, worker, monkeypatch
 ):
-    from runtime.cluster import _keys as keys
-
     with trio.fail_after(30):
         async with Runtime.open(cluster=redis_server.url) as rt:
             handle = await rt.create_agent(session_id="w3", loop="gated")
-            handle.agent.followup('call: shell {"command": "sleep 1"}')
-            await until_event(handle.agent, lambda e: e.type == "tool/call")
-            # A worker takes a person's lane first whenever both lanes have entries. Write
-            # the posted entries that way round (people's lane first, each lane in order),
-            # so the test does not depend on how Redis serves a read blocked on two streams.
-            posted = []
-            sent = trio.Event()
-            sent.set()
-            monkeypatch.setattr(rt, "post", lambda message: posted.append(message) or sent)
-            reservation = handle.agent.reserve(user_message("automatic work", source=PRODUCER))
-            handle.agent.withdraw(reservation, "plans changed")
-            monkeypatch.undo()
-            async with rt._redis.pipeline(transaction=True) as pipe:
-                for message in sorted(posted, key=lambda m: m.lane != "human"):
-                    pipe.xadd(keys.inbox(keys.shard_of(message.session, rt.shards), message.lane), message.to_fields())
+            await _busy(handle.agent)
+            # People's lane first, each lane in order, as a worker takes them: the test
+            # does not depend on how Redis serves a read blocked on two streams.
+            async with _written_in_one_read(rt, monkeypatch, human_first=True) as posted:
+                reservation = handle.agent.reserve(user_message("automatic work", source=PRODUCER))
+                handle.agent.withdraw(reservation, "plans changed")
             assert await reservation.wait() == "cancelled"
             await handle.agent.wait_idle()
             events = await rt.read_events("w3")
@@ -219,25 +230,15 @@ async def test_a_withdrawal_sent_while_the_worker_is_dead_settles_the_reservatio
 async def test_a_reservation_and_its_withdrawal_read_together_reach_the_agent_together(
     redis_server, worker, monkeypatch
 ):
-    from runtime.cluster import _keys as keys
-
     with trio.fail_after(30):
         async with Runtime.open(cluster=redis_server.url) as rt:
             handle = await rt.create_agent(session_id="w4", loop="gated")  # idle: it would run at once
-            posted = []
-            sent = trio.Event()
-            sent.set()
-            monkeypatch.setattr(rt, "post", lambda message: posted.append(message) or sent)
-            reservation = handle.agent.reserve(user_message("automatic work", source=PRODUCER))
-            handle.agent.withdraw(reservation, "plans changed")
-            monkeypatch.undo()
-            # One transaction: the worker's next read brings both. It hands the whole batch
-            # to the agents before any of them runs, so the withdrawal finds the
-            # reservation still queued (handled one at a time, with a round trip to Redis
-            # in between, the idle agent admitted it first).
-            async with rt._redis.pipeline(transaction=True) as pipe:
-                for message in posted:
-                    pipe.xadd(keys.inbox(keys.shard_of(message.session, rt.shards), message.lane), message.to_fields())
+            # The worker hands the whole batch to the agents before any of them runs, so
+            # the withdrawal finds the reservation still queued (handled one at a time,
+            # with a round trip to Redis in between, the idle agent admitted it first).
+            async with _written_in_one_read(rt, monkeypatch):
+                reservation = handle.agent.reserve(user_message("automatic work", source=PRODUCER))
+                handle.agent.withdraw(reservation, "plans changed")
             assert await reservation.wait() == "cancelled"
             await handle.agent.wait_idle()
             events = await rt.read_events("w4")
@@ -251,7 +252,6 @@ async def test_nothing_a_batch_awaits_lets_an_agent_admit_a_reservation_withdraw
     from runtime._ids import MESSAGE_IDS
     from runtime._serde import message_to_wire
     from runtime.cluster import InboxMessage
-    from runtime.cluster import _keys as keys
 
     with trio.fail_after(30):
         async with Runtime.open(cluster=redis_server.url) as rt:
@@ -260,20 +260,13 @@ async def test_nothing_a_batch_awaits_lets_an_agent_admit_a_reservation_withdraw
             await a.agent.wait_idle()
             b = await rt.create_agent(session_id="w6", loop="gated")
             await b.dispose()  # not live: a message to it activates it first
-            posted = []
-            sent = trio.Event()
-            sent.set()
-            monkeypatch.setattr(rt, "post", lambda message: posted.append(message) or sent)
-            reservation = a.agent.reserve(user_message("automatic work", source=PRODUCER))
-            b.agent.followup(user_message("wake up", source=PRODUCER))  # the auto lane too
-            rt.post(InboxMessage(MESSAGE_IDS.new(), "withdraw", "w5", {"message_id": "not-queued"}, "auto"))
-            retry = InboxMessage(earlier.id, "followup", "w5", {"message": message_to_wire(earlier)}, "auto")
-            rt.post(retry)  # a producer's retry of a message done already
-            a.agent.withdraw(reservation, "plans changed")
-            monkeypatch.undo()
-            async with rt._redis.pipeline(transaction=True) as pipe:
-                for message in posted:
-                    pipe.xadd(keys.inbox(keys.shard_of(message.session, rt.shards), message.lane), message.to_fields())
+            async with _written_in_one_read(rt, monkeypatch) as posted:
+                reservation = a.agent.reserve(user_message("automatic work", source=PRODUCER))
+                b.agent.followup(user_message("wake up", source=PRODUCER))  # the auto lane too
+                rt.post(InboxMessage(MESSAGE_IDS.new(), "withdraw", "w5", {"message_id": "not-queued"}, "auto"))
+                retry = InboxMessage(earlier.id, "followup", "w5", {"message": message_to_wire(earlier)}, "auto")
+                rt.post(retry)  # a producer's retry of a message done already
+                a.agent.withdraw(reservation, "plans changed")
             # Between the reservation and its withdrawal: an agent to activate, a
             # withdrawal to settle, a duplicate to drop. None may let the idle agent run.
             assert await reservation.wait() == "cancelled"
