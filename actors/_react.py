@@ -159,7 +159,7 @@ async def _run_tool(agent: TurnAgent, call: ToolCallBlock) -> tuple[str, bool]:
         return f"arguments of {call.name} are not valid JSON: {exc.msg}", True
     if not isinstance(arguments, dict):
         return f"arguments of {call.name} must be a JSON object", True
-    ctx = ToolContext(session_id=agent.id, cwd=agent.cwd, call_id=call.call_id)
+    ctx = ToolContext(session_id=agent.id, cwd=agent.cwd, call_id=call.call_id, threads=agent.tools.threads)
     try:
         return await tool.run(arguments, ctx), False
     except ToolError as exc:

@@ -1,6 +1,6 @@
 """The launcher: a small process between the runtime and every program it runs.
 
-Run as ``python -I -S _launcher.py GRACE ON_EXIT -- PROGRAM ARG...`` with its stdin on a Unix
+Run as ``python -I -S _launcher.py GRACE ON_EXIT CWD -- PROGRAM ARG...`` with its stdin on a Unix
 socket to the runtime (``runtime._process``), an empty environment, and stdout/stderr on
 the pipes the runtime reads. It exists so that a program cannot outlive its call:
 
@@ -180,9 +180,9 @@ def _status_line(status: int | None) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 5 or argv[2] not in ("kill", "leave") or argv[3] != "--":
-        raise SystemExit("usage: _launcher.py GRACE kill|leave -- PROGRAM [ARG...]")
-    grace, on_exit, program_argv = float(argv[1]), argv[2], argv[4:]
+    if len(argv) < 6 or argv[2] not in ("kill", "leave") or argv[4] != "--":
+        raise SystemExit("usage: _launcher.py GRACE kill|leave CWD -- PROGRAM [ARG...]")
+    grace, on_exit, cwd, program_argv = float(argv[1]), argv[2], argv[3], argv[5:]
 
     control = os.dup(0)  # non-inheritable: the program never sees the socket
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -206,6 +206,9 @@ def main(argv: list[str]) -> int:
         launcher.report(f"error {ctypes.get_errno()}")
         return 0
     try:
+        # Here, not in the runtime's spawn: a working directory on a filesystem that does
+        # not answer hangs this process, which the runtime waits for without a thread.
+        os.chdir(cwd)
         path = _resolve(program_argv[0], env)
         pid = os.posix_spawn(
             path,

@@ -74,10 +74,10 @@ def _env_block(env: Mapping[str, str]) -> bytes:
     return len(entries).to_bytes(8, "big") + entries
 
 
-def _launcher_argv(argv: list[str], grace: float, leave_on_exit: bool) -> list[str]:
+def _launcher_argv(argv: list[str], cwd: Path, grace: float, leave_on_exit: bool) -> list[str]:
     # -I: no PYTHON* variables, no user site, no cwd on sys.path; -S: no site-packages.
     on_exit = "leave" if leave_on_exit else "kill"
-    return [sys.executable, "-I", "-S", str(LAUNCHER), repr(float(grace)), on_exit, "--", *argv]
+    return [sys.executable, "-I", "-S", str(LAUNCHER), repr(float(grace)), on_exit, os.fspath(cwd), "--", *argv]
 
 
 def _status(line: bytes) -> int:
@@ -241,12 +241,14 @@ async def run_child(
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         with child:
+            # The launcher changes to ``cwd`` itself: trio spawns in a thread of its default
+            # pool, which the store commits in, and a spawn into a directory on a hung
+            # filesystem would hold that thread until the filesystem answered.
             process = await trio.lowlevel.open_process(
-                _launcher_argv(argv, grace, leave_on_exit),
+                _launcher_argv(argv, cwd, grace, leave_on_exit),
                 stdin=child.fileno(),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                cwd=cwd,
                 env={},
                 start_new_session=True,
             )

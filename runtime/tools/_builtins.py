@@ -193,7 +193,9 @@ def read_file(*, home: Path | None = None) -> Tool:
             except OSError as exc:
                 raise _os_error("read_file", target, exc) from None
 
-        return await trio.to_thread.run_sync(read)  # every filesystem call: see _confine
+        # Every filesystem call, in the tools' pool (see _confine). A cancelled read is
+        # abandoned: its thread may hang on until the filesystem answers, the turn not.
+        return await trio.to_thread.run_sync(read, limiter=ctx.threads, abandon_on_cancel=True)
 
     return Tool(
         name="read_file",
@@ -242,7 +244,9 @@ def write_file(*, home: Path | None = None) -> Tool:
                 raise _os_error("write_file", target, exc) from None
             return f"wrote {len(data)} bytes to {target.shown}"
 
-        return await trio.to_thread.run_sync(write)  # every filesystem call: see _confine
+        # Every filesystem call, in the tools' pool (see _confine). Never abandoned: a
+        # write reported as cancelled must not land afterwards, so a cancel waits for it.
+        return await trio.to_thread.run_sync(write, limiter=ctx.threads)
 
     return Tool(
         name="write_file",
@@ -292,7 +296,8 @@ def list_dir(*, home: Path | None = None) -> Tool:
             except OSError as exc:
                 raise _os_error("list_dir", target, exc) from None
 
-        target, entries = await trio.to_thread.run_sync(listing)  # every filesystem call: see _confine
+        # Every filesystem call, in the tools' pool, abandoned if cancelled (as read_file).
+        target, entries = await trio.to_thread.run_sync(listing, limiter=ctx.threads, abandon_on_cancel=True)
         if not entries:
             return f"{target.shown}: (empty directory)"
         if len(entries) > MAX_LIST_ENTRIES:
@@ -419,6 +424,18 @@ def _report(result: Completed, policy: ShellPolicy) -> str:
     return "\n".join(parts)
 
 
+def _executable(name: str, given: str, path: str, cwd: Path) -> str:
+    executable = shutil.which(name, path=path)
+    # A relative PATH entry would resolve against our process cwd, not the agent's.
+    if executable is None or not os.path.isabs(executable):
+        raise ToolError(f"shell: {name!r} was not found on PATH")
+    # Allowing by basename must not allow "./ls" written by the model itself: a path
+    # is accepted only if it is the very executable PATH resolves the name to.
+    if "/" in given and os.path.realpath(os.path.join(cwd, given)) != os.path.realpath(executable):
+        raise ToolError(f"shell: run {name!r} by name; only the executable found on PATH may run")
+    return executable
+
+
 def shell_tool(policy: ShellPolicy) -> Tool:
     """A ``shell`` tool that runs only executables named in ``policy.allow``."""
     allowed = ", ".join(sorted(policy.allow)) or "(none)"
@@ -440,18 +457,12 @@ def shell_tool(policy: ShellPolicy) -> Tool:
             raise ToolError(f"shell: {name!r} is not allowed; allowed: {allowed}")
 
         env = {**pick_env(os.environ, policy.inherit), **policy.env, SESSION_ENV_VAR: ctx.session_id}
-        executable = shutil.which(name, path=env.get("PATH", os.defpath))
-        # A relative PATH entry would resolve against our process cwd, not the agent's.
-        if executable is None or not os.path.isabs(executable):
-            raise ToolError(f"shell: {name!r} was not found on PATH")
-        # Allowing by basename must not allow "./ls" written by the model itself: a path
-        # is accepted only if it is the very executable PATH resolves the name to.
-        if "/" in argv[0]:
-            given = os.path.realpath(os.path.join(ctx.cwd, argv[0]))
-            if given != os.path.realpath(executable):
-                raise ToolError(
-                    f"shell: run {name!r} by name; only the executable found on PATH may run"
-                )
+        # Looking the program up stats files (a path given under the agent's cwd too): in
+        # the tools' pool, so a hung filesystem holds up this call, not the event loop.
+        executable = await trio.to_thread.run_sync(
+            _executable, name, argv[0], env.get("PATH", os.defpath), ctx.cwd,
+            limiter=ctx.threads, abandon_on_cancel=True,
+        )
         argv = [executable, *argv[1:]]
 
         log = _log.bind(session_id=ctx.session_id, call_id=ctx.call_id, program=name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable
 
 import attrs
+import trio
 
 from .._errors import DuplicateToolError, UnknownToolError
 from .._logging import get_logger
@@ -20,6 +21,12 @@ from ._tool import Tool
 _log = get_logger(__name__)
 
 Disposer = Callable[[], None]
+
+#: Worker threads the runtime's tool calls may hold at once (``ToolContext.threads``).
+#: Apart from trio's default pool (40), which the store commits and loads in: a file
+#: tool stuck on a hung mount keeps its thread until the filesystem answers, and 40 of
+#: them would otherwise leave no thread to commit in, for every agent of the runtime.
+TOOL_THREADS = 64
 
 
 @attrs.define(eq=False)
@@ -68,6 +75,7 @@ class ToolRegistry:
     def __init__(self) -> None:
         self._slots: dict[str, _Slot] = {}
         self.version = 0  # bumped on every change: agents' views cache on it
+        self.threads = trio.CapacityLimiter(TOOL_THREADS)  # see TOOL_THREADS
 
     def register(self, tool: Tool) -> Disposer:
         """Add ``tool``; the returned disposer removes exactly this registration.
@@ -130,6 +138,11 @@ class AgentTools:
         self._cache_key: tuple[int, int] | None = None
         self._visible: tuple[Tool, ...] = ()
         self._by_name: dict[str, Tool] = {}
+
+    @property
+    def threads(self) -> trio.CapacityLimiter:
+        """The runtime's pool of worker threads for tool calls (``TOOL_THREADS``)."""
+        return self._base.threads
         self._specs: tuple[ToolSpec, ...] = ()
 
     # -- changes --------------------------------------------------------------------

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import trio
 
 from ..models._adapter import ToolSpec
 
@@ -19,6 +20,11 @@ class ToolContext:
     session_id: str
     cwd: Path
     call_id: str
+    #: The limiter for worker threads the call starts (``trio.to_thread.run_sync(...,
+    #: limiter=ctx.threads)``): the runtime's pool for tools, apart from the threads its
+    #: store commits in, so calls stuck on a hung filesystem cannot stop persistence.
+    #: None outside a runtime: trio's default limiter.
+    threads: trio.CapacityLimiter | None = None
 
 
 @attrs.frozen

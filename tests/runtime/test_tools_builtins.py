@@ -188,7 +188,9 @@ async def test_symlink_inside_cwd_is_followed(workdir: Path):
 
 @pytest.mark.parametrize(("tool", "extra"), [
     (read_file, {"path": "a.txt"}), (write_file, {"path": "a.txt", "content": "x"}), (list_dir, {}),
-])
+    # A program named by a path is checked against the one PATH finds: that resolves it.
+    (lambda: shell_tool(policy("ls")), {"command": "./ls"}),
+], ids=["read_file", "write_file", "list_dir", "shell"])
 async def test_a_hung_filesystem_holds_up_the_call_not_the_event_loop(workdir: Path, monkeypatch, tool, extra):
     import threading
 
@@ -205,7 +207,10 @@ async def test_a_hung_filesystem_holds_up_the_call_not_the_event_loop(workdir: P
     results = []
 
     async def run_tool() -> None:
-        results.append(await call(tool(), workdir, **extra))
+        try:
+            results.append(await call(tool(), workdir, **extra))
+        except ToolError as exc:  # the shell refuses ./ls, once it could tell
+            results.append(exc)
 
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
