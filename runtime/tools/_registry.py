@@ -138,12 +138,12 @@ class AgentTools:
         self._cache_key: tuple[int, int] | None = None
         self._visible: tuple[Tool, ...] = ()
         self._by_name: dict[str, Tool] = {}
+        self._specs: tuple[ToolSpec, ...] = ()
 
     @property
     def threads(self) -> trio.CapacityLimiter:
         """The runtime's pool of worker threads for tool calls (``TOOL_THREADS``)."""
         return self._base.threads
-        self._specs: tuple[ToolSpec, ...] = ()
 
     # -- changes --------------------------------------------------------------------
 
