@@ -25,6 +25,9 @@ Policy:
   person's message stops waiting and runs the person's turn at once.
 - No starvation either way: people never wait for a slot, and automatic work always has
   its ``slots`` (people do not take them), so it shares the CPU with people.
+- While the gate is *held* (``hold(reason)``: the runtime does so while the session
+  store cannot write, so that events do not pile up in memory) no automatic turn is
+  admitted; turns already running go on, people's turns are not affected.
 
 Nothing here is durable: which turn holds a slot is scheduling, not session state.
 """
@@ -76,6 +79,9 @@ class AdmissionGate:
         self._holders: dict[Slot, None] = {}  # counted slots, oldest first
         self._waiters: deque[_Waiter] = deque()
         self._wakeup = trio.Event()  # the stall watcher: someone started waiting
+        #: Why no automatic turn is admitted now (``hold``); None: admitting.
+        self.held: str | None = None
+        self._unheld = trio.Event()
         #: statistics (benchmarks and tests): slots granted, grants that had to wait,
         #: slots that stopped counting because they stalled.
         self.granted = 0
@@ -86,9 +92,19 @@ class AdmissionGate:
     def waiting(self) -> int:
         return len(self._waiters)
 
+    def hold(self, reason: str | None) -> None:
+        """Admit no automatic turn while ``reason`` is set; ``hold(None)`` admits again
+        (waiters first, in order)."""
+        self.held = reason
+        if reason is None:
+            self._unheld.set()
+            self._hand_on()
+        elif self._unheld.is_set():
+            self._unheld = trio.Event()
+
     def try_acquire(self) -> Slot | None:
         """A slot at once if one is free and nobody waits for one; never a checkpoint."""
-        if self.in_use < self.slots and not self._waiters:
+        if self.in_use < self.slots and not self._waiters and self.held is None:
             return self._grant()
         return None
 
@@ -115,6 +131,9 @@ class AdmissionGate:
         while others wait for one."""
         task_status.started()
         while True:
+            if self.held is not None:  # nothing is handed out: nothing to watch
+                await self._unheld.wait()
+                continue
             if not self._waiters:
                 self._wakeup = trio.Event()
                 await self._wakeup.wait()
@@ -149,7 +168,7 @@ class AdmissionGate:
         self._hand_on()
 
     def _hand_on(self) -> None:
-        while self._waiters and self.in_use < self.slots:
+        while self._waiters and self.in_use < self.slots and self.held is None:
             waiter = self._waiters.popleft()
             waiter.slot = self._grant()
             self.waited += 1

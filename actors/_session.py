@@ -251,6 +251,12 @@ class SessionActor:
 
     # -- the StoreWriter's side --------------------------------------------------------
 
+    def requeue(self, write: Write) -> None:
+        self._pending[:0] = write.events
+        if write.header is not None:
+            self._header_sent = False
+        self._schedule(force=write.header is not None)
+
     def _schedule(self, *, force: bool = False) -> None:
         if self._published and not self._scheduled and self._store_error is None and (self._pending or force):
             self._scheduled = True

@@ -254,6 +254,7 @@ class Supervisor:
         cannot be closed cleanly (its last events not durable: the store failed) is
         logged and does not keep the others from closing."""
         self.closing = True
+        self.writer.closing()  # a store that fails now fails these agents' last events
 
         async def dispose(agent: AgentActor) -> None:
             try:

@@ -244,6 +244,11 @@ class Runtime:
             store_failure: list[Exception] = []
             async with trio.open_nursery() as nursery:
                 writer = StoreWriter(store, persist=persist)
+                # While the store cannot write, automatic work waits: its events would
+                # only pile up in memory (people's turns go on; see actors/_admission.py).
+                writer.trouble_listeners.append(
+                    lambda trouble: admission.hold(None if trouble is None else f"the session store fails: {trouble}")
+                )
 
                 async def run_writer(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
                     # The one actor whose failure ends the runtime: without it nothing

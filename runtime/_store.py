@@ -81,9 +81,27 @@ class StoreError(LoopdockError):
     session's part of a batch that would re-create an existing session, repeat an event
     seq, add events to a session that does not exist, or store data that is not JSON is
     refused with one too, returned by ``commit`` for that session alone.
+
+    ``transient`` is True when the database failed in a way that can clear by itself (a
+    full disk, a lock another process held too long, an I/O error): the same batch may
+    succeed when tried again. A refusal, a closed store or a corrupt file is not.
     """
 
     code = "STORE_ERROR"
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+#: SQLite result codes (``sqlite3.Error.sqlite_errorname``, extended codes included by
+#: prefix) of failures that can clear by themselves.
+_TRANSIENT_CODES = ("SQLITE_FULL", "SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_IOERR", "SQLITE_PROTOCOL")
+
+
+def _is_transient(exc: sqlite3.Error) -> bool:
+    name = getattr(exc, "sqlite_errorname", None) or ""
+    return name.startswith(_TRANSIENT_CODES)
 
 
 def _events(value: Iterable[Event]) -> tuple[Event, ...]:
@@ -383,7 +401,7 @@ class SessionStore:
             try:
                 yield self._conn
             except sqlite3.Error as exc:
-                raise StoreError(f"{what} failed on {str(self._path)!r}: {exc}") from exc
+                raise StoreError(f"{what} failed on {str(self._path)!r}: {exc}", transient=_is_transient(exc)) from exc
 
 
 def _event_from_row(row: tuple[int, str, int, str]) -> Event:

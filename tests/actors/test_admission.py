@@ -65,6 +65,30 @@ async def test_a_slot_held_past_the_stall_limit_stops_counting_while_others_wait
         nursery.cancel_scope.cancel()
 
 
+async def test_a_held_gate_admits_nothing_automatic_and_hands_out_in_order_when_released():
+    gate = AdmissionGate(2, stall=60)
+    running = gate.try_acquire()
+    assert running is not None
+    gate.hold("the store fails")
+    assert gate.try_acquire() is None  # a slot is free, but the gate is held
+    woken: list[str] = []
+    for name in ("first", "second", "third"):
+        gate.enqueue(lambda name=name: woken.append(name))
+    running.release()  # the running turn ends: still nothing handed out
+    assert woken == [] and gate.in_use == 0 and gate.waiting == 3
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(gate.run)
+            # The stall watcher waits for the hold to end (it would never block if it
+            # spun handing out slots that the hold refuses).
+            await trio.testing.wait_all_tasks_blocked()
+            assert woken == []
+            gate.hold(None)
+            assert woken == ["first", "second"] and gate.in_use == 2 and gate.waiting == 1
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+
+
 # -- agents behind the gate -----------------------------------------------------------------
 
 
