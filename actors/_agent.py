@@ -280,6 +280,10 @@ class AgentActor:
                 await self._wake.wait()
                 self.owner.history.busy(self)
                 continue
+            if self.session.store_error is not None:
+                # Nothing more of this session can be written: a turn would do work that
+                # is never kept or seen. Retire (the supervisor records and announces why).
+                raise self.session.store_error
             if self._transcript is None:  # outside any slot: this waits on the store
                 await self._load_transcript()
             slot = None

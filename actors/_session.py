@@ -172,6 +172,11 @@ class SessionActor:
         return self._committed
 
     @property
+    def store_error(self) -> BaseException | None:
+        """Why nothing more of this session is written (a commit failed for good), or None."""
+        return self._store_error
+
+    @property
     def published(self) -> bool:
         return self._published
 

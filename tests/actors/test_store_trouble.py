@@ -20,8 +20,8 @@ import trio.testing
 import actors._store_writer as writer_mod
 from actors import SessionActor, StoreWriter
 from loopdock import Message, ProducerSource, Runtime, TextBlock
-from runtime._events import SessionHeader
-from runtime._store import SessionStore, StoreError
+from runtime._events import Event, SessionHeader
+from runtime._store import SessionStore, StoreError, Write
 
 #: Data that needs new pages whatever room the last ones have left.
 BIG = "x" * 20_000
@@ -80,9 +80,6 @@ async def collect(subscription, into: list, ended: trio.Event) -> None:
 
 
 def test_a_full_disk_is_a_transient_store_error_and_the_store_goes_on_after_it(tmp_path):
-    from runtime._events import Event
-    from runtime._store import Write
-
     with SessionStore.open(tmp_path / "s.db") as store:
         store.commit([Write("a", header("a"), (Event("user/message", 0, 1, {"n": 0}),))])
         fill(store)
@@ -268,3 +265,36 @@ async def test_a_runtime_closed_on_a_full_disk_closes_at_once_and_resumes_from_w
             await resumed.wait_idle()
             await resumed.session.flush()
             assert [m.text for m in resumed.transcript if m.role == "user"] == ["kept", "after"]
+
+
+async def test_an_agent_whose_session_is_refused_for_good_is_retired_at_its_next_turn(tmp_path):
+    async with Runtime.open(tmp_path / "home") as rt:
+        live = rt.subscribe_live()
+        a = (await rt.create_agent(session_id="a")).agent
+        b = (await rt.create_agent(session_id="b")).agent
+        a.followup("one")
+        await a.wait_idle()
+        await a.session.flush()
+        # What a second writer of the database would do: take a's next seq.
+        store = rt.supervisor.writer.store
+        await trio.to_thread.run_sync(
+            store.commit, [Write("a", None, (Event("user/message", a.session.event_count, 1, {}),))]
+        )
+        a.followup("two")  # its events are refused: nothing more of "a" is written
+        await a.wait_idle()
+        with pytest.raises(StoreError, match="already has an event"):
+            await a.session.flush()
+        a.followup("three")  # a turn no one would keep: the agent is retired instead
+        seen = []
+        with trio.fail_after(10):
+            async for item in live:
+                if item.agent_id == "a" and item.type in ("agent/error", "agent/disposed"):
+                    seen.append(item.type)
+                    if item.type == "agent/disposed":
+                        break
+        assert seen == ["agent/error", "agent/disposed"]
+        assert a.closed and rt.list_agents() == ["b"]
+        assert [m.text for m in a.transcript if m.role == "user"] == ["one", "two"]  # "three" never ran
+        b.followup("hello")
+        await b.wait_idle()
+        await b.session.flush()
