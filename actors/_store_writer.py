@@ -111,7 +111,8 @@ class StoreWriter:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Commit scheduled sessions until cancelled; cancel only after a final ``drain``
-        (if it is cancelled first, with everything around it, later flushes drain)."""
+        (if it is cancelled first, with everything around it, it tries what is scheduled
+        once more on its way out, and later flushes drain)."""
         task_status.started()
         pause = RETRY_FIRST
         try:
@@ -137,6 +138,11 @@ class StoreWriter:
                     pause = min(pause * 2, RETRY_MAX)
         finally:
             self.stopped = True
+            if self._scheduled and self.failure is None:
+                # Cancelled with writes handed back or not yet taken: a flush may already
+                # wait for them, and only a commit (done or failed) wakes it. Try once.
+                with trio.CancelScope(shield=True):
+                    await self.drain()
 
     async def drain(self) -> None:
         """Commit everything scheduled so far (and what arrives meanwhile)."""

@@ -20,6 +20,7 @@ import trio.testing
 import actors._store_writer as writer_mod
 from actors import SessionActor, StoreWriter
 from loopdock import Message, ProducerSource, Runtime, TextBlock
+from runtime._changes import Changes
 from runtime._events import Event, SessionHeader
 from runtime._store import SessionStore, StoreError, Write
 
@@ -48,20 +49,20 @@ class Attempts:
 
     def __init__(self, store: SessionStore) -> None:
         self.store = store
-        self.count = 0
-        self._changed = trio.Event()
+        self.done = Changes()  # its version: attempts ended
+
+    @property
+    def count(self) -> int:
+        return self.done.version
 
     async def acommit(self, batch: Any) -> Any:
         try:
             return await self.store.acommit(batch)
         finally:
-            self.count += 1
-            self._changed.set()
-            self._changed = trio.Event()
+            self.done.notify()
 
     async def wait_for(self, count: int) -> None:
-        while self.count < count:
-            await self._changed.wait()
+        await self.done.wait_until(lambda: self.count >= count)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
@@ -189,6 +190,46 @@ async def test_closing_on_a_full_disk_fails_the_last_events_at_once(tmp_path, mo
             with pytest.raises(StoreError, match="full"):
                 await s.flush()
             nursery.cancel_scope.cancel()
+    assert on_disk(path, "s") == [(0, 0)]
+
+
+async def test_a_writer_cancelled_while_a_full_disk_holds_a_flush_still_ends_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(writer_mod, "RETRY_FIRST", 3600.0)  # cancelled in its pause
+    path = tmp_path / "sessions.db"
+    with trio.fail_after(20), SessionStore.open(path) as store:
+        writer = StoreWriter(store)
+        failed = trio.Event()
+        writer.trouble_listeners.append(lambda trouble: failed.set())
+        async with trio.open_nursery() as nursery:
+            writer_scope = trio.CancelScope()
+
+            async def run_writer(task_status=trio.TASK_STATUS_IGNORED):
+                with writer_scope:
+                    await writer.run(task_status=task_status)
+
+            await nursery.start(run_writer)
+            s = SessionActor(header("s"), writer)
+            s.publish()
+            s.append("user/message", {"n": 0})
+            await s.flush()
+            fill(store)
+            s.append("user/message", {"n": 1, "pad": BIG})
+            outcome: list[BaseException | None] = []
+
+            async def shielded_flush() -> None:  # as a closing agent's flush is
+                with trio.CancelScope(shield=True), trio.fail_after(10):  # a deadline of its own
+                    try:
+                        await s.flush()
+                        outcome.append(None)
+                    except StoreError as exc:
+                        outcome.append(exc)
+
+            nursery.start_soon(shielded_flush)
+            await failed.wait()
+            await trio.testing.wait_all_tasks_blocked()  # the flush waits for a commit
+            writer_scope.cancel()
+        assert writer.stopped and len(outcome) == 1
+        assert isinstance(outcome[0], StoreError) and outcome[0].transient  # told, not left waiting
     assert on_disk(path, "s") == [(0, 0)]
 
 
