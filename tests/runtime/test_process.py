@@ -110,7 +110,10 @@ def test_pick_env_takes_names_and_prefixes_only():
     [
         (["yes"], "stdout"),
         (["cat", "/dev/zero"], "stdout"),
-        ([PY, "-c", "import sys\nwhile True: sys.stderr.write('e' * 65536)"], "stderr"),
+        # SIGPIPE as yes and cat have it (Python ignores it, and then could exit 120 on
+        # the closed pipe before the kill lands).
+        ([PY, "-c", "import signal, sys\nsignal.signal(signal.SIGPIPE, signal.SIG_DFL)\n"
+                    "while True: sys.stderr.write('e' * 65536)"], "stderr"),
     ],
     ids=["yes", "cat-dev-zero", "stderr-flood"],
 )
