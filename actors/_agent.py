@@ -18,18 +18,18 @@ from typing import Any, Literal
 
 import trio
 
-from runtime._cancellation import split_cancellation
-from runtime._changes import Changes
-from runtime._errors import AgentClosedError, safe_message
-from runtime._events import Event
-from runtime._logging import get_logger
-from runtime._messages import Message, ProducerSource, user_message
-from runtime._options import AgentOptions
-from runtime._serde import message_from_wire
-from runtime._transcript import Transcript
-from runtime._waterfall import Waterfall
-from runtime.models import ModelRequest
-from runtime.tools import AgentTools
+from loopdock.runtime._cancellation import split_cancellation
+from loopdock.runtime._changes import Changes
+from loopdock.runtime._errors import AgentClosedError, safe_message
+from loopdock.runtime._events import Event
+from loopdock.runtime._logging import get_logger
+from loopdock.runtime._messages import Message, ProducerSource, user_message
+from loopdock.runtime._options import AgentOptions
+from loopdock.runtime._serde import message_from_wire
+from loopdock.runtime._transcript import Transcript
+from loopdock.runtime._waterfall import Waterfall
+from loopdock.runtime.models import ModelRequest
+from loopdock.runtime.tools import AgentTools
 
 from ._admission import Slot
 from ._faults import record_fault

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from runtime._errors import LoopdockError
-from runtime._options import AgentOptions
-from runtime.tools import AgentTools, Tool
+from loopdock.runtime._errors import LoopdockError
+from loopdock.runtime._options import AgentOptions
+from loopdock.runtime.tools import AgentTools, Tool
 
 from ._agent import AgentActor
 from ._session import SessionActor

@@ -18,9 +18,9 @@ from typing import Any
 import attrs
 import trio
 
-from runtime._cancellation import is_cancellation
-from runtime._errors import LoopdockError, safe_message
-from runtime._logging import get_logger
+from loopdock.runtime._cancellation import is_cancellation
+from loopdock.runtime._errors import LoopdockError, safe_message
+from loopdock.runtime._logging import get_logger
 
 from ._agent import AgentActor
 from ._session import SessionClosedError

@@ -12,8 +12,8 @@ from typing import Any, Protocol, Union
 
 import attrs
 
-from runtime._ids import check_session_id
-from runtime._options import AgentOptions
+from loopdock.runtime._ids import check_session_id
+from loopdock.runtime._options import AgentOptions
 
 from ._agent import AgentActor
 from ._agent_context import AgentContext

@@ -11,8 +11,8 @@ from typing import Generic, TypeVar
 
 import trio
 
-from runtime._errors import SubscriberDroppedError
-from runtime._logging import get_logger
+from loopdock.runtime._errors import SubscriberDroppedError
+from loopdock.runtime._logging import get_logger
 
 T = TypeVar("T")
 

@@ -12,10 +12,10 @@ console and the GoalBar do.
 
 from __future__ import annotations
 
-from runtime._errors import safe_message
-from runtime._logging import get_logger
-from runtime._messages import Message, ProducerSource, TextBlock
-from runtime._serde import message_to_wire
+from loopdock.runtime._errors import safe_message
+from loopdock.runtime._logging import get_logger
+from loopdock.runtime._messages import Message, ProducerSource, TextBlock
+from loopdock.runtime._serde import message_to_wire
 
 from ._session import SessionActor, SessionClosedError
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from runtime._messages import Message
-from runtime.models import AdapterRegistry
-from runtime.tools import ToolRegistry
+from loopdock.runtime._messages import Message
+from loopdock.runtime.models import AdapterRegistry
+from loopdock.runtime.tools import ToolRegistry
 
 from ._admission import AdmissionGate
 from ._fanout import Fanout

@@ -6,7 +6,7 @@ from typing import Literal
 
 import attrs
 
-from runtime._messages import Message
+from loopdock.runtime._messages import Message
 
 
 @attrs.frozen

@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator, Sequence
 
 import trio
 
-from runtime._errors import ToolError
-from runtime._logging import get_logger
-from runtime._messages import (
+from loopdock.runtime._errors import ToolError
+from loopdock.runtime._logging import get_logger
+from loopdock.runtime._messages import (
     Block,
     Message,
     ReasoningBlock,
@@ -23,7 +23,7 @@ from runtime._messages import (
     ToolResultBlock,
     ToolSource,
 )
-from runtime.models import (
+from loopdock.runtime.models import (
     Chunk,
     Finish,
     ModelRequest,
@@ -32,7 +32,7 @@ from runtime.models import (
     ToolCallChunk,
     Usage,
 )
-from runtime.tools import ToolContext
+from loopdock.runtime.tools import ToolContext
 
 from ._driver import AgentHandle, CreateAgentOptions, ResumeAgentOptions
 from ._publication import create_with_body, resume_with_body

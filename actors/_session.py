@@ -25,17 +25,17 @@ from typing import Any
 
 import trio
 
-from runtime._changes import Changes
-from runtime._errors import LoopdockError
-from runtime._events import (
+from loopdock.runtime._changes import Changes
+from loopdock.runtime._errors import LoopdockError
+from loopdock.runtime._events import (
     KNOWN_EVENT_TYPES,
     Event,
     SessionHeader,
     check_event_type,
     new_event,
 )
-from runtime._logging import get_logger
-from runtime._store import Write
+from loopdock.runtime._logging import get_logger
+from loopdock.runtime._store import Write
 
 from ._fanout import SUBSCRIBER_BUFFER, Fanout, Subscription
 from ._store_writer import StoreWriter

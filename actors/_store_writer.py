@@ -27,9 +27,9 @@ from typing import Protocol
 
 import trio
 
-from runtime._logging import get_logger
-from runtime._session_log import SessionLog
-from runtime._store import StoreError, Write
+from loopdock.runtime._logging import get_logger
+from loopdock.runtime._session_log import SessionLog
+from loopdock.runtime._store import StoreError, Write
 
 log = get_logger(__name__)
 

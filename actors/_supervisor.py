@@ -14,20 +14,20 @@ from typing import Any
 
 import trio
 
-from runtime._errors import (
+from loopdock.runtime._errors import (
     AgentBusyError,
     LoopdockError,
     SessionExistsError,
     SessionNotFoundError,
     safe_message,
 )
-from runtime._events import Event, SessionHeader
-from runtime._ids import check_session_id
-from runtime._logging import get_logger
-from runtime._messages import Message
-from runtime._session_log import SessionLog
-from runtime.models import AdapterRegistry
-from runtime.tools import ToolRegistry
+from loopdock.runtime._events import Event, SessionHeader
+from loopdock.runtime._ids import check_session_id
+from loopdock.runtime._logging import get_logger
+from loopdock.runtime._messages import Message
+from loopdock.runtime._session_log import SessionLog
+from loopdock.runtime.models import AdapterRegistry
+from loopdock.runtime.tools import ToolRegistry
 
 from ._admission import AdmissionGate
 from ._agent import AgentActor

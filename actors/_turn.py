@@ -13,14 +13,14 @@ from typing import Any, Protocol
 
 import structlog
 
-from runtime._events import Event
-from runtime._messages import Message
-from runtime._options import AgentOptions
-from runtime._serde import message_to_wire
-from runtime._transcript import Transcript
-from runtime._waterfall import Waterfall
-from runtime.models import ModelRequest, RetryNotice, Usage
-from runtime.tools import AgentTools
+from loopdock.runtime._events import Event
+from loopdock.runtime._messages import Message
+from loopdock.runtime._options import AgentOptions
+from loopdock.runtime._serde import message_to_wire
+from loopdock.runtime._transcript import Transcript
+from loopdock.runtime._waterfall import Waterfall
+from loopdock.runtime.models import ModelRequest, RetryNotice, Usage
+from loopdock.runtime.tools import AgentTools
 
 from ._admission import Slot
 from ._faults import record_fault

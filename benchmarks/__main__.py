@@ -1,4 +1,4 @@
-"""``python -m benchmarks [--quick] [--out DIR]``: the same as ``loopdock bench``."""
+"""``python -m loopdock.benchmarks [--quick] [--out DIR]``: the same as ``loopdock bench``."""
 
 import sys
 

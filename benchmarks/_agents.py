@@ -38,11 +38,11 @@ from typing import Any
 import attrs
 import trio
 
-from actors import FakeDriver, ReactDriver
 from loopdock import DriverLoop, Message, ProducerSource, Runtime, TextBlock
-from runtime._serde import header_to_wire
-from runtime.models import Chunk, Finish, ModelRequest, TextDelta, ToolCallChunk, Usage
-from runtime.tools import Tool
+from loopdock.actors import FakeDriver, ReactDriver
+from loopdock.runtime._serde import header_to_wire
+from loopdock.runtime.models import Chunk, Finish, ModelRequest, TextDelta, ToolCallChunk, Usage
+from loopdock.runtime.tools import Tool
 
 from ._common import Progress, peak_rss_bytes, percentile, rss_bytes, settled_rss, summary_ms
 
@@ -125,12 +125,12 @@ class NoopDriver:
     """The cheapest loop there is: a turn that takes no step (nothing but the runtime)."""
 
     async def create_agent(self, owner: Any, options: Any) -> Any:
-        from actors import create_with_body
+        from loopdock.actors import create_with_body
 
         return await create_with_body(owner, options, NoopBody())
 
     async def resume(self, owner: Any, options: Any) -> Any:
-        from actors import resume_with_body
+        from loopdock.actors import resume_with_body
 
         return await resume_with_body(owner, options, NoopBody())
 
@@ -456,7 +456,7 @@ def _seed(db: Path, template: str, prefix: str, n: int) -> None:
     try:
         # Benchmark data, not a user's: no fsync while copying it.
         conn.execute("PRAGMA synchronous=OFF")
-        from runtime._serde import header_from_wire
+        from loopdock.runtime._serde import header_from_wire
 
         header = header_from_wire(json.loads(conn.execute("SELECT header FROM sessions WHERE id = ?", (template,)).fetchone()[0]))
         conn.execute("BEGIN IMMEDIATE")

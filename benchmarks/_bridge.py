@@ -35,7 +35,8 @@ from typing import Any
 
 import trio
 
-from bridge import (
+from loopdock import Runtime
+from loopdock.bridge import (
     BridgeConnection,
     Disconnect,
     PreStep,
@@ -43,10 +44,9 @@ from bridge import (
     Verdict,
     serve_bridge,
 )
-from bridge._goalbar import GoalBarHandler, GoalBarService
-from bridge._host_handler import HostHandler
-from loopdock import Runtime
-from runtime.loopx import (
+from loopdock.bridge._goalbar import GoalBarHandler, GoalBarService
+from loopdock.bridge._host_handler import HostHandler
+from loopdock.runtime.loopx import (
     LifecycleResult,
     LoopxClient,
     LoopxOk,
@@ -131,12 +131,10 @@ def _gate(request: PreStep) -> Verdict:
 async def _run_client(params: dict[str, Any], progress: Progress) -> dict[str, Any]:
     """The client process: params on stdin, figures on stdout, progress on stderr."""
     env = dict(os.environ)
-    package_parent = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
     tail: list[str] = []
     chunks: list[bytes] = []
     process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "benchmarks._bridge_client"],
+        [sys.executable, "-P", "-m", "loopdock.benchmarks._bridge_client"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
     )
     assert process.stdin is not None and process.stdout is not None and process.stderr is not None

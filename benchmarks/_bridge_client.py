@@ -1,6 +1,6 @@
 """The bridge workload's client: a Python process playing the DSH host (and a GoalBar page).
 
-Started by ``benchmarks._bridge`` as ``python -m benchmarks._bridge_client`` with its
+Started by ``benchmarks._bridge`` as ``python -m loopdock.benchmarks._bridge_client`` with its
 parameters (port, token, sizes) as JSON on stdin; it reports progress as ``@@progress``
 lines on stderr and writes its figures as JSON on stdout. It runs its own trio loop, so
 the runtime's loop (the server) and this one never share a scheduler or a CPU slice.
@@ -25,9 +25,9 @@ from typing import Any
 import trio
 from trio_websocket import WebSocketConnection, open_websocket
 
-from bridge import Events, Frame, Hello, Ping, PreStep, SessionEvent, decode, encode
-from bridge._messages import Goalbar, GoalbarWatch
-from runtime._events import Event
+from loopdock.bridge import Events, Frame, Hello, Ping, PreStep, SessionEvent, decode, encode
+from loopdock.bridge._messages import Goalbar, GoalbarWatch
+from loopdock.runtime._events import Event
 
 from ._common import PROGRESS_PREFIX, percentile, summary_ms
 

@@ -107,7 +107,7 @@ class _Workers:
     def start(self, name: str) -> subprocess.Popen[bytes]:
         log = open(self.scratch / f"worker-{name}.log", "wb")  # noqa: SIM115 (closed with the process)
         process = subprocess.Popen(
-            [sys.executable, "-m", "loopdock", "worker", "--cluster", self.url, "--home", str(self.scratch / name),
+            [sys.executable, "-P", "-m", "loopdock", "worker", "--cluster", self.url, "--home", str(self.scratch / name),
              "--id", name, "--lease-ttl", str(self.ttl), "--shards", str(self.shards)],
             stdout=subprocess.PIPE, stderr=log,
         )
@@ -132,7 +132,7 @@ class _Workers:
 
 async def _balanced(rt: Any, workers: int, shards: int) -> None:
     """Wait until ``workers`` workers hold every shard between them, evenly."""
-    from runtime.cluster import _keys as keys
+    from loopdock.runtime.cluster import _keys as keys
 
     share = -(-shards // workers)
     while True:
@@ -145,7 +145,7 @@ async def _balanced(rt: Any, workers: int, shards: int) -> None:
 
 
 async def _clustered(server: RedisServer, cfg: dict[str, Any], scratch: Path, workers: int) -> dict[str, Any]:
-    from runtime.cluster import connect
+    from loopdock.runtime.cluster import connect
 
     async with connect(server.url) as redis:
         await redis.flushall()
@@ -170,7 +170,7 @@ async def _clustered(server: RedisServer, cfg: dict[str, Any], scratch: Path, wo
 
 
 async def _sequential(server: RedisServer, cfg: dict[str, Any], scratch: Path) -> dict[str, Any]:
-    from runtime.cluster import connect
+    from loopdock.runtime.cluster import connect
 
     turns = cfg["sequential"]
     embedded: list[float] = []
@@ -198,8 +198,8 @@ async def _sequential(server: RedisServer, cfg: dict[str, Any], scratch: Path) -
 
 
 async def _failover(server: RedisServer, cfg: dict[str, Any], scratch: Path) -> dict[str, Any]:
-    from runtime.cluster import _keys as keys
-    from runtime.cluster import connect
+    from loopdock.runtime.cluster import _keys as keys
+    from loopdock.runtime.cluster import connect
 
     async with connect(server.url) as redis:
         await redis.flushall()

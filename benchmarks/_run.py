@@ -81,11 +81,8 @@ def _in_child(phase: str, params: dict[str, Any], progress: Progress) -> dict[st
         out = Path(scratch, "result.json")
         env = dict(os.environ)
         env.setdefault("AUTOGEN_DISABLE_RUNTIME_TRACING", "true")  # the peer at its fastest
-        # The child imports this very copy of the package, installed or not.
-        package_parent = str(Path(__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
         process = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks._worker", phase, json.dumps(params), str(out)],
+            [sys.executable, "-P", "-m", "loopdock.benchmarks._worker", phase, json.dumps(params), str(out)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
         )
         tail: deque[str] = deque(maxlen=40)
@@ -209,10 +206,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_from_args(args: argparse.Namespace) -> int:
     if args.tables is not None:
-        from ._tables import COMMITTED, ROOT, write_docs
+        from ._tables import COMMITTED, write_docs
 
-        for source in args.tables or [ROOT / path for path in COMMITTED]:
-            for path in write_docs(Path(source)):
+        # The docs it rewrites are a checkout's, not the installed package's: the current folder.
+        checkout = Path.cwd()
+        if not (checkout / "benchmarks" / "results").is_dir():
+            print("loopdock bench: --tables rewrites a loopdock checkout's docs; run it from the checkout's top folder",
+                  file=sys.stderr)
+            return 2
+        for source in args.tables or [checkout / path for path in COMMITTED]:
+            for path in write_docs(Path(source), checkout):
                 print(f"loopdock bench: tables written to {path} (from {source})")
         return 0
     if args.cluster:

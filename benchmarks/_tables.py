@@ -16,7 +16,6 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
 DOCS = {"README.md": ("summary",), "benchmarks/README.md": ("details",), "benchmarks/PROFILE.md": ("profile",)}
 CLUSTER_DOCS = {"docs/cluster.md": ("cluster",)}
 COMMITTED = ("benchmarks/results/bench-full.json", "benchmarks/results/bench-cluster-full.json")
@@ -300,7 +299,8 @@ def replace_blocks(text: str, generated: dict[str, str]) -> str:
     return text
 
 
-def write_docs(json_path: Path, root: Path = ROOT) -> list[Path]:
+def write_docs(json_path: Path, root: Path) -> list[Path]:
+    """Regenerate the tables of the docs under ``root`` (a loopdock checkout) from ``json_path``."""
     results = json.loads(Path(json_path).read_text())
     if is_cluster(results):
         generated, docs = {"cluster": cluster_table(results)}, CLUSTER_DOCS

@@ -1,4 +1,4 @@
-"""One benchmark phase, in this process or as ``python -m benchmarks._worker PHASE PARAMS OUT``.
+"""One benchmark phase, in this process or as ``python -m loopdock.benchmarks._worker PHASE PARAMS OUT``.
 
 Running each phase in a fresh process keeps the memory figures of one phase clean of
 the others, and keeps asyncio (the autogen-core peer) apart from trio. A child reports
@@ -44,7 +44,7 @@ def run_phase(phase: str, params: dict[str, Any], progress: Progress) -> dict[st
     import trio
 
     module, function = PHASES[phase]
-    run = getattr(importlib.import_module(f"benchmarks.{module}"), function)
+    run = getattr(importlib.import_module(f"loopdock.benchmarks.{module}"), function)
     result: dict[str, Any] = trio.run(run, params, progress)
     return result
 

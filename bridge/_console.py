@@ -24,10 +24,10 @@ from typing import Any
 import attrs
 import trio
 
-from actors import LiveEvent, Subscription
-from actors.dock import Route
-from runtime._errors import LoopdockError, SubscriberDroppedError
-from runtime._logging import get_logger
+from loopdock.actors import LiveEvent, Subscription
+from loopdock.actors.dock import Route
+from loopdock.runtime._errors import LoopdockError, SubscriberDroppedError
+from loopdock.runtime._logging import get_logger
 
 from ._dsh_binding import BINDING_RECORD, dsh_binding
 from ._handler import BridgeHandler, Disconnect, HandlerLayer, Peer

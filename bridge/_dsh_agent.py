@@ -44,7 +44,7 @@ from typing import Any
 import attrs
 import trio
 
-from actors import (
+from loopdock.actors import (
     COMPANION_POLICY,
     Action,
     CommandResult,
@@ -60,18 +60,18 @@ from actors import (
     enter,
     supervised,
 )
-from runtime._changes import Changes
-from runtime._errors import LoopdockError, safe_message
-from runtime._events import Event
-from runtime._logging import get_logger
-from runtime._messages import (
+from loopdock.runtime._changes import Changes
+from loopdock.runtime._errors import LoopdockError, safe_message
+from loopdock.runtime._events import Event
+from loopdock.runtime._logging import get_logger
+from loopdock.runtime._messages import (
     HUMAN_SOURCE_KINDS,
     InvalidMessageError,
     Message,
     ProducerSource,
 )
-from runtime._serde import message_from_wire, message_to_wire
-from runtime._waterfall import Waterfall
+from loopdock.runtime._serde import message_from_wire, message_to_wire
+from loopdock.runtime._waterfall import Waterfall
 
 from . import _messages as wire
 from ._errors import NotServedError

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 
-from runtime._errors import LoopdockError
+from loopdock.runtime._errors import LoopdockError
 
 
 class ErrorCode(enum.StrEnum):

@@ -90,11 +90,11 @@ from typing import Any, Generic, Literal, TypeVar, Union
 import attrs
 import trio
 
-from actors.loopx import LoopxContinuation, LoopxIntegration
-from runtime._changes import Changes
-from runtime._errors import safe_message
-from runtime._logging import get_logger
-from runtime.loopx import (
+from loopdock.actors.loopx import LoopxContinuation, LoopxIntegration
+from loopdock.runtime._changes import Changes
+from loopdock.runtime._errors import safe_message
+from loopdock.runtime._logging import get_logger
+from loopdock.runtime.loopx import (
     LifecycleResult,
     LoopxClient,
     LoopxOk,

@@ -12,8 +12,8 @@ from typing import Literal, Protocol
 
 import attrs
 
-from actors import LiveEvent
-from runtime._events import Event
+from loopdock.actors import LiveEvent
+from loopdock.runtime._events import Event
 
 from ._errors import NotServedError
 from ._messages import (

@@ -49,12 +49,12 @@ from typing import Any
 
 import attrs
 
-from actors import LiveEvent, Placement
-from actors.dock import LoopDock
-from runtime._changes import Changes
-from runtime._errors import InvalidSessionIdError, LoopdockError
-from runtime._events import Event
-from runtime._ids import check_session_id
+from loopdock.actors import LiveEvent, Placement
+from loopdock.actors.dock import LoopDock
+from loopdock.runtime._changes import Changes
+from loopdock.runtime._errors import InvalidSessionIdError, LoopdockError
+from loopdock.runtime._events import Event
+from loopdock.runtime._ids import check_session_id
 
 from ._dock_select import DockSelectHandler
 from ._errors import LimitError

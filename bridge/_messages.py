@@ -40,8 +40,8 @@ from typing import Annotated, Any, Literal
 
 import attrs
 
-from actors import LiveEvent, Placement
-from runtime._events import Event
+from loopdock.actors import LiveEvent, Placement
+from loopdock.runtime._events import Event
 
 from ._errors import ErrorCode, ProtocolError
 

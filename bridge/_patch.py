@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from runtime._home import resolve_home
-from runtime._logging import get_logger
+from loopdock.runtime._home import resolve_home
+from loopdock.runtime._logging import get_logger
 
 from ._token import load_or_create_token
 

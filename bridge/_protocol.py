@@ -24,11 +24,11 @@ from cattrs.cols import homogenous_tuple_structure_factory
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 from cattrs.v import format_exception, transform_error
 
-from actors import LiveEvent
-from runtime._errors import InvalidSessionIdError
-from runtime._events import Event
-from runtime._ids import check_session_id
-from runtime._names import camel
+from loopdock.actors import LiveEvent
+from loopdock.runtime._errors import InvalidSessionIdError
+from loopdock.runtime._events import Event
+from loopdock.runtime._ids import check_session_id
+from loopdock.runtime._names import camel
 
 from ._errors import ErrorCode, ProtocolError
 from ._messages import (

@@ -33,10 +33,10 @@ from urllib.parse import urlsplit
 import trio
 from trio_websocket import ConnectionClosed, Endpoint, WebSocketConnection, WebSocketRequest
 
-from actors import LiveEvent
-from runtime._errors import LoopdockError
-from runtime._events import Event
-from runtime._logging import get_logger
+from loopdock.actors import LiveEvent
+from loopdock.runtime._errors import LoopdockError
+from loopdock.runtime._events import Event
+from loopdock.runtime._logging import get_logger
 
 from ._connection import (
     CLOSE_INVALID_DATA,

@@ -16,17 +16,17 @@ from typing import Any, TextIO
 
 import trio
 
-from actors import AgentHandle
-from actors.dock import read_binding
-from benchmarks._run import add_arguments as add_bench_arguments
-from benchmarks._run import run_from_args as run_bench
-from bridge._console import SERVE_LOGGER
-from bridge._patch import dsh_patch_command
-from runtime._errors import LoopdockError
-from runtime._events import Event
-from runtime._home import resolve_home
-from runtime._logging import configure_logging
-from runtime.tools import ShellPolicy
+from loopdock.actors import AgentHandle
+from loopdock.actors.dock import read_binding
+from loopdock.benchmarks._run import add_arguments as add_bench_arguments
+from loopdock.benchmarks._run import run_from_args as run_bench
+from loopdock.bridge._console import SERVE_LOGGER
+from loopdock.bridge._patch import dsh_patch_command
+from loopdock.runtime._errors import LoopdockError
+from loopdock.runtime._events import Event
+from loopdock.runtime._home import resolve_home
+from loopdock.runtime._logging import configure_logging
+from loopdock.runtime.tools import ShellPolicy
 
 from . import _goal, _install, _sessions
 from ._runtime import Runtime

@@ -26,14 +26,14 @@ import attrs
 import coredis
 import trio
 
-from actors import InvalidReservationError, Placement, ReservationState
-from runtime._errors import LoopdockError
-from runtime._events import Event, SessionHeader
-from runtime._ids import MESSAGE_IDS, check_session_id
-from runtime._logging import get_logger
-from runtime._messages import Message, ProducerSource, user_message
-from runtime._serde import message_to_wire
-from runtime.cluster import (
+from loopdock.actors import InvalidReservationError, Placement, ReservationState
+from loopdock.runtime._errors import LoopdockError
+from loopdock.runtime._events import Event, SessionHeader
+from loopdock.runtime._ids import MESSAGE_IDS, check_session_id
+from loopdock.runtime._logging import get_logger
+from loopdock.runtime._messages import Message, ProducerSource, user_message
+from loopdock.runtime._serde import message_to_wire
+from loopdock.runtime.cluster import (
     RETRYABLE,
     ClusterUnreachableError,
     InboxMessage,
@@ -43,8 +43,8 @@ from runtime.cluster import (
     connect,
     live_workers,
 )
-from runtime.cluster import _keys as keys
-from runtime.cluster._store import CONSUMING_TYPES, consumed_ids, decode_event
+from loopdock.runtime.cluster import _keys as keys
+from loopdock.runtime.cluster._store import CONSUMING_TYPES, consumed_ids, decode_event
 
 log = get_logger(__name__)
 

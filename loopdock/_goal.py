@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from runtime._errors import InvalidOptionsError, LoopdockError
-from runtime.loopx import HOST_SURFACE, LoopxClient, LoopxOk, check_thread_id
+from loopdock.runtime._errors import InvalidOptionsError, LoopdockError
+from loopdock.runtime.loopx import HOST_SURFACE, LoopxClient, LoopxOk, check_thread_id
 
 
 class GoalBindError(LoopdockError):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 import trio
 
-from actors import (
+from loopdock.actors import (
     AUTOMATIC_SLOTS,
     WARM_HISTORY_BYTES,
     WATCHER_POLICY,
@@ -45,7 +45,7 @@ from actors import (
     run_command,
     supervised,
 )
-from actors.dock import (
+from loopdock.actors.dock import (
     BUILTIN_LOOPS,
     AgentPresets,
     DockConfig,
@@ -54,21 +54,21 @@ from actors.dock import (
     load_loop_packages,
     parse_config,
 )
-from actors.loopx import LoopxIntegration, LoopxSettings
-from runtime._environ_block import hide_environment_block
-from runtime._errors import StoreUnusableError, safe_message
-from runtime._events import SessionHeader
-from runtime._gc import GC_THRESHOLD
-from runtime._gc_governor import GcGovernor, governed
-from runtime._home import resolve_home
-from runtime._home_lock import acquire_home
-from runtime._logging import get_logger
-from runtime._options import AgentOptions
-from runtime._session_log import SessionLog
-from runtime._store import SessionStore
-from runtime.models import AdapterRegistry, ModelAdapter, default_adapters
-from runtime.skills import SkillCatalog, expand_skill_invocations, skill_tool
-from runtime.tools import ShellPolicy, Tool, ToolRegistry, builtin_tools, shell_tool
+from loopdock.actors.loopx import LoopxIntegration, LoopxSettings
+from loopdock.runtime._environ_block import hide_environment_block
+from loopdock.runtime._errors import StoreUnusableError, safe_message
+from loopdock.runtime._events import SessionHeader
+from loopdock.runtime._gc import GC_THRESHOLD
+from loopdock.runtime._gc_governor import GcGovernor, governed
+from loopdock.runtime._home import resolve_home
+from loopdock.runtime._home_lock import acquire_home
+from loopdock.runtime._logging import get_logger
+from loopdock.runtime._options import AgentOptions
+from loopdock.runtime._session_log import SessionLog
+from loopdock.runtime._store import SessionStore
+from loopdock.runtime.models import AdapterRegistry, ModelAdapter, default_adapters
+from loopdock.runtime.skills import SkillCatalog, expand_skill_invocations, skill_tool
+from loopdock.runtime.tools import ShellPolicy, Tool, ToolRegistry, builtin_tools, shell_tool
 
 if TYPE_CHECKING:  # coredis is only needed with cluster= (pip install 'loopdock[cluster]')
     from ._cluster import ClusterRuntime

@@ -13,20 +13,20 @@ from typing import TYPE_CHECKING, TextIO
 
 import trio
 
-from actors import CommandResult, LiveEvent, Subscription
-from actors.dock import BINDING_EVENT, load_config, read_binding
-from actors.loopx import INIT_COMMAND_NAME, LoopxIntegration, LoopxSettings
-from bridge import DshAgent, DshAgentMirror, HandlerLayer, HostHandler, load_or_create_token, serve_bridge
-from bridge._console import ConsoleHandler, RuntimeView
-from bridge._dsh_agent import HostCommand
-from bridge._goalbar import GoalBarHandler, GoalBarService
-from bridge._patch import DEFAULT_OWNED_KINDS, PLUGIN_DIR, stable_plugin
-from bridge._server import DEFAULT_HOST
-from bridge._token import TOKEN_FILE
-from runtime._errors import InvalidOptionsError, LoopdockError
-from runtime._home import resolve_home
-from runtime._logging import get_logger
-from runtime.tools import ShellPolicy
+from loopdock.actors import CommandResult, LiveEvent, Subscription
+from loopdock.actors.dock import BINDING_EVENT, load_config, read_binding
+from loopdock.actors.loopx import INIT_COMMAND_NAME, LoopxIntegration, LoopxSettings
+from loopdock.bridge import DshAgent, DshAgentMirror, HandlerLayer, HostHandler, load_or_create_token, serve_bridge
+from loopdock.bridge._console import ConsoleHandler, RuntimeView
+from loopdock.bridge._dsh_agent import HostCommand
+from loopdock.bridge._goalbar import GoalBarHandler, GoalBarService
+from loopdock.bridge._patch import DEFAULT_OWNED_KINDS, PLUGIN_DIR, stable_plugin
+from loopdock.bridge._server import DEFAULT_HOST
+from loopdock.bridge._token import TOKEN_FILE
+from loopdock.runtime._errors import InvalidOptionsError, LoopdockError
+from loopdock.runtime._home import resolve_home
+from loopdock.runtime._logging import get_logger
+from loopdock.runtime.tools import ShellPolicy
 
 from ._runtime import Runtime
 
@@ -212,7 +212,7 @@ async def serve_command(
         raise InvalidOptionsError(f"--project is not a directory: {str(project_dir)[:200]}")
     dock_config = load_config(config) if config is not None else None  # a bad file: one line, now
     if cluster is not None:
-        from runtime.cluster import check_url, redact  # needs coredis, as open_cluster
+        from loopdock.runtime.cluster import check_url, redact  # needs coredis, as open_cluster
 
         check_url(cluster)
         if dock_config is not None and dock_config.agents:

@@ -25,14 +25,14 @@ from __future__ import annotations
 import attrs
 import trio
 
-from actors import LiveEvent
-from actors.cluster import RegistryMismatchError
-from actors.dock import BINDING_EVENT, LoopDock, Route, read_binding
-from bridge._console import ConsoleHandler, RuntimeView
-from runtime._events import Event
-from runtime._logging import get_logger
-from runtime._store import StoreError
-from runtime.cluster import RETRYABLE
+from loopdock.actors import LiveEvent
+from loopdock.actors.cluster import RegistryMismatchError
+from loopdock.actors.dock import BINDING_EVENT, LoopDock, Route, read_binding
+from loopdock.bridge._console import ConsoleHandler, RuntimeView
+from loopdock.runtime._events import Event
+from loopdock.runtime._logging import get_logger
+from loopdock.runtime._store import StoreError
+from loopdock.runtime.cluster import RETRYABLE
 
 from ._cluster import ClusterRuntime
 from ._worker import fingerprint

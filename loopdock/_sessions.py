@@ -20,12 +20,12 @@ from typing import Any, TextIO
 
 import attrs
 
-from actors.dock import Route, read_binding
-from bridge._dsh_binding import dsh_binding
-from bridge._dsh_files import SESSION_FILE, logged_message, session_log
-from runtime._errors import LoopdockError
-from runtime._events import Event
-from runtime._serde import event_from_wire
+from loopdock.actors.dock import Route, read_binding
+from loopdock.bridge._dsh_binding import dsh_binding
+from loopdock.bridge._dsh_files import SESSION_FILE, logged_message, session_log
+from loopdock.runtime._errors import LoopdockError
+from loopdock.runtime._events import Event
+from loopdock.runtime._serde import event_from_wire
 
 STORE_FILE = "sessions.db"
 #: Seconds between two looks at a followed session (``tail``).

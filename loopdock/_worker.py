@@ -21,13 +21,13 @@ from typing import Any, TextIO
 import attrs
 import trio
 
-from actors import WATCHER_POLICY, Action, supervised
-from actors.cluster import LeaseKeeper, RegistryMismatchError, ShardHost
-from actors.dock import LoopDock
-from runtime._errors import LoopdockError
-from runtime._home import resolve_home
-from runtime._logging import get_logger
-from runtime.cluster import (
+from loopdock.actors import WATCHER_POLICY, Action, supervised
+from loopdock.actors.cluster import LeaseKeeper, RegistryMismatchError, ShardHost
+from loopdock.actors.dock import LoopDock
+from loopdock.runtime._errors import LoopdockError
+from loopdock.runtime._home import resolve_home
+from loopdock.runtime._logging import get_logger
+from loopdock.runtime.cluster import (
     ClusterConfigError,
     ClusterUnreachableError,
     Ownership,
@@ -36,7 +36,7 @@ from runtime.cluster import (
     connect,
     redact,
 )
-from runtime.tools import ShellPolicy
+from loopdock.runtime.tools import ShellPolicy
 
 from ._runtime import Runtime, dock_config_of
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import trio
 
-LOOPDOCK = [sys.executable, "-m", "loopdock"]
+LOOPDOCK = [sys.executable, "-P", "-m", "loopdock"]
 
 
 class WorkerProcess:

@@ -21,9 +21,9 @@ from typing import Any
 
 import trio
 
-from actors._agent import AgentActor
-from actors._supervision import supervised
-from actors._supervisor import Supervisor
+from loopdock.actors._agent import AgentActor
+from loopdock.actors._supervision import supervised
+from loopdock.actors._supervisor import Supervisor
 
 
 def _runs_for(task: trio.lowlevel.Task, supervisor: Supervisor) -> Any:

@@ -13,13 +13,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("runtime", "actors", "bridge", "loopdock")  # lowest first
 PACKAGES = (*LAYERS, "benchmarks")
+# Each folder installs under the one namespace (setup.py): runtime/ is loopdock.runtime.
+_FOLDER_PACKAGE = {name: "loopdock" if name == "loopdock" else f"loopdock.{name}" for name in PACKAGES}
 
 
 def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    if parts[-1] == "__init__":
+    folder, *parts = path.relative_to(ROOT).with_suffix("").parts
+    if parts and parts[-1] == "__init__":
         parts.pop()
-    return ".".join(parts)
+    return ".".join([_FOLDER_PACKAGE[folder], *parts])
+
+
+def _layer(module: str) -> str | None:
+    """The folder (layer) a module's file is in, or None for a module outside the project."""
+    parts = module.split(".")
+    if parts[0] != "loopdock":
+        return None
+    return parts[1] if len(parts) > 1 and parts[1] in PACKAGES else "loopdock"
 
 
 def _files() -> dict[str, Path]:
@@ -44,7 +54,7 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[int,
                 # ``from pkg import submodule`` imports the submodule itself.
                 target = f"{module}.{alias.name}"
                 found.append((node.lineno, target if target in modules else module))
-    return [(line, m) for line, m in found if m.split(".")[0] in PACKAGES and m in modules]
+    return [(line, m) for line, m in found if m in modules]
 
 
 def _graph() -> tuple[dict[str, Path], dict[str, list[tuple[int, str]]]]:
@@ -56,12 +66,12 @@ def test_imports_point_down_the_layers_only():
     modules, graph = _graph()
     upward = []
     for name, imports in graph.items():
-        top = name.split(".")[0]
+        top = _layer(name)
         if top not in LAYERS:
             continue
         allowed = set(LAYERS[: LAYERS.index(top) + 1]) | ({"benchmarks"} if top == "loopdock" else set())
         upward += [f"{modules[name].relative_to(ROOT)}:{line} imports {m}" for line, m in imports
-                   if m.split(".")[0] not in allowed]
+                   if _layer(m) not in allowed]
     assert upward == []
 
 
@@ -109,11 +119,14 @@ def test_the_scan_sees_relative_typing_and_function_imports(tmp_path):
         "from typing import TYPE_CHECKING\n"
         "from .._supervisor import Supervisor\n"
         "if TYPE_CHECKING:\n    from loopdock import Runtime\n"
-        "def f():\n    from bridge import serve_bridge\n"
+        "def f():\n    from loopdock.bridge import serve_bridge\n"
     )
     path = ROOT / "actors" / "dock" / "_probe.py"
-    modules = {"actors._supervisor": path, "loopdock": path, "bridge": path, "actors.dock._probe": path}
+    modules = {"loopdock.actors._supervisor": path, "loopdock": path, "loopdock.bridge": path,
+               "loopdock.actors.dock._probe": path}
     path_text = tmp_path / "_probe.py"
     path_text.write_text(source)
-    found = {m for _, m in _imports("actors.dock._probe", path_text.parent / "_probe.py", modules)}
-    assert found == {"actors._supervisor", "loopdock", "bridge"}
+    found = {m for _, m in _imports("loopdock.actors.dock._probe", path_text.parent / "_probe.py", modules)}
+    assert found == {"loopdock.actors._supervisor", "loopdock", "loopdock.bridge"}
+    assert {_layer(m) for m in found} == {"actors", "loopdock", "bridge"}
+    assert _module_name(ROOT / "runtime" / "cluster" / "__init__.py") == "loopdock.runtime.cluster"

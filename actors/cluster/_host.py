@@ -33,12 +33,19 @@ from typing import Any, cast, get_args
 import coredis
 import trio
 
-from runtime._errors import LoopdockError, safe_message
-from runtime._logging import get_logger
-from runtime._serde import message_from_wire
-from runtime.cluster import RETRYABLE, BadInboxMessageError, InboxMessage, Ownership, Pending, RedisSessionStore
-from runtime.cluster import _keys as keys
-from runtime.cluster._scripts import SETTLE
+from loopdock.runtime._errors import LoopdockError, safe_message
+from loopdock.runtime._logging import get_logger
+from loopdock.runtime._serde import message_from_wire
+from loopdock.runtime.cluster import (
+    RETRYABLE,
+    BadInboxMessageError,
+    InboxMessage,
+    Ownership,
+    Pending,
+    RedisSessionStore,
+)
+from loopdock.runtime.cluster import _keys as keys
+from loopdock.runtime.cluster._scripts import SETTLE
 
 from .._driver import AgentHandle, CreateAgentOptions, ResumeAgentOptions
 from .._inbox import Placement

@@ -21,11 +21,11 @@ from typing import Any
 import coredis
 import trio
 
-from runtime._errors import LoopdockError
-from runtime._logging import get_logger
-from runtime.cluster import RETRYABLE, Ownership
-from runtime.cluster import _keys as keys
-from runtime.cluster._scripts import ACQUIRE, HEARTBEAT, LEAVE, RELEASE, RENEW
+from loopdock.runtime._errors import LoopdockError
+from loopdock.runtime._logging import get_logger
+from loopdock.runtime.cluster import RETRYABLE, Ownership
+from loopdock.runtime.cluster import _keys as keys
+from loopdock.runtime.cluster._scripts import ACQUIRE, HEARTBEAT, LEAVE, RELEASE, RENEW
 
 log = get_logger(__name__)
 

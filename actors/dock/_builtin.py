@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import attrs
 
-from runtime._waterfall import Next
-from runtime.models import ModelRequest
+from loopdock.runtime._waterfall import Next
+from loopdock.runtime.models import ModelRequest
 
 from .._agent_context import AgentContext
 from .._pre_step import PreStep, Verdict

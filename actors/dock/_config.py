@@ -36,11 +36,11 @@ from typing import Any
 
 import attrs
 
-from runtime._errors import InvalidSessionIdError
-from runtime._ids import check_session_id
-from runtime._yaml import MAX_QUOTE, MAX_YAML_NODES, YamlFileError, load_yaml_file
-from runtime._yaml import cut as _cut
-from runtime._yaml import short_repr as _quote
+from loopdock.runtime._errors import InvalidSessionIdError
+from loopdock.runtime._ids import check_session_id
+from loopdock.runtime._yaml import MAX_QUOTE, MAX_YAML_NODES, YamlFileError, load_yaml_file
+from loopdock.runtime._yaml import cut as _cut
+from loopdock.runtime._yaml import short_repr as _quote
 
 from ._errors import DockError
 from ._loops import ID_PATTERN

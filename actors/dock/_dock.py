@@ -14,12 +14,12 @@ from typing import Any, Literal, TypeGuard
 import attrs
 import trio
 
-from runtime._changes import Changes
-from runtime._events import Event
-from runtime._logging import get_logger
-from runtime._options import AgentOptions
-from runtime._waterfall import Next
-from runtime.models import ModelRequest
+from loopdock.runtime._changes import Changes
+from loopdock.runtime._events import Event
+from loopdock.runtime._logging import get_logger
+from loopdock.runtime._options import AgentOptions
+from loopdock.runtime._waterfall import Next
+from loopdock.runtime.models import ModelRequest
 
 from .._agent_context import AgentContext
 from .._driver import AgentHandle, CreateAgentOptions, Driver, ResumeAgentOptions, Setup

@@ -45,13 +45,13 @@ from typing import Any, Literal, Protocol
 import attrs
 import trio
 
-from runtime._changes import Changes
-from runtime._errors import safe_message
-from runtime._events import Event
-from runtime._logging import get_logger
-from runtime._messages import Message, ProducerSource, TextBlock, is_human
-from runtime._waterfall import Next, Waterfall
-from runtime.loopx import Activation, LoopxClient, ShouldRun, TaskBody, ThreadBinding
+from loopdock.runtime._changes import Changes
+from loopdock.runtime._errors import safe_message
+from loopdock.runtime._events import Event
+from loopdock.runtime._logging import get_logger
+from loopdock.runtime._messages import Message, ProducerSource, TextBlock, is_human
+from loopdock.runtime._waterfall import Next, Waterfall
+from loopdock.runtime.loopx import Activation, LoopxClient, ShouldRun, TaskBody, ThreadBinding
 
 from .._faults import record_fault
 from .._inbox import Placement, Reservation

@@ -26,9 +26,9 @@ from typing import Any
 
 import attrs
 
-from runtime._events import Event
-from runtime._messages import HUMAN_SOURCE_KINDS
-from runtime.loopx import Activation
+from loopdock.runtime._events import Event
+from loopdock.runtime._messages import HUMAN_SOURCE_KINDS
+from loopdock.runtime.loopx import Activation
 
 CONTINUATION_KIND = "loopx-continuation"
 

@@ -49,10 +49,10 @@ from typing import Any, Literal, Protocol
 
 import attrs
 
-from runtime._logging import get_logger
-from runtime._messages import Message, ProducerSource, TextBlock
-from runtime._process import Completed, pick_env, run_child
-from runtime.loopx._client import (
+from loopdock.runtime._logging import get_logger
+from loopdock.runtime._messages import Message, ProducerSource, TextBlock
+from loopdock.runtime._process import Completed, pick_env, run_child
+from loopdock.runtime.loopx._client import (
     MAX_STDERR_BYTES,
     MAX_STDOUT_BYTES,
     LoopxClient,

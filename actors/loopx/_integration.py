@@ -15,9 +15,9 @@ from pathlib import Path
 import attrs
 import trio
 
-from runtime._changes import Changes
-from runtime._logging import get_logger
-from runtime.loopx import LoopxClient
+from loopdock.runtime._changes import Changes
+from loopdock.runtime._logging import get_logger
+from loopdock.runtime.loopx import LoopxClient
 
 from .._commands import CommandContext, CommandRegistry, CommandResult
 from .._supervisor import Supervisor

@@ -22,7 +22,7 @@ from typing import TextIO
 import attrs
 import trio
 
-from runtime.models import Chunk, Finish, ModelRequest, TextDelta, ToolCallChunk, Usage
+from loopdock.runtime.models import Chunk, Finish, ModelRequest, TextDelta, ToolCallChunk, Usage
 
 from .._runtime import Runtime
 from ._runner import RunSummary, run_in_runtime

@@ -9,8 +9,8 @@ from typing import TextIO
 
 import trio
 
-from runtime._home import resolve_home
-from runtime._yaml import YamlFileError, load_yaml_file
+from loopdock.runtime._home import resolve_home
+from loopdock.runtime._yaml import YamlFileError, load_yaml_file
 
 from ._bench import bench_command
 from ._config import RUN_NAME, load_experiment, parse_prices

@@ -12,8 +12,8 @@ from typing import Any
 
 import attrs
 
-from runtime._session_log import SessionLog
-from runtime._store import SessionStore
+from loopdock.runtime._session_log import SessionLog
+from loopdock.runtime._store import SessionStore
 
 from ._errors import ExperimentError
 from ._records import RolloutResult, experiment_fields, fold_rollout

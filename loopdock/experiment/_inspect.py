@@ -17,8 +17,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from runtime._events import Event
-from runtime._store import SessionStore
+from loopdock.runtime._events import Event
+from loopdock.runtime._store import SessionStore
 
 from ._errors import ExperimentError
 from ._history import RunHistory

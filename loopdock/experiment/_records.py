@@ -22,9 +22,9 @@ from typing import Any, Literal
 
 import attrs
 
-from runtime._events import Event
-from runtime._messages import Message, ProducerSource, TextBlock
-from runtime._serde import message_to_wire
+from loopdock.runtime._events import Event
+from loopdock.runtime._messages import Message, ProducerSource, TextBlock
+from loopdock.runtime._serde import message_to_wire
 
 from ._rollouts import Rollout
 

@@ -23,12 +23,12 @@ from typing import Any, Literal
 import attrs
 import trio
 
-from actors import AgentContext, PreStep, Reject, SessionActor, Verdict
-from runtime._errors import LoopdockError, safe_message
-from runtime._events import Event
-from runtime._logging import get_logger
-from runtime._waterfall import Next
-from runtime.models import ModelAdapter, ModelRequest, RetryNotice
+from loopdock.actors import AgentContext, PreStep, Reject, SessionActor, Verdict
+from loopdock.runtime._errors import LoopdockError, safe_message
+from loopdock.runtime._events import Event
+from loopdock.runtime._logging import get_logger
+from loopdock.runtime._waterfall import Next
+from loopdock.runtime.models import ModelAdapter, ModelRequest, RetryNotice
 
 from .._runtime import Runtime
 from ._budget import Budget, Estimate, check_estimate, estimate, experiment_prices, price_of, rollout_cost

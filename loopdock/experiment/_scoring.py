@@ -25,8 +25,8 @@ from typing import Any
 import attrs
 import trio
 
-from runtime._messages import user_message
-from runtime.models import AdapterRegistry, ModelRequest, TextDelta, Usage
+from loopdock.runtime._messages import user_message
+from loopdock.runtime.models import AdapterRegistry, ModelRequest, TextDelta, Usage
 
 from ._errors import ExperimentError
 from ._spec import Judge, Scorer

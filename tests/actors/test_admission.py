@@ -6,8 +6,8 @@ freeze trio's clock, so that the stall limit never fires on a loaded machine).""
 import trio
 import trio.testing
 
-from actors import AdmissionGate, create_with_body
 from loopdock import DriverLoop, Message, ProducerSource, Runtime, TextBlock
+from loopdock.actors import AdmissionGate, create_with_body
 
 
 def automatic(text: str) -> Message:
@@ -214,7 +214,7 @@ async def test_a_turn_waiting_outside_holds_no_slot(tmp_path, mock_clock):
 async def test_a_cpu_bound_model_keeps_the_slot_and_a_waiting_one_gives_it_back(tmp_path, mock_clock):
     """ping computes (``cpu_bound``): an automatic turn on it holds its slot across the
     call. A model that waits on I/O holds none while it waits."""
-    from runtime.models import ScriptedAdapter
+    from loopdock.runtime.models import ScriptedAdapter
 
     seen: list[int] = []
     async with Runtime.open(tmp_path / "home", automatic_slots=4) as rt:

@@ -8,18 +8,18 @@ import pytest
 import trio
 import trio.testing
 
-from actors import Reject, create_with_body
-from actors.dock import DriverLoop
 from loopdock import Message, ProducerSource, TextBlock, user_message
-from runtime import (
+from loopdock.actors import Reject, create_with_body
+from loopdock.actors.dock import DriverLoop
+from loopdock.runtime import (
     AgentClosedError,
     InvalidOptionsError,
     ModelError,
     UnknownAdapterError,
     UnknownToolError,
 )
-from runtime.models import Finish, Reply, RetryNotice, ScriptedAdapter, TextDelta, ToolCall, Usage
-from runtime.tools import Tool
+from loopdock.runtime.models import Finish, Reply, RetryNotice, ScriptedAdapter, TextDelta, ToolCall, Usage
+from loopdock.runtime.tools import Tool
 
 SCRIPTED = {"provider": "scripted", "model": "script-1"}
 
@@ -316,7 +316,7 @@ async def test_dispose_cancels_in_flight_work_and_leaks_nothing(rt, autojump_clo
 
 async def test_runtime_shutdown_aborts_running_turns_and_persists_them(tmp_path, autojump_clock):
     from loopdock import Runtime
-    from runtime._store import SessionStore
+    from loopdock.runtime._store import SessionStore
 
     never = trio.Event()  # every model call hangs until the runtime shuts down
     async with Runtime.open(tmp_path) as rt:

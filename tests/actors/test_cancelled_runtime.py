@@ -8,8 +8,8 @@ from __future__ import annotations
 import trio
 
 from loopdock import Runtime
-from runtime._store import SessionStore
-from runtime.models import ScriptedAdapter
+from loopdock.runtime._store import SessionStore
+from loopdock.runtime.models import ScriptedAdapter
 
 
 async def test_a_shielded_dispose_after_an_outer_cancel_still_makes_the_session_durable(tmp_path):

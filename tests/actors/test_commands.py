@@ -5,13 +5,6 @@ import pytest
 import trio
 import trio.testing
 
-from actors import (
-    CommandRegistry,
-    DuplicateCommandError,
-    InvalidCommandError,
-    UnknownAgentError,
-    UnknownCommandError,
-)
 from loopdock import (
     Command,
     CommandContext,
@@ -21,7 +14,14 @@ from loopdock import (
     Runtime,
     TextBlock,
 )
-from runtime.models import Reply, ScriptedAdapter
+from loopdock.actors import (
+    CommandRegistry,
+    DuplicateCommandError,
+    InvalidCommandError,
+    UnknownAgentError,
+    UnknownCommandError,
+)
+from loopdock.runtime.models import Reply, ScriptedAdapter
 
 TIMEOUT = 10
 SCRIPTED = {"provider": "scripted", "model": "script-1"}

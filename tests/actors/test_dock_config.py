@@ -14,7 +14,7 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from actors.dock._config import (
+from loopdock.actors.dock._config import (
     MAX_CONFIG_NODES,
     MAX_MESSAGE,
     AgentEntry,
@@ -24,8 +24,8 @@ from actors.dock._config import (
     load_config,
     parse_config,
 )
-from actors.dock._errors import DockError
-from runtime._yaml import _StrictLoader
+from loopdock.actors.dock._errors import DockError
+from loopdock.runtime._yaml import _StrictLoader
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agents.example.yml"
 

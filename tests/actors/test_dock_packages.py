@@ -20,9 +20,9 @@ import pytest
 import structlog
 import trio
 
-from actors.dock._errors import DockError
-from actors.dock._loops import DriverLoop, StrategyLoop
-from actors.dock._packages import ENTRY_POINT_GROUP, PackageReport, load_loop_packages
+from loopdock.actors.dock._errors import DockError
+from loopdock.actors.dock._loops import DriverLoop, StrategyLoop
+from loopdock.actors.dock._packages import ENTRY_POINT_GROUP, PackageReport, load_loop_packages
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "examples" / "loop-author-template"

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.dock import (
+from loopdock import LoopdockError
+from loopdock.actors.dock import (
     BINDING_EVENT,
     BINDING_KEY,
     DockConfig,
@@ -25,8 +26,8 @@ from actors.dock import (
     StrategyLoop,
     read_binding,
 )
-from actors.dock._loops import check_driver_name, check_loop_id
-from actors.dock._selection import (
+from loopdock.actors.dock._loops import check_driver_name, check_loop_id
+from loopdock.actors.dock._selection import (
     Selection,
     binding_data,
     newest_selected_preset,
@@ -34,8 +35,7 @@ from actors.dock._selection import (
     resolve_create,
     resolve_resume,
 )
-from loopdock import LoopdockError
-from runtime._events import Event
+from loopdock.runtime._events import Event
 
 GRAMMAR = r"^[a-z0-9][a-z0-9._-]*$"
 

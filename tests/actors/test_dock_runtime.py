@@ -20,8 +20,9 @@ import trio
 import trio.testing
 from leak_check import assert_no_leaked_agent_tasks
 
-from actors._fake import FakeDriver
-from actors.dock import (
+from loopdock import CreateAgentOptions, ResumeAgentOptions, Runtime
+from loopdock.actors._fake import FakeDriver
+from loopdock.actors.dock import (
     BINDING_EVENT,
     BINDING_KEY,
     DockConfig,
@@ -33,11 +34,10 @@ from actors.dock import (
     parse_config,
     read_binding,
 )
-from loopdock import CreateAgentOptions, ResumeAgentOptions, Runtime
-from runtime import InvalidOptionsError, InvalidSessionIdError, SetupError
-from runtime._events import Event, SessionHeader
-from runtime._store import SessionStore, Write
-from runtime.models import ModelRequest, Reply, ScriptedAdapter, ToolCall
+from loopdock.runtime import InvalidOptionsError, InvalidSessionIdError, SetupError
+from loopdock.runtime._events import Event, SessionHeader
+from loopdock.runtime._store import SessionStore, Write
+from loopdock.runtime.models import ModelRequest, Reply, ScriptedAdapter, ToolCall
 
 TIMEOUT = 10
 

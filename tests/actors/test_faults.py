@@ -1,6 +1,6 @@
 """A fault is recorded in the session it concerns, on a type DSH knows, out of the model's sight."""
 
-from actors import FAULT_KIND, is_fault, record_fault
+from loopdock.actors import FAULT_KIND, is_fault, record_fault
 
 
 async def test_a_fault_is_a_system_message_with_a_fault_source_the_model_never_sees(rt):

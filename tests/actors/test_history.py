@@ -9,7 +9,7 @@ import tracemalloc
 import pytest
 
 from loopdock import Runtime
-from runtime._serde import message_to_wire
+from loopdock.runtime._serde import message_to_wire
 
 TASK = 'call: read_file {"path": "README.md"}'
 

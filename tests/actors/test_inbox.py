@@ -6,8 +6,8 @@ only says what the inbox should hold and in which order messages arrived."""
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors._inbox import Entry, Inbox, Reservation
 from loopdock import Message, ProducerSource, TextBlock, user_message
+from loopdock.actors._inbox import Entry, Inbox, Reservation
 
 ops = st.lists(
     st.one_of(

@@ -14,10 +14,10 @@ import trio.testing
 from leak_check import assert_no_leaked_agent_tasks
 
 from loopdock import LoopxSettings, Runtime
-from runtime.loopx import LoopxClient
-from runtime.loopx import _client as loopx_client
-from runtime.models import Reply, ScriptedAdapter
-from runtime.skills import SkillCatalog
+from loopdock.runtime.loopx import LoopxClient
+from loopdock.runtime.loopx import _client as loopx_client
+from loopdock.runtime.models import Reply, ScriptedAdapter
+from loopdock.runtime.skills import SkillCatalog
 
 LOOPX = ("--registry", ".loopx/registry.json", "--format", "json")
 

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import trio
 
-from actors._faults import FAULT_KIND
-from actors.loopx import ContinuationHistory, LoopxSettings
 from loopdock import Runtime
-from runtime._events import Event
-from runtime.loopx import LoopxClient, ShouldRun, TaskBody, ThreadBinding
-from runtime.models import Reply, ScriptedAdapter
-from runtime.skills import SkillCatalog
+from loopdock.actors._faults import FAULT_KIND
+from loopdock.actors.loopx import ContinuationHistory, LoopxSettings
+from loopdock.runtime._events import Event
+from loopdock.runtime.loopx import LoopxClient, ShouldRun, TaskBody, ThreadBinding
+from loopdock.runtime.models import Reply, ScriptedAdapter
+from loopdock.runtime.skills import SkillCatalog
 
 SOURCE = {"kind": "loopx-continuation"}
 

@@ -15,10 +15,10 @@ import shlex
 import trio
 
 from loopdock import LoopxSettings, Runtime
-from runtime.loopx import LOOPX_TURN_PATTERN, LoopxClient, LoopxOk, ShouldRun
-from runtime.models import Reply, ScriptedAdapter, ToolCall
-from runtime.skills import SkillCatalog
-from runtime.tools import ShellPolicy
+from loopdock.runtime.loopx import LOOPX_TURN_PATTERN, LoopxClient, LoopxOk, ShouldRun
+from loopdock.runtime.models import Reply, ScriptedAdapter, ToolCall
+from loopdock.runtime.skills import SkillCatalog
+from loopdock.runtime.tools import ShellPolicy
 
 SESSION = "e2e-session-1"
 GOAL, AGENT = "goal-e2e", "agent-e2e"

@@ -21,7 +21,8 @@ import structlog
 import trio
 import trio.testing
 
-from actors.loopx import (
+from loopdock import CommandContext, CommandResult, Runtime
+from loopdock.actors.loopx import (
     INIT_SOURCE_KIND,
     InitOutcome,
     InitSettings,
@@ -30,13 +31,12 @@ from actors.loopx import (
     loopx_init_command,
     startup_initialize,
 )
-from loopdock import CommandContext, CommandResult, Runtime
-from runtime._errors import AgentClosedError
-from runtime._messages import ProducerSource, is_human
-from runtime._serde import message_from_wire
-from runtime.loopx._client import SKILL_INSTALL_SCHEMA, SkillsResult
-from runtime.models import Reply, ScriptedAdapter
-from runtime.skills import SkillCatalog
+from loopdock.runtime._errors import AgentClosedError
+from loopdock.runtime._messages import ProducerSource, is_human
+from loopdock.runtime._serde import message_from_wire
+from loopdock.runtime.loopx._client import SKILL_INSTALL_SCHEMA, SkillsResult
+from loopdock.runtime.models import Reply, ScriptedAdapter
+from loopdock.runtime.skills import SkillCatalog
 
 PY = sys.executable
 REAL_LOOPX = str(Path(PY).parent / "loopx")

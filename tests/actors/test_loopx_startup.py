@@ -5,7 +5,7 @@ import sys
 import trio
 
 from loopdock import LoopxSettings, Runtime
-from runtime.skills import SkillCatalog
+from loopdock.runtime.skills import SkillCatalog
 
 
 async def test_startup_installs_skills_before_ready_and_registers_the_repair_command(

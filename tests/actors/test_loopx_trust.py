@@ -24,13 +24,13 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from actors._faults import FAULT_KIND
-from actors.loopx import LoopxSettings
-from actors.loopx._continuation import RECOVERY_NOTE, RESUME_NOTE
 from loopdock import Runtime
-from runtime.loopx import HOST_SURFACE, LoopxClient, LoopxOk, ShouldRun
-from runtime.models import Reply, ScriptedAdapter
-from runtime.skills import SkillCatalog
+from loopdock.actors._faults import FAULT_KIND
+from loopdock.actors.loopx import LoopxSettings
+from loopdock.actors.loopx._continuation import RECOVERY_NOTE, RESUME_NOTE
+from loopdock.runtime.loopx import HOST_SURFACE, LoopxClient, LoopxOk, ShouldRun
+from loopdock.runtime.models import Reply, ScriptedAdapter
+from loopdock.runtime.skills import SkillCatalog
 
 PHASE = 180
 LONG_GOAL = "goal-" + "g" * 145  # LoopX binds a goal id of 150 characters

@@ -4,9 +4,9 @@ import pytest
 import trio
 import trio.testing
 
-from actors import UnknownHookError, UnknownServiceError
-from runtime import SetupError
-from runtime.tools import Tool
+from loopdock.actors import UnknownHookError, UnknownServiceError
+from loopdock.runtime import SetupError
+from loopdock.runtime.tools import Tool
 
 
 async def _noop(arguments, ctx):
@@ -38,7 +38,7 @@ async def test_setups_run_in_order_and_commits_only_after_all_setups(rt):
         return Commit()
 
     async def composed(ctx):
-        from actors import run_setups
+        from loopdock.actors import run_setups
 
         await run_setups(ctx, [caller_setup, None, second_setup])
 
@@ -149,7 +149,7 @@ async def test_services_and_hooks_are_checked(rt):
 
 
 async def test_creating_a_live_or_persisted_id_is_refused(rt):
-    from runtime import SessionExistsError
+    from loopdock.runtime import SessionExistsError
 
     handle = await rt.create_agent(session_id="a1")
     with pytest.raises(SessionExistsError):

@@ -11,12 +11,12 @@ import pytest
 import trio
 import trio.testing
 
-import actors._session as session_mod
-from actors import SessionActor, SessionClosedError, StoreWriter
-from runtime import KNOWN_EVENT_TYPES, SubscriberDroppedError, UnknownEventTypeError
-from runtime._events import Event, SessionHeader
-from runtime._serde import event_to_wire
-from runtime._store import SessionStore, StoreError, Write
+import loopdock.actors._session as session_mod
+from loopdock.actors import SessionActor, SessionClosedError, StoreWriter
+from loopdock.runtime import KNOWN_EVENT_TYPES, SubscriberDroppedError, UnknownEventTypeError
+from loopdock.runtime._events import Event, SessionHeader
+from loopdock.runtime._serde import event_to_wire
+from loopdock.runtime._store import SessionStore, StoreError, Write
 
 
 def header(session_id: str) -> SessionHeader:
@@ -475,7 +475,7 @@ async def test_concurrent_drains_keep_a_sessions_writes_in_order(tmp_path):
 
 
 def test_appended_events_are_ordinary_frozen_events():
-    from runtime._events import new_event
+    from loopdock.runtime._events import new_event
 
     made = new_event("step/start", 3, 17, {"turn": 1})
     assert made == Event("step/start", 3, 17, {"turn": 1})

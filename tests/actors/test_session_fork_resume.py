@@ -6,15 +6,15 @@ import pytest
 import trio
 
 from loopdock import Runtime
-from runtime import (
+from loopdock.runtime import (
     AgentBusyError,
     InvalidSessionIdError,
     SessionExistsError,
     SessionNotFoundError,
 )
-from runtime._events import Event, SessionHeader
-from runtime._serde import event_to_wire, message_to_wire
-from runtime._store import SessionStore, Write
+from loopdock.runtime._events import Event, SessionHeader
+from loopdock.runtime._serde import event_to_wire, message_to_wire
+from loopdock.runtime._store import SessionStore, Write
 
 
 def wire(events) -> list[dict]:

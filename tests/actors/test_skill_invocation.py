@@ -9,11 +9,11 @@ import pytest
 import trio
 import trio.testing
 
-from actors import Reject
 from loopdock import Message, ProducerSource, Runtime, TextBlock
-from runtime.models import Reply, ScriptedAdapter, ToolCall
-from runtime.skills import SkillCatalog
-from runtime.skills._watch import watch_supported
+from loopdock.actors import Reject
+from loopdock.runtime.models import Reply, ScriptedAdapter, ToolCall
+from loopdock.runtime.skills import SkillCatalog
+from loopdock.runtime.skills._watch import watch_supported
 
 TIMEOUT = 10
 SCRIPTED = {"provider": "scripted", "model": "script-1"}

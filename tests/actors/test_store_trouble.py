@@ -17,12 +17,12 @@ import pytest
 import trio
 import trio.testing
 
-import actors._store_writer as writer_mod
-from actors import SessionActor, StoreWriter
+import loopdock.actors._store_writer as writer_mod
 from loopdock import Message, ProducerSource, Runtime, TextBlock
-from runtime._changes import Changes
-from runtime._events import Event, SessionHeader
-from runtime._store import SessionStore, StoreError, Write
+from loopdock.actors import SessionActor, StoreWriter
+from loopdock.runtime._changes import Changes
+from loopdock.runtime._events import Event, SessionHeader
+from loopdock.runtime._store import SessionStore, StoreError, Write
 
 #: Data that needs new pages whatever room the last ones have left.
 BIG = "x" * 20_000

@@ -5,10 +5,10 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from actors import COMPANION_POLICY, FAULT_KIND, AdmissionGate, Policy, StoreWriter, supervised
 from loopdock import Runtime
-from runtime import StoreUnusableError
-from runtime.skills import SkillCatalog
+from loopdock.actors import COMPANION_POLICY, FAULT_KIND, AdmissionGate, Policy, StoreWriter, supervised
+from loopdock.runtime import StoreUnusableError
+from loopdock.runtime.skills import SkillCatalog
 
 
 def _faults(session) -> list[dict]:

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import _peer_autogen, _run, _tables
+from loopdock.benchmarks import _peer_autogen, _run, _tables
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TINY = {
     "repeats": 2,
@@ -148,11 +150,11 @@ def test_the_default_output_is_outside_the_source_tree():
 def test_the_committed_docs_tables_are_generated_from_the_committed_results(tmp_path):
     """README.md, benchmarks/README.md, PROFILE.md and docs/cluster.md carry exactly what
     `loopdock bench --tables` generates from the committed JSON: nothing copied by hand."""
-    results = json.loads((_tables.ROOT / "benchmarks/results/bench-full.json").read_text())
-    cluster = json.loads((_tables.ROOT / "benchmarks/results/bench-cluster-full.json").read_text())
+    results = json.loads((ROOT / "benchmarks/results/bench-full.json").read_text())
+    cluster = json.loads((ROOT / "benchmarks/results/bench-cluster-full.json").read_text())
     generated = {**_tables.blocks(results), "cluster": _tables.cluster_table(cluster)}
     for doc, names in {**_tables.DOCS, **_tables.CLUSTER_DOCS}.items():
-        text = (_tables.ROOT / doc).read_text()
+        text = (ROOT / doc).read_text()
         for name in names:
             assert f"<!-- bench:{name} -->\n{generated[name]}\n<!-- /bench:{name} -->" in text, (doc, name)
 

@@ -5,7 +5,7 @@ GIL to another thread, which can then register the recorder between a start and 
 import gc
 import threading
 
-from benchmarks._agents import GcPauses
+from loopdock.benchmarks._agents import GcPauses
 
 
 def test_a_stop_without_its_start_is_skipped() -> None:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge import (
+from loopdock.bridge import (
     CLOSE_POLICY_VIOLATION,
     CLOSE_PROTOCOL_ERROR,
     Ack,
@@ -32,7 +32,7 @@ from bridge import (
     decode,
     encode,
 )
-from bridge._messages import MAX_ID_LENGTH, MESSAGE_TYPES
+from loopdock.bridge._messages import MAX_ID_LENGTH, MESSAGE_TYPES
 
 TOKEN = "tok-0123456789"
 

@@ -19,10 +19,10 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 from trio_websocket import open_websocket
 
-from bridge._server import serve_bridge
 from loopdock import LoopxSettings, Runtime
 from loopdock._serve import compose_handlers, goalbar_service
-from runtime.loopx import HOST_SURFACE, LoopxOk
+from loopdock.bridge._server import serve_bridge
+from loopdock.runtime.loopx import HOST_SURFACE, LoopxOk
 
 from .test_goalbar_browser import chromium
 

@@ -8,9 +8,9 @@ import trio
 import trio.testing
 from structlog.testing import capture_logs
 
-from bridge._console import ConsoleHandler
 from loopdock import Runtime
 from loopdock._serve import runtime_view
+from loopdock.bridge._console import ConsoleHandler
 
 
 async def test_a_dropped_subscription_is_replaced_and_rows_catch_up(tmp_path):

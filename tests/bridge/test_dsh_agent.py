@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from actors import CommandResult, LiveEvent, PreStep, Reject
-from actors._agent import InvalidReservationError
-from bridge import (
+from loopdock.actors import CommandResult, LiveEvent, PreStep, Reject
+from loopdock.actors._agent import InvalidReservationError
+from loopdock.bridge import (
     Ack,
     CommandDone,
     DshAgent,
@@ -29,17 +29,17 @@ from bridge import (
     Verdict,
     Wake,
 )
-from bridge import PreStep as WirePreStep
-from bridge._dsh_agent import DshAgentClosedError
-from bridge._handler import Disconnect
-from runtime._messages import (
+from loopdock.bridge import PreStep as WirePreStep
+from loopdock.bridge._dsh_agent import DshAgentClosedError
+from loopdock.bridge._handler import Disconnect
+from loopdock.runtime._messages import (
     Message,
     ProducerSource,
     SkillInvocationSource,
     TextBlock,
     UserSource,
 )
-from runtime._serde import message_to_wire
+from loopdock.runtime._serde import message_to_wire
 
 OWNED = "loopx-continuation"
 OWNED_KINDS = frozenset({OWNED})
@@ -634,9 +634,9 @@ async def test_on_agent_raising_does_not_take_the_mirror_down(rt, tmp_path, auto
 
 
 async def test_the_mirror_of_closed_sessions_is_bounded(rt, monkeypatch):
-    from bridge import _host_handler
-    from bridge._messages import SessionEvent
-    from runtime._events import Event
+    from loopdock.bridge import _host_handler
+    from loopdock.bridge._messages import SessionEvent
+    from loopdock.runtime._events import Event
 
     monkeypatch.setattr(_host_handler, "RETAINED_CLOSED_SESSIONS", 2)
     handler = HostHandler(rt.dock)

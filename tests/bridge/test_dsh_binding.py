@@ -7,8 +7,8 @@ from __future__ import annotations
 import fcntl
 from pathlib import Path
 
-from actors.dock import Route
-from bridge._dsh_binding import (
+from loopdock.actors.dock import Route
+from loopdock.bridge._dsh_binding import (
     BINDING_RECORD,
     LOCK_FILE,
     _rows,
@@ -17,7 +17,7 @@ from bridge._dsh_binding import (
     migrate_dsh_home,
     migrate_session_log,
 )
-from bridge._dsh_files import SESSION_FILE, session_log
+from loopdock.bridge._dsh_files import SESSION_FILE, session_log
 
 HEADER = {"type": "session", "version": 4, "id": "s1", "createdAt": 1, "cwd": "/w", "isSeeded": False, "delegationDepth": 0}
 

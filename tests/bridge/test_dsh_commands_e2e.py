@@ -32,17 +32,17 @@ from types import MappingProxyType
 import pytest
 import trio
 
-import bridge._connection
-from bridge import Ping, Pong, Verdict, serve_bridge
-from bridge._dsh_files import dsh_process, quiet_env, session_log, turn_end
-from bridge._dsh_files import event_source as _source_of
-from bridge._dsh_files import event_text as _text
-from bridge._dsh_files import message_text as _text_of
-from bridge._dsh_files import split_turns as _turns
-from bridge._host_handler import HostCommandError, HostHandler
-from bridge._messages import Mirrored
-from bridge._patch import write_patch
 from loopdock._runtime import Runtime
+from loopdock.bridge import Ping, Pong, Verdict, serve_bridge
+from loopdock.bridge import _connection as bridge_connection
+from loopdock.bridge._dsh_files import dsh_process, quiet_env, session_log, turn_end
+from loopdock.bridge._dsh_files import event_source as _source_of
+from loopdock.bridge._dsh_files import event_text as _text
+from loopdock.bridge._dsh_files import message_text as _text_of
+from loopdock.bridge._dsh_files import split_turns as _turns
+from loopdock.bridge._host_handler import HostCommandError, HostHandler
+from loopdock.bridge._messages import Mirrored
+from loopdock.bridge._patch import write_patch
 
 DSH = Path(sys.executable).parent / "dsh"
 TOKEN = "e2e-token-" + "c" * 20
@@ -196,8 +196,8 @@ async def test_runtime_commands_enter_the_exact_dsh_agent_and_pre_step_fails_clo
                     had = {sid: len(handler.sessions[sid]) for sid in live_sessions}
                     server.cancel()
                     await until(lambda: handler.host is None)
-                    accepted = bridge._connection._ACCEPTED
-                    monkeypatch.setattr(bridge._connection, "_ACCEPTED", MappingProxyType(
+                    accepted = bridge_connection._ACCEPTED
+                    monkeypatch.setattr(bridge_connection, "_ACCEPTED", MappingProxyType(
                         {**accepted, "dsh-host": accepted["dsh-host"] - {Mirrored}}))
                     server, _ = await _serve(nursery, handler, port)
                     await until(lambda: handler.host is not None)
@@ -205,7 +205,7 @@ async def test_runtime_commands_enter_the_exact_dsh_agent_and_pre_step_fails_clo
                     assert handler.repeats == sum(had.values()), (handler.repeats, had)
                     assert {sid: len(handler.sessions[sid]) for sid in live_sessions} == had
                     assert handler.gaps == []
-                    monkeypatch.setattr(bridge._connection, "_ACCEPTED", accepted)
+                    monkeypatch.setattr(bridge_connection, "_ACCEPTED", accepted)
 
                     # the end: wake the headless agent (its ping call holds until then)
                     await handler.wake(headless)

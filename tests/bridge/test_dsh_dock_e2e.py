@@ -27,15 +27,15 @@ import attrs
 import pytest
 import trio
 
-from actors import LiveEvent
-from actors.dock import Route, StrategyLoop
-from bridge import DockSelectHandler, Wake, serve_bridge
-from bridge._dsh_binding import BINDING_RECORD
-from bridge._dsh_files import dsh_process, quiet_env, session_log
-from bridge._messages import StoredBinding
-from bridge._patch import write_patch
 from loopdock import LoopdockError
 from loopdock._runtime import Runtime
+from loopdock.actors import LiveEvent
+from loopdock.actors.dock import Route, StrategyLoop
+from loopdock.bridge import DockSelectHandler, Wake, serve_bridge
+from loopdock.bridge._dsh_binding import BINDING_RECORD
+from loopdock.bridge._dsh_files import dsh_process, quiet_env, session_log
+from loopdock.bridge._messages import StoredBinding
+from loopdock.bridge._patch import write_patch
 
 DSH = Path(sys.executable).parent / "dsh"
 TOKEN = "e2e-token-" + "x" * 20

@@ -39,19 +39,19 @@ from pathlib import Path
 import pytest
 import trio
 
-from actors import PreStep, Reject
-from actors.loopx import INIT_COMMAND_NAME, INIT_SOURCE_KIND
-from actors.loopx._continuation import continuation_message
-from bridge import DshAgentMirror, HostHandler, serve_bridge
-from bridge._dsh_files import dsh_process, quiet_env, session_log, turn_end
-from bridge._dsh_files import event_source as _source_of
-from bridge._dsh_files import event_text as _text
-from bridge._dsh_files import split_turns as _turns
-from bridge._patch import write_patch
 from loopdock import LoopxSettings
 from loopdock._runtime import Runtime
 from loopdock._serve import dsh_loopx_init
-from runtime.loopx import HOST_SURFACE, LoopxClient, LoopxOk, ShouldRun
+from loopdock.actors import PreStep, Reject
+from loopdock.actors.loopx import INIT_COMMAND_NAME, INIT_SOURCE_KIND
+from loopdock.actors.loopx._continuation import continuation_message
+from loopdock.bridge import DshAgentMirror, HostHandler, serve_bridge
+from loopdock.bridge._dsh_files import dsh_process, quiet_env, session_log, turn_end
+from loopdock.bridge._dsh_files import event_source as _source_of
+from loopdock.bridge._dsh_files import event_text as _text
+from loopdock.bridge._dsh_files import split_turns as _turns
+from loopdock.bridge._patch import write_patch
+from loopdock.runtime.loopx import HOST_SURFACE, LoopxClient, LoopxOk, ShouldRun
 
 DSH = Path(sys.executable).parent / "dsh"
 TOKEN = "e2e-token-" + "x" * 20

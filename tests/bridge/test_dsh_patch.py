@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from actors.dock import DockError, Route, StrategyLoop
-from bridge import DockSelectHandler, Select
-from bridge._messages import StoredBinding
-from bridge._patch import PLUGIN_PATH, patch_rows, stable_plugin, write_patch
 from loopdock._runtime import Runtime
+from loopdock.actors.dock import DockError, Route, StrategyLoop
+from loopdock.bridge import DockSelectHandler, Select
+from loopdock.bridge._messages import StoredBinding
+from loopdock.bridge._patch import PLUGIN_PATH, patch_rows, stable_plugin, write_patch
 
 PEER = SimpleNamespace(id="c1")  # the connection a select came on (the handler counts what each one makes it keep)
 

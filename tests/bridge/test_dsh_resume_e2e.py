@@ -29,13 +29,13 @@ import attrs
 import pytest
 import trio
 
-from actors.dock import Route, StrategyLoop
-from bridge import DockSelectHandler, serve_bridge
-from bridge._dsh_binding import BINDING_RECORD, _rows, _write
-from bridge._dsh_files import SESSION_FILE, dsh_process, quiet_env, session_log, split_turns, turn_end
-from bridge._patch import write_patch
 from loopdock._cli import main as loopdock_main
 from loopdock._runtime import Runtime
+from loopdock.actors.dock import Route, StrategyLoop
+from loopdock.bridge import DockSelectHandler, serve_bridge
+from loopdock.bridge._dsh_binding import BINDING_RECORD, _rows, _write
+from loopdock.bridge._dsh_files import SESSION_FILE, dsh_process, quiet_env, session_log, split_turns, turn_end
+from loopdock.bridge._patch import write_patch
 
 DSH = Path(sys.executable).parent / "dsh"
 TOKEN = "e2e-token-" + "r" * 20

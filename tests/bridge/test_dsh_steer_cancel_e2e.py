@@ -32,16 +32,16 @@ from pathlib import Path
 import pytest
 import trio
 
-from bridge import serve_bridge
-from bridge._dsh_files import dsh_process, quiet_env, session_log
-from bridge._dsh_files import event_source as _source_of
-from bridge._dsh_files import event_text as _text
-from bridge._dsh_files import message_text as _text_of
-from bridge._dsh_files import split_turns as _turns
-from bridge._dsh_files import turn_end as _reason
-from bridge._host_handler import HostHandler
-from bridge._patch import write_patch
 from loopdock._runtime import Runtime
+from loopdock.bridge import serve_bridge
+from loopdock.bridge._dsh_files import dsh_process, quiet_env, session_log
+from loopdock.bridge._dsh_files import event_source as _source_of
+from loopdock.bridge._dsh_files import event_text as _text
+from loopdock.bridge._dsh_files import message_text as _text_of
+from loopdock.bridge._dsh_files import split_turns as _turns
+from loopdock.bridge._dsh_files import turn_end as _reason
+from loopdock.bridge._host_handler import HostHandler
+from loopdock.bridge._patch import write_patch
 
 DSH = Path(sys.executable).parent / "dsh"
 TOKEN = "e2e-token-" + "s" * 20

@@ -17,7 +17,7 @@ import pytest
 import trio
 from trio_websocket import open_websocket
 
-from bridge._goalbar import (
+from loopdock.bridge._goalbar import (
     MAX_GOAL_TEXT,
     GoalBarHandler,
     GoalBarHidden,
@@ -26,8 +26,8 @@ from bridge._goalbar import (
     goal_state_file,
     state_to_json,
 )
-from bridge._server import serve_bridge
-from runtime.loopx import HOST_SURFACE, LifecycleResult, LoopxClient, LoopxOk
+from loopdock.bridge._server import serve_bridge
+from loopdock.runtime.loopx import HOST_SURFACE, LifecycleResult, LoopxClient, LoopxOk
 
 PHASE = 90
 SESSION = "dsh-session-goalbar-1"

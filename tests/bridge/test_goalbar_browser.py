@@ -16,9 +16,9 @@ from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from bridge._goalbar import GoalBarHandler, GoalBarService
-from bridge._server import serve_bridge
-from runtime.loopx import HOST_SURFACE, LifecycleResult, LoopxClient, LoopxOk
+from loopdock.bridge._goalbar import GoalBarHandler, GoalBarService
+from loopdock.bridge._server import serve_bridge
+from loopdock.runtime.loopx import HOST_SURFACE, LifecycleResult, LoopxClient, LoopxOk
 
 TOKEN = "goalbar-browser-token"
 SESSION = "dsh-session-browser-1"

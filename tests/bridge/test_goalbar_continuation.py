@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import trio
 
-from actors.loopx import LoopxSettings
-from bridge._goalbar import GoalBarService, GoalBarVisible
 from loopdock import Runtime
-from runtime._errors import ModelError
-from runtime.loopx import HOST_SURFACE, LifecycleResult, LoopxClient, LoopxOk
-from runtime.models import Reply, ScriptedAdapter
-from runtime.skills import SkillCatalog
+from loopdock.actors.loopx import LoopxSettings
+from loopdock.bridge._goalbar import GoalBarService, GoalBarVisible
+from loopdock.runtime._errors import ModelError
+from loopdock.runtime.loopx import HOST_SURFACE, LifecycleResult, LoopxClient, LoopxOk
+from loopdock.runtime.models import Reply, ScriptedAdapter
+from loopdock.runtime.skills import SkillCatalog
 
 PHASE = 240
 SESSION = "s-bar"

@@ -9,12 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from actors import LiveEvent
-from bridge import DockSelectHandler, HostHandler, LimitError, Select, _dock_select, _host_handler
-from bridge._handler import Disconnect
-from bridge._ledger import Ledger
-from bridge._messages import SessionEvent
-from runtime._events import Event
+from loopdock.actors import LiveEvent
+from loopdock.bridge import DockSelectHandler, HostHandler, LimitError, Select, _dock_select, _host_handler
+from loopdock.bridge._handler import Disconnect
+from loopdock.bridge._ledger import Ledger
+from loopdock.bridge._messages import SessionEvent
+from loopdock.runtime._events import Event
 
 GONE = Disconnect("peer-closed", "test")
 

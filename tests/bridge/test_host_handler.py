@@ -7,10 +7,10 @@ import json
 import pytest
 import trio
 
-from bridge import Verdict, serve_bridge
-from bridge._host_handler import HostCommandError, HostHandler
-from bridge._messages import Mirrored, MirroredSeqs
 from loopdock._runtime import Runtime
+from loopdock.bridge import Verdict, serve_bridge
+from loopdock.bridge._host_handler import HostCommandError, HostHandler
+from loopdock.bridge._messages import Mirrored, MirroredSeqs
 
 TOKEN = "test-token-" + "c" * 20
 
@@ -42,11 +42,11 @@ class _FakeConn:
 
 
 async def test_host_handler_mirrors_agents_and_sessions_and_reports_gaps(tmp_path):
-    from actors import LiveEvent
-    from bridge import Ack, ErrorNotice, PreStep, SessionEvent, Wake
-    from bridge._handler import Disconnect
-    from bridge._host_handler import Gap, NoHostError
-    from runtime._events import Event
+    from loopdock.actors import LiveEvent
+    from loopdock.bridge import Ack, ErrorNotice, PreStep, SessionEvent, Wake
+    from loopdock.bridge._handler import Disconnect
+    from loopdock.bridge._host_handler import Gap, NoHostError
+    from loopdock.runtime._events import Event
 
     async with Runtime.open(tmp_path / "runtime") as rt:
         handler = HostHandler(rt.dock)
@@ -119,8 +119,8 @@ async def test_a_host_asks_how_far_the_mirror_reaches_over_the_wire(tmp_path):
     handler in front of one, know nothing."""
     from trio_websocket import open_websocket
 
-    from bridge import NullHandler
-    from bridge._goalbar import GoalBarHandler
+    from loopdock.bridge import NullHandler
+    from loopdock.bridge._goalbar import GoalBarHandler
 
     def frame(type_, data, **ids):
         return json.dumps({"v": 1, "type": type_, **ids, "data": data})

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from bridge import Outbox, OutboxBudget
+from loopdock.bridge import Outbox, OutboxBudget
 
 
 def item(n, pad=0):

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors import LiveEvent
-from bridge import (
+from loopdock import Event
+from loopdock.actors import LiveEvent
+from loopdock.bridge import (
     MESSAGE_TYPES,
     Ack,
     Cancel,
@@ -38,7 +39,7 @@ from bridge import (
     decode,
     encode,
 )
-from bridge._messages import (
+from loopdock.bridge._messages import (
     MAX_ID_LENGTH,
     REPLIES,
     REPLY_TYPES,
@@ -53,8 +54,7 @@ from bridge._messages import (
     MirroredSeqs,
     StoredBinding,
 )
-from bridge._protocol import encode_batch, encode_item
-from loopdock import Event
+from loopdock.bridge._protocol import encode_batch, encode_item
 
 
 def wire(type_, data, **ids):

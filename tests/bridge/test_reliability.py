@@ -38,9 +38,9 @@ import structlog
 import trio
 from trio_websocket import open_websocket
 
-from bridge import HandlerLayer, HostHandler, _dock_select, _host_handler, serve_bridge
-from bridge._messages import MAX_ID_LENGTH, MESSAGE_TYPES
-from runtime._events import Event
+from loopdock.bridge import HandlerLayer, HostHandler, _dock_select, _host_handler, serve_bridge
+from loopdock.bridge._messages import MAX_ID_LENGTH, MESSAGE_TYPES
+from loopdock.runtime._events import Event
 
 TOKEN = "test-token-for-the-bridge"
 SEED = 20261201

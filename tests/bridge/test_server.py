@@ -15,10 +15,10 @@ import structlog
 import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket
 
-import bridge._server
-from actors import LiveEvent
-from actors.dock import DockError
-from bridge import (
+from loopdock import Event
+from loopdock.actors import LiveEvent
+from loopdock.actors.dock import DockError
+from loopdock.bridge import (
     BATCH_ITEMS,
     Ack,
     BridgeClosedError,
@@ -35,7 +35,7 @@ from bridge import (
     Wake,
     serve_bridge,
 )
-from loopdock import Event
+from loopdock.bridge import _server as bridge_server
 
 TOKEN = "test-token-for-the-bridge"
 TIMEOUT = 10
@@ -150,7 +150,7 @@ async def test_a_hello_for_the_other_endpoint_is_closed_with_1008():
 
 
 async def test_a_silent_peer_is_closed_with_1008_after_the_hello_timeout(monkeypatch):
-    monkeypatch.setattr(bridge._server, "HELLO_TIMEOUT", 0.2)
+    monkeypatch.setattr(bridge_server, "HELLO_TIMEOUT", 0.2)
     with trio.fail_after(TIMEOUT):
         async with running_bridge() as port:
             async with open_websocket("127.0.0.1", port, "/dsh", use_ssl=False) as ws:

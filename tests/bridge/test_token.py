@@ -5,7 +5,7 @@ import stat
 
 import pytest
 
-from bridge import TokenFileError, load_or_create_token
+from loopdock.bridge import TokenFileError, load_or_create_token
 
 
 def test_the_token_is_created_private_and_reused(tmp_path):

@@ -26,7 +26,7 @@ from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, CloseConnection, Event, RejectConnection, Request, TextMessage
 from wsproto.frame_protocol import Opcode
 
-from bridge import CLOSE_INVALID_DATA, CLOSE_POLICY_VIOLATION, serve_bridge
+from loopdock.bridge import CLOSE_INVALID_DATA, CLOSE_POLICY_VIOLATION, serve_bridge
 
 TOKEN = "test-token-for-the-bridge"
 TIMEOUT = 10
@@ -135,9 +135,9 @@ async def test_a_ping_after_the_servers_close_frame_costs_nothing_but_that_conne
 
 
 async def test_a_ping_before_the_hello_times_out_costs_nothing(monkeypatch):
-    import bridge._server
+    from loopdock.bridge import _server as bridge_server
 
-    monkeypatch.setattr(bridge._server, "HELLO_TIMEOUT", 0.2)
+    monkeypatch.setattr(bridge_server, "HELLO_TIMEOUT", 0.2)
     with trio.fail_after(TIMEOUT):
         async with running_bridge() as port:
             async with raw_client(port) as client:

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from benchmarks._redis import RedisServer
+from loopdock.benchmarks._redis import RedisServer
 
 
 @pytest.fixture

@@ -58,8 +58,8 @@ async def test_a_second_worker_gets_its_fair_share_and_agents_go_on_on_either(re
 
 
 async def test_a_worker_with_other_loops_is_refused(redis_server, tmp_path, nursery, monkeypatch):
-    from actors.cluster import RegistryMismatchError
     from loopdock import _worker
+    from loopdock.actors.cluster import RegistryMismatchError
 
     with trio.fail_after(30):
         await nursery.start(functools.partial(
@@ -70,7 +70,7 @@ async def test_a_worker_with_other_loops_is_refused(redis_server, tmp_path, nurs
 
 
 async def test_a_worker_asking_for_another_shard_count_is_refused(redis_server, tmp_path, worker):
-    from runtime.cluster import ClusterConfigError
+    from loopdock.runtime.cluster import ClusterConfigError
 
     with pytest.raises(ClusterConfigError, match="has 4 shards"):
         await run_worker(redis_server.url, home=tmp_path / "b", shards=8, worker_id="b")
@@ -94,7 +94,7 @@ async def test_creating_on_an_unknown_loop_is_the_workers_refusal(redis_server, 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:1/0", "redis://", "redis://h:1/x", "redis://h:99999/0"])
 def test_bad_cluster_urls_are_refused_with_what_is_wrong(url):
-    from runtime.cluster import ClusterUrlError, check_url
+    from loopdock.runtime.cluster import ClusterUrlError, check_url
 
     with pytest.raises(ClusterUrlError):
         check_url(url)
@@ -118,7 +118,7 @@ async def test_the_cluster_pages_example_runs_as_written(redis_server, worker, c
 
 async def test_cancel_ends_the_running_turn_aborted_and_resume_keeps_the_bound_loop(redis_server, tmp_path, nursery):
     from loopdock._cluster import ClusterRequestError
-    from runtime.tools import ShellPolicy
+    from loopdock.runtime.tools import ShellPolicy
 
     await nursery.start(functools.partial(
         run_worker, redis_server.url, home=tmp_path / "w", shards=4, lease_ttl=2.0, worker_id="w",
@@ -178,8 +178,8 @@ async def test_a_worker_actor_that_keeps_failing_stops_the_worker(autojump_clock
 
 
 async def test_a_lease_lost_and_taken_again_delivers_the_queued_message_once(redis_server, tmp_path, nursery):
-    from runtime.cluster import _keys as keys
-    from runtime.tools import ShellPolicy
+    from loopdock.runtime.cluster import _keys as keys
+    from loopdock.runtime.tools import ShellPolicy
 
     w = await nursery.start(functools.partial(
         run_worker, redis_server.url, home=tmp_path / "w", shards=4, lease_ttl=1.0, worker_id="w",
@@ -208,7 +208,7 @@ async def test_a_lease_lost_and_taken_again_delivers_the_queued_message_once(red
 async def test_an_unreachable_cluster_is_one_clear_error_for_a_worker_and_a_client(tmp_path):
     import socket
 
-    from runtime.cluster import ClusterUnreachableError
+    from loopdock.runtime.cluster import ClusterUnreachableError
 
     with socket.socket() as probe:  # a loopback port nothing listens on
         probe.bind(("127.0.0.1", 0))
@@ -256,7 +256,7 @@ async def test_the_worker_command_says_an_unreachable_cluster_in_one_line(tmp_pa
         url = f"redis://127.0.0.1:{probe.getsockname()[1]}/0"
     with trio.fail_after(60):
         done = await trio.run_process(
-            [sys.executable, "-m", "loopdock", "worker", "--cluster", url, "--home", str(tmp_path / "w")],
+            [sys.executable, "-P", "-m", "loopdock", "worker", "--cluster", url, "--home", str(tmp_path / "w")],
             capture_stdout=True, capture_stderr=True, check=False,
         )
     assert done.returncode == 2 and done.stdout == b""
@@ -265,7 +265,7 @@ async def test_the_worker_command_says_an_unreachable_cluster_in_one_line(tmp_pa
 
 
 async def test_a_message_vetoed_at_pre_step_on_a_worker_is_settled_once(redis_server, tmp_path, nursery):
-    from runtime.cluster import _keys as keys
+    from loopdock.runtime.cluster import _keys as keys
 
     config = {"loopPackages": ["gated_loops"]}  # tests/gated_loops.py
     with trio.fail_after(30):
@@ -320,7 +320,7 @@ async def test_fork_from_a_client_copies_whole_turns_and_the_fork_lives_on_its_o
 
 
 async def test_fork_of_a_session_live_on_another_worker_copies_its_durable_turns(redis_server, tmp_path, nursery):
-    from runtime.cluster import shard_of
+    from loopdock.runtime.cluster import shard_of
 
     with trio.fail_after(60):
         a = await nursery.start(functools.partial(
@@ -372,8 +372,8 @@ async def test_wait_idle_reads_the_log_only_when_nothing_is_outstanding(redis_se
 
 
 async def test_a_message_settled_while_its_batch_was_checked_is_not_handled_again(redis_server, worker, monkeypatch):
-    from runtime._serde import message_to_wire
-    from runtime.cluster import InboxMessage
+    from loopdock.runtime._serde import message_to_wire
+    from loopdock.runtime.cluster import InboxMessage
 
     with trio.fail_after(30):
         async with Runtime.open(cluster=redis_server.url) as rt:
@@ -399,11 +399,11 @@ async def test_a_message_settled_while_its_batch_was_checked_is_not_handled_agai
 
 
 async def test_a_resume_read_with_messages_to_its_session_still_checks_the_loop(redis_server, worker):
-    from runtime._ids import MESSAGE_IDS
-    from runtime._messages import ProducerSource, user_message
-    from runtime._serde import message_to_wire
-    from runtime.cluster import InboxMessage
-    from runtime.cluster import _keys as keys
+    from loopdock.runtime._ids import MESSAGE_IDS
+    from loopdock.runtime._messages import ProducerSource, user_message
+    from loopdock.runtime._serde import message_to_wire
+    from loopdock.runtime.cluster import InboxMessage
+    from loopdock.runtime.cluster import _keys as keys
 
     with trio.fail_after(30):
         async with Runtime.open(cluster=redis_server.url) as rt:

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from benchmarks._cluster import run_cluster
-from benchmarks._common import process_cpu_seconds
+from loopdock.benchmarks._cluster import run_cluster
+from loopdock.benchmarks._common import process_cpu_seconds
 
 
 def test_the_quick_cluster_benchmark_reports_consistent_figures(tmp_path):
@@ -39,7 +39,7 @@ def test_cpu_time_of_a_process_that_is_gone_is_unknown():
     import subprocess
     import sys
 
-    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    child = subprocess.run([sys.executable, "-P", "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     assert process_cpu_seconds(int(child.stdout)) is None
     mine = process_cpu_seconds(os.getpid())
     assert mine is not None and mine > 0

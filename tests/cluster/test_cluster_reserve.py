@@ -13,12 +13,12 @@ import pytest
 import trio
 from cluster_workers import until_event
 
-from actors import InvalidReservationError
 from loopdock import Runtime
 from loopdock._worker import run_worker
-from runtime._messages import ProducerSource, user_message
-from runtime.cluster import _keys as keys
-from runtime.tools import ShellPolicy
+from loopdock.actors import InvalidReservationError
+from loopdock.runtime._messages import ProducerSource, user_message
+from loopdock.runtime.cluster import _keys as keys
+from loopdock.runtime.tools import ShellPolicy
 
 PRODUCER = ProducerSource(kind="test-producer")
 
@@ -94,8 +94,8 @@ async def test_a_persons_message_cancels_a_reservation_not_yet_admitted(redis_se
 
 
 async def test_only_a_producer_reserves_and_a_bad_placement_is_dropped(redis_server, worker):
-    from runtime._serde import message_to_wire
-    from runtime.cluster import InboxMessage
+    from loopdock.runtime._serde import message_to_wire
+    from loopdock.runtime.cluster import InboxMessage
 
     with trio.fail_after(30):
         async with Runtime.open(cluster=redis_server.url) as rt:
@@ -249,9 +249,9 @@ async def test_a_reservation_and_its_withdrawal_read_together_reach_the_agent_to
 async def test_nothing_a_batch_awaits_lets_an_agent_admit_a_reservation_withdrawn_in_it(
     redis_server, worker, monkeypatch
 ):
-    from runtime._ids import MESSAGE_IDS
-    from runtime._serde import message_to_wire
-    from runtime.cluster import InboxMessage
+    from loopdock.runtime._ids import MESSAGE_IDS
+    from loopdock.runtime._serde import message_to_wire
+    from loopdock.runtime.cluster import InboxMessage
 
     with trio.fail_after(30):
         async with Runtime.open(cluster=redis_server.url) as rt:

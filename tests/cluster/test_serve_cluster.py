@@ -17,11 +17,11 @@ import trio
 from line_reader import Lines
 from trio_websocket import open_websocket
 
-from bridge._console import ConsoleHandler
 from loopdock import Runtime
 from loopdock._serve import serve_command
 from loopdock._serve_cluster import ClusterFollower
 from loopdock._worker import run_worker
+from loopdock.bridge._console import ConsoleHandler
 
 ROOT = Path(__file__).resolve().parents[2]
 READY = re.compile(r"^loopdock serve: ws://127\.0\.0\.1:(\d+) \(token in (.+)\)$")
@@ -119,10 +119,10 @@ async def test_a_serve_whose_dock_differs_from_the_workers_is_refused(redis_serv
     (tmp_path / "extra_loops.py").write_text(EXTRA_LOOPS)
     config = tmp_path / "serve.yml"
     config.write_text("loopPackages: [extra_loops]\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     with trio.fail_after(60):
         done = await trio.run_process(
-            [sys.executable, "-m", "loopdock", "serve", "--no-loopx", "--home", str(tmp_path / "home"),
+            [sys.executable, "-P", "-m", "loopdock", "serve", "--no-loopx", "--home", str(tmp_path / "home"),
              "--config", str(config), "--cluster", redis_server.url],
             cwd=tmp_path, env=env, capture_stdout=True, capture_stderr=True, check=False,
         )
@@ -133,8 +133,8 @@ async def test_a_serve_whose_dock_differs_from_the_workers_is_refused(redis_serv
 
 
 async def test_serve_refuses_configured_agents_with_a_cluster_and_so_does_a_worker(redis_server, tmp_path):
-    from runtime._errors import InvalidOptionsError
-    from runtime.cluster import ClusterConfigError
+    from loopdock.runtime._errors import InvalidOptionsError
+    from loopdock.runtime.cluster import ClusterConfigError
 
     config = tmp_path / "agents.yml"
     config.write_text("agents:\n  - id: helper\n    model: ping-1\n")
@@ -147,10 +147,10 @@ async def test_serve_refuses_configured_agents_with_a_cluster_and_so_does_a_work
 
 
 async def test_serve_with_a_cluster_shows_its_agents_to_a_console_page(redis_server, worker, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ}
     with trio.fail_after(90):
         proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "loopdock", "serve", "--no-loopx", "--port", "0", "--home",
+            [sys.executable, "-P", "-m", "loopdock", "serve", "--no-loopx", "--port", "0", "--home",
              str(tmp_path / "home"), "--cluster", redis_server.url],
             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from runtime.models import Reply, ScriptedAdapter, ToolCall, Usage
+from loopdock.runtime.models import Reply, ScriptedAdapter, ToolCall, Usage
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX_FILES = ROOT / "examples" / "experiments" / "fix-files"

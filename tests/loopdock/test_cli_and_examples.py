@@ -19,12 +19,12 @@ ROOT = Path(__file__).resolve().parents[2]
 async def run(*argv, cwd, env=None):
     with trio.fail_after(60):
         result = await trio.run_process(
-            [sys.executable, *argv],
+            [sys.executable, "-P", *argv],
             cwd=cwd,
             capture_stdout=True,
             capture_stderr=True,
             check=False,
-            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+            env={**os.environ, **(env or {})},
         )
     return result.returncode, result.stdout.decode(), result.stderr.decode()
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bridge._patch import PLUGIN_ID, PLUGIN_PATH
 from loopdock._install import install_command
+from loopdock.bridge._patch import PLUGIN_ID, PLUGIN_PATH
 
 DSH = Path(sys.executable).parent / "dsh"
 USER_ROWS = "# my own patch layer\n- id: session-title\n  config:\n    fallbackMaxWords: 3\n"

@@ -12,7 +12,7 @@ from loopdock.experiment import parse_experiment, run_in_runtime
 from loopdock.experiment._gate import FIRST_COOL_DOWN, ProviderGate
 from loopdock.experiment._progress import ProgressDisplay
 from loopdock.experiment._runner import Progress
-from runtime.models import RetryNotice, ScriptedAdapter
+from loopdock.runtime.models import RetryNotice, ScriptedAdapter
 
 
 async def test_a_throttled_gate_halves_its_limit_waits_and_grows_back(autojump_clock):

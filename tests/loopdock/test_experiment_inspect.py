@@ -10,7 +10,7 @@ from loopdock.experiment import load_experiment, run_in_runtime
 from loopdock.experiment._history import read_run
 from loopdock.experiment._inspect import export_inspect
 from loopdock.experiment._report import build_report
-from runtime._store import SessionStore
+from loopdock.runtime._store import SessionStore
 
 from .experiment_models import FIX_FILES, deepseek_stand_in
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import trio
 
 from loopdock.experiment._history import read_run
-from runtime._store import SessionStore
+from loopdock.runtime._store import SessionStore
 
 STAND_MODELS = '''
 import os
@@ -27,7 +27,7 @@ import sys
 
 import trio
 
-from runtime.models import Finish, TextDelta, Usage
+from loopdock.runtime.models import Finish, TextDelta, Usage
 
 
 class Stand:
@@ -67,7 +67,7 @@ RUN = "import sys; from loopdock._cli import main; sys.exit(main())"
 
 
 def _command(experiment: Path, home: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-c", RUN, "experiment", "run", str(experiment), "--home", str(home), *extra]
+    return [sys.executable, "-P", "-c", RUN, "experiment", "run", str(experiment), "--home", str(home), *extra]
 
 
 def _state(home: Path):

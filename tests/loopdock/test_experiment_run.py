@@ -16,9 +16,9 @@ from loopdock.experiment._history import read_run
 from loopdock.experiment._report import build_report, cells_json
 from loopdock.experiment._text import render_text
 from loopdock.experiment._workdir import work_root
-from runtime import ModelError
-from runtime._store import SessionStore
-from runtime.models import Reply, ScriptedAdapter, ToolCall, Usage
+from loopdock.runtime import ModelError
+from loopdock.runtime._store import SessionStore
+from loopdock.runtime.models import Reply, ScriptedAdapter, ToolCall, Usage
 
 from .experiment_models import FIX_FILES, deepseek_stand_in
 

@@ -10,7 +10,7 @@ import json
 import trio
 
 from loopdock import Runtime
-from runtime.models import Reply, ScriptedAdapter, ToolCall
+from loopdock.runtime.models import Reply, ScriptedAdapter, ToolCall
 
 SCRIPTED = {"provider": "scripted", "model": "script-1"}
 REFUSED = "inside the runtime's home"

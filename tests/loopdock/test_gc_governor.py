@@ -16,9 +16,9 @@ import trio.testing
 from structlog.testing import capture_logs
 
 from loopdock import Runtime
-from runtime._gc import CPYTHON_DEFAULT_THRESHOLD
-from runtime._gc_governor import GcGovernor
-from runtime.tools import Tool
+from loopdock.runtime._gc import CPYTHON_DEFAULT_THRESHOLD
+from loopdock.runtime._gc_governor import GcGovernor
+from loopdock.runtime.tools import Tool
 
 TIMEOUT = 60
 WAVES = 6  # of five agents each

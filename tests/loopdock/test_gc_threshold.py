@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from loopdock import Runtime
-from runtime._gc import CPYTHON_DEFAULT_THRESHOLD, GC_THRESHOLD
+from loopdock.runtime._gc import CPYTHON_DEFAULT_THRESHOLD, GC_THRESHOLD
 
 TIMEOUT = 20
 

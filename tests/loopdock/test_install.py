@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bridge._patch import PLUGIN_ID
 from loopdock._install import InstallError, composed_rows, merged_layer, verify
+from loopdock.bridge._patch import PLUGIN_ID
 
 
 def test_verify_names_what_dsh_does_not_read_back(tmp_path):

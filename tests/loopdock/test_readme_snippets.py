@@ -26,7 +26,7 @@ def run_block(block: str, tmp_path: Path, env: dict[str, str]) -> subprocess.Com
         (tmp_path / name).write_text(text)
     (tmp_path / "block.py").write_text(block)
     return subprocess.run([sys.executable, "block.py"], cwd=tmp_path, capture_output=True, text=True, timeout=240,
-                          env={**env, "PYTHONPATH": str(ROOT)})
+                          env={**env})
 
 
 def test_the_readme_has_the_blocks_this_test_runs():

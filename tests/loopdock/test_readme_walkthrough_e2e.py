@@ -55,7 +55,6 @@ async def test_the_walkthrough_takes_a_dsh_session_to_its_goals_goalbar(tmp_path
     env = {
         "HOME": str(home), "PATH": os.pathsep.join([str(node22_bin), str(Path(sys.executable).parent), "/usr/bin:/bin"]),
         "LOOPX_USAGE_PING": "0", "DSH_TELEMETRY_OTLP_URL": "http://127.0.0.1:9/v1/logs", "LANG": "C.UTF-8",
-        "PYTHONPATH": str(ROOT),
     }
     prelude = "set -euo pipefail\n" + install_exports()
 

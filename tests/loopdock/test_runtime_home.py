@@ -15,8 +15,8 @@ import pytest
 import trio
 
 from loopdock import LoopdockError, Runtime
-from runtime._home_lock import LOCK_FILE, HomeInUseError, acquire_home
-from runtime._store import StoreError
+from loopdock.runtime._home_lock import LOCK_FILE, HomeInUseError, acquire_home
+from loopdock.runtime._store import StoreError
 
 TIMEOUT = 60  # child processes import loopdock; generous for a loaded 2-core machine
 

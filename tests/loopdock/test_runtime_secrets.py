@@ -38,7 +38,7 @@ while pid > 1:
 RUNTIME = r"""
 import json, os, sys, trio
 from loopdock import Runtime, ShellPolicy
-from runtime.models import Reply, ScriptedAdapter, ToolCall
+from loopdock.runtime.models import Reply, ScriptedAdapter, ToolCall
 
 async def main(home, work, python_dir):
     policy = ShellPolicy(allow=frozenset({"python3"}), env={"PATH": python_dir + ":/usr/bin:/bin"}, max_output=1_000_000)
@@ -70,7 +70,7 @@ def test_no_ancestor_of_a_shell_call_shows_the_runtimes_secret(tmp_path):
     }
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run(
-        [sys.executable, "-c", RUNTIME, str(tmp_path / "home"), str(work), str(python_dir)],
+        [sys.executable, "-P", "-c", RUNTIME, str(tmp_path / "home"), str(work), str(python_dir)],
         env=env, cwd=root, capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 0, out.stderr

@@ -18,8 +18,8 @@ from trio_websocket import open_websocket
 
 from loopdock import LoopxSettings, Runtime
 from loopdock._serve import goalbar_project_for, goalbar_service, serve_command
-from runtime._errors import InvalidOptionsError
-from runtime.loopx import HOST_SURFACE, LoopxClient, LoopxOk
+from loopdock.runtime._errors import InvalidOptionsError
+from loopdock.runtime.loopx import HOST_SURFACE, LoopxClient, LoopxOk
 
 ROOT = Path(__file__).resolve().parents[2]
 READY = re.compile(r"^loopdock serve: ws://127\.0\.0\.1:(\d+) \(token in (.+)\)$")
@@ -71,10 +71,10 @@ async def serve_process(*args, env, cwd):
     """``loopdock serve --port 0 ARGS`` as a subprocess: yields (process, port, token path)
     once it printed its readiness line; killed if the test did not stop it."""
     proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "loopdock._cli", "serve", "--port", "0", *args],
+        [sys.executable, "-P", "-m", "loopdock._cli", "serve", "--port", "0", *args],
         cwd=cwd,
         stdout=subprocess.PIPE,
-        env={**env, "PYTHONPATH": str(ROOT)},
+        env={**env},
     )
     try:
         line = await read_line(proc.stdout)
@@ -207,8 +207,8 @@ async def test_the_goalbar_project_is_a_runtime_agents_cwd_else_the_serve_projec
 
 
 async def test_the_goalbar_project_of_a_dsh_session_is_the_cwd_its_host_announced(rt, tmp_path):
-    from actors import LiveEvent
-    from bridge._host_handler import HostHandler
+    from loopdock.actors import LiveEvent
+    from loopdock.bridge._host_handler import HostHandler
 
     class Conn:
         id, role, closed = "c1", "dsh-host", None
@@ -236,7 +236,7 @@ async def test_the_readmes_commands_run_a_real_dsh_on_the_runtimes_dock(tmp_path
     """README, "A real DeepSeek Harness host on the bridge": `loopdock serve`, `loopdock
     dsh-patch --dock --ping`, then `dsh headless --patch ...`: DSH asks the runtime's dock
     for the loop, runs the task on it and records the binding in its own log."""
-    from bridge._dsh_files import (
+    from loopdock.bridge._dsh_files import (
         dsh_process,
         event_text,
         quiet_env,
@@ -252,9 +252,9 @@ async def test_the_readmes_commands_run_a_real_dsh_on_the_runtimes_dock(tmp_path
         async with serve_process("--home", str(home), env=loopx_env, cwd=tmp_path) as (proc, port, _):
             patch_dir = tmp_path / "dsh-patch"
             made = await trio.run_process(
-                [sys.executable, "-m", "loopdock._cli", "dsh-patch", "--url", f"ws://127.0.0.1:{port}",
+                [sys.executable, "-P", "-m", "loopdock._cli", "dsh-patch", "--url", f"ws://127.0.0.1:{port}",
                  "--out", str(patch_dir), "--dock", "--ping", "--home", str(home)],
-                env={**loopx_env, "PYTHONPATH": str(ROOT)}, capture_stdout=True,
+                env={**loopx_env}, capture_stdout=True,
             )
             assert f"wrote {patch_dir / 'patch.yml'}" in made.stdout.decode()
             async with dsh_process(

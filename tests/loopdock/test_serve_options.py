@@ -19,7 +19,7 @@ from trio_websocket import open_websocket
 
 ROOT = Path(__file__).resolve().parents[2]
 READY = re.compile(r"^loopdock serve: ws://127\.0\.0\.1:(\d+) \(token in (.+)\)$")
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+ENV = {**os.environ}
 
 CONFIG = """\
 defaultLoop: standard
@@ -40,7 +40,7 @@ async def test_serve_with_a_config_answers_from_it_and_logs_what_happens(tmp_pat
     config.write_text(CONFIG)
     with trio.fail_after(90):
         proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "loopdock._cli", "serve", "--port", "0", "--no-loopx", "--home",
+            [sys.executable, "-P", "-m", "loopdock._cli", "serve", "--port", "0", "--no-loopx", "--home",
              str(tmp_path / "home"), "--config", str(config)],
             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV,
         )
@@ -87,7 +87,7 @@ def test_a_taken_port_is_one_line_and_exit_2(tmp_path):
         taken.listen()
         port = taken.getsockname()[1]
         done = subprocess.run(
-            [sys.executable, "-m", "loopdock._cli", "serve", "--port", str(port), "--home", str(tmp_path / "h")],
+            [sys.executable, "-P", "-m", "loopdock._cli", "serve", "--port", str(port), "--home", str(tmp_path / "h")],
             capture_output=True, text=True, timeout=60, env=ENV,
         )
     assert done.returncode == 2
@@ -100,7 +100,7 @@ def test_a_bad_config_is_one_line_naming_the_field(tmp_path):
     bad = tmp_path / "bad.yml"
     bad.write_text("agents:\n  - id: a\n    maxTokens: 0\n")
     for argv in (["serve", "--config", str(bad)], ["run", "x", "--config", str(bad), "--home", str(tmp_path / "h")]):
-        done = subprocess.run([sys.executable, "-m", "loopdock._cli", *argv], capture_output=True, text=True,
+        done = subprocess.run([sys.executable, "-P", "-m", "loopdock._cli", *argv], capture_output=True, text=True,
                               timeout=60, env=ENV)
         assert done.returncode == 2, done.stderr
         assert done.stderr.count("\n") == 1, done.stderr

@@ -10,17 +10,17 @@ from pathlib import Path
 
 import trio
 
-from bridge._dsh_binding import BINDING_RECORD, _write
-from bridge._dsh_files import SESSION_FILE
 from loopdock import Runtime
+from loopdock.bridge._dsh_binding import BINDING_RECORD, _write
+from loopdock.bridge._dsh_files import SESSION_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "loopdock._cli", *argv], capture_output=True, text=True, timeout=60,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        [sys.executable, "-P", "-m", "loopdock._cli", *argv], capture_output=True, text=True, timeout=60,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -86,8 +86,8 @@ async def test_tail_prints_the_last_events_then_follows_new_ones(tmp_path):
             assert len(done.stdout.splitlines()) == 2 and "turn 1 completed" in done.stdout.splitlines()[-1]
 
             proc = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "loopdock._cli", "sessions", "tail", "t1", "-n", "1", "--home", str(home)],
-                stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                [sys.executable, "-P", "-m", "loopdock._cli", "sessions", "tail", "t1", "-n", "1", "--home", str(home)],
+                stdout=subprocess.PIPE, env={**os.environ},
             )
             try:
                 seen = b""

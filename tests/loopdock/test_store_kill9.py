@@ -16,8 +16,8 @@ import sqlite3
 import trio
 
 from loopdock import FakeDriver, Runtime
-from runtime._home_lock import HomeInUseError
-from runtime._store import SessionStore
+from loopdock.runtime._home_lock import HomeInUseError
+from loopdock.runtime._store import SessionStore
 
 TIMEOUT = 60  # per round: the child imports loopdock; generous for a loaded 2-core machine
 ROUNDS = 5

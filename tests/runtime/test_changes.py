@@ -4,7 +4,7 @@ is a checkpoint, and a cancelled or failing waiter leaves nothing behind."""
 import trio
 import trio.testing
 
-from runtime._changes import Changes
+from loopdock.runtime._changes import Changes
 
 
 class Steps(trio.abc.Instrument):

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/p
 
 PROBE = r"""
 import ctypes, json, os
-from runtime._environ_block import hide_environment_block
+from loopdock.runtime._environ_block import hide_environment_block
 
 def shown():
     return open("/proc/self/environ", "rb").read()
@@ -44,7 +44,7 @@ print(json.dumps({
 def test_the_block_is_zeroed_but_getenv_and_os_environ_still_work(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PROBE_API_KEY": "sk-probe-secret", "GONE_BEFORE": "gone-value"}
     root = __file__.rsplit("/tests/", 1)[0]
-    out = subprocess.run([sys.executable, "-c", PROBE], env=env, cwd=root, capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-P", "-c", PROBE], env=env, cwd=root, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     facts = json.loads(out.stdout.splitlines()[-1])
     assert facts["before"] and facts["unset_still_shown"]  # the leak, as it was

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime._home import default_home, resolve_home
+from loopdock.runtime._home import default_home, resolve_home
 
 
 def test_the_default_home_is_the_xdg_data_directory(monkeypatch, tmp_path):

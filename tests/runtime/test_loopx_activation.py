@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from runtime._events import Event
-from runtime.loopx import Activation
+from loopdock.runtime._events import Event
+from loopdock.runtime.loopx import Activation
 
 
 def ev(seq, type_, data):

@@ -11,8 +11,8 @@ import shlex
 import pytest
 import trio
 
-from runtime._ids import check_session_id
-from runtime.loopx import (
+from loopdock.runtime._ids import check_session_id
+from loopdock.runtime.loopx import (
     HOST_SURFACE,
     LOOPX_TURN_PATTERN,
     LifecycleResult,

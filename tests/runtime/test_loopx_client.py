@@ -19,9 +19,9 @@ import pytest
 import trio
 import trio.testing
 
-from runtime import _process as process
-from runtime._process import Completed
-from runtime.loopx import (
+from loopdock.runtime import _process as process
+from loopdock.runtime._process import Completed
+from loopdock.runtime.loopx import (
     ATTEMPT_BACKOFF,
     HOST_SURFACE,
     MAX_ATTEMPTS,
@@ -39,8 +39,8 @@ from runtime.loopx import (
     TransportFailure,
     check_goal_id,
 )
-from runtime.loopx import _client as loopx_client
-from runtime.loopx._client import loopx_env
+from loopdock.runtime.loopx import _client as loopx_client
+from loopdock.runtime.loopx._client import loopx_env
 
 # One Python script; what each attempt does comes from actions.json next to it (the last
 # action repeats). Every attempt logs its argv, cwd, env and start time to attempts.jsonl.
@@ -61,7 +61,7 @@ actions = json.loads((here / "actions.json").read_text())
 action = actions[min(number, len(actions)) - 1]
 if "daemon" in action:  # like LoopX's effect-runtime server: its own session and stdio
     import subprocess
-    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True,
+    server = subprocess.Popen([sys.executable, "-P", "-c", "import time; time.sleep(120)"], start_new_session=True,
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     (here / f"daemon-{number}").write_text(str(server.pid))
 if "flood" in action:
@@ -70,7 +70,7 @@ if "flood" in action:
         stream.write("x" * 65536)
 if "sleep" in action:
     import subprocess  # only here: it costs more to import than the rest of the script
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    child = subprocess.Popen([sys.executable, "-P", "-c", "import time; time.sleep(120)"])
     (here / f"pids-{number}").write_text(f"{os.getpid()} {child.pid}")
     with open(here / "started", "w") as fifo:
         fifo.write(f"{number}\n")

@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from loopdock import Message, TextBlock, user_message
-from runtime._ids import MESSAGE_IDS, MessageIds
+from loopdock.runtime._ids import MESSAGE_IDS, MessageIds
 
 
 def test_ids_are_version_4_rfc_4122_uuids_in_canonical_form():

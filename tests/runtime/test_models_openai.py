@@ -30,8 +30,8 @@ import pytest
 import trio
 import trio.testing
 
-from runtime._errors import ModelError
-from runtime._messages import (
+from loopdock.runtime._errors import ModelError
+from loopdock.runtime._messages import (
     Message,
     ReasoningBlock,
     TextBlock,
@@ -40,7 +40,7 @@ from runtime._messages import (
     ToolSource,
     user_message,
 )
-from runtime.models import (
+from loopdock.runtime.models import (
     Finish,
     ModelRequest,
     OpenAICompatibleAdapter,

@@ -6,14 +6,14 @@ from contextlib import aclosing
 
 import trio
 
-from runtime._messages import (
+from loopdock.runtime._messages import (
     Message,
     ToolCallBlock,
     ToolResultBlock,
     ToolSource,
     user_message,
 )
-from runtime.models import (
+from loopdock.runtime.models import (
     Finish,
     ModelRequest,
     PingAdapter,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from runtime._errors import LoopdockError, UnknownAdapterError
-from runtime.models import (
+from loopdock.runtime._errors import LoopdockError, UnknownAdapterError
+from loopdock.runtime.models import (
     DEEPSEEK_BASE_URL,
     DEEPSEEK_MODELS,
     AdapterRegistry,

@@ -8,9 +8,9 @@ import pytest
 import trio
 import trio.testing
 
-from runtime._errors import ModelError
-from runtime._messages import user_message
-from runtime.models import (
+from loopdock.runtime._errors import ModelError
+from loopdock.runtime._messages import user_message
+from loopdock.runtime.models import (
     Finish,
     ModelRequest,
     ReasoningDelta,

@@ -8,7 +8,7 @@ import stat
 import pytest
 from structlog.testing import capture_logs
 
-from runtime._private import private_dir, private_file
+from loopdock.runtime._private import private_dir, private_file
 
 
 def mode(path) -> int:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from runtime._process import BASE_ENV, Completed, pick_env, run_child
+from loopdock.runtime._process import BASE_ENV, Completed, pick_env, run_child
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the launcher is Linux-only")
 
@@ -147,7 +147,7 @@ ESCAPE = r"""
 import os, subprocess, sys, time
 mode, reversed_marker, ready, after = sys.argv[1:5]
 marker = reversed_marker[::-1]
-sleeper = [sys.executable, "-c", "import time; time.sleep(1000)", marker]
+sleeper = [sys.executable, "-P", "-c", "import time; time.sleep(1000)", marker]
 modes = ["background", "setsid", "double-fork"] if mode == "all" else [mode]
 for mode in modes:
     if mode == "background":
@@ -367,7 +367,7 @@ async def test_a_launcher_killed_outright_still_takes_its_process_group_along(tm
 RUNTIME = r"""
 import sys, trio
 from pathlib import Path
-from runtime._process import run_child
+from loopdock.runtime._process import run_child
 escape, mode, passed, ready = sys.argv[1:5]
 trio.run(lambda: run_child([sys.executable, escape, mode, passed, ready, "sleep"], cwd=Path(ready).parent,
                            env={"PATH": "/usr/bin:/bin"}, timeout=600, max_stdout=1000, max_stderr=1000))
@@ -391,7 +391,7 @@ async def test_escapees_die_when_the_runtime_is_killed(tmp_path, escape, ready, 
     # SIGKILL leaves the runtime no chance to clean up: the launcher sees its socket close.
     marker, passed = new_marker()
     root = Path(__file__).resolve().parents[2]
-    runtime = subprocess.Popen([PY, "-c", RUNTIME, str(escape), mode, passed, str(ready.path)], cwd=root)
+    runtime = subprocess.Popen([PY, "-P", "-c", RUNTIME, str(escape), mode, passed, str(ready.path)], cwd=root)
     try:
         with trio.fail_after(30):
             pid = int(await ready.message())

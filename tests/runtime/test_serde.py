@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from runtime._messages import (
+from loopdock.runtime._messages import (
     Block,
     ImageBlock,
     Message,
@@ -21,7 +21,7 @@ from runtime._messages import (
     ToolSource,
     UserSource,
 )
-from runtime._serde import (
+from loopdock.runtime._serde import (
     _direct_block_hooks,
     _direct_source_hooks,
     converter,
@@ -72,7 +72,7 @@ def test_messages_round_trip(source):
 def test_the_direct_read_path_builds_what_cattrs_builds():
     """Messages read back from the store take a direct path for the shipped shapes; it
     must give exactly what the general (cattrs) path gives, and leave the rest to it."""
-    from runtime import _serde
+    from loopdock.runtime import _serde
 
     samples = [
         Message("user", (TextBlock("hi there"),), UserSource()),

@@ -9,8 +9,8 @@ import trio.testing
 from structlog.testing import capture_logs
 
 from loopdock import Message, ProducerSource, TextBlock, UserSource, user_message
-from runtime import SkillInvocationSource, ToolError
-from runtime.skills import (
+from loopdock.runtime import SkillInvocationSource, ToolError
+from loopdock.runtime.skills import (
     MAX_SKILL_BYTES,
     InvalidSkillError,
     SkillCatalog,
@@ -18,8 +18,8 @@ from runtime.skills import (
     parse_skill,
     skill_tool,
 )
-from runtime.skills._watch import watch_supported
-from runtime.tools import ToolContext
+from loopdock.runtime.skills._watch import watch_supported
+from loopdock.runtime.tools import ToolContext
 
 
 def write_skill(root: Path, folder: str, body: str, *, description: str = "", name: str | None = None) -> Path:

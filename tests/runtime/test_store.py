@@ -15,9 +15,9 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime._errors import LoopdockError
-from runtime._events import Event, SessionHeader
-from runtime._store import SCHEMA_VERSION, SessionStore, StoreError, Write
+from loopdock.runtime._errors import LoopdockError
+from loopdock.runtime._events import Event, SessionHeader
+from loopdock.runtime._store import SCHEMA_VERSION, SessionStore, StoreError, Write
 
 
 def header(session_id: str, created_at: int = 1_700_000_000_000, **kw: object) -> SessionHeader:
@@ -430,7 +430,7 @@ def make_v1_home(path, sessions: dict[str, tuple[SessionHeader, list[Event]]]) -
     inserted interleaved across sessions and out of seq order)."""
     import json
 
-    from runtime._serde import header_to_wire
+    from loopdock.runtime._serde import header_to_wire
 
     raw = sqlite3.connect(path, isolation_level=None)
     raw.execute("BEGIN IMMEDIATE")
@@ -542,7 +542,7 @@ def test_a_version_1_home_is_migrated_with_every_event_in_order(tmp_path):
 
 
 def test_a_failed_migration_leaves_version_1_untouched(tmp_path, monkeypatch):
-    from runtime import _store
+    from loopdock.runtime import _store
 
     path = tmp_path / "sessions.db"
     sessions = v1_sessions()

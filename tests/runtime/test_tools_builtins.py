@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from runtime._errors import ToolError
-from runtime.tools import (
+from loopdock.runtime._errors import ToolError
+from loopdock.runtime.tools import (
     ShellPolicy,
     ToolContext,
     builtin_tools,

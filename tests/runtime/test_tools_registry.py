@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime._errors import DuplicateToolError, UnknownToolError
-from runtime.models._adapter import ToolSpec
-from runtime.tools import AgentTools, Tool, ToolRegistry
+from loopdock.runtime._errors import DuplicateToolError, UnknownToolError
+from loopdock.runtime.models._adapter import ToolSpec
+from loopdock.runtime.tools import AgentTools, Tool, ToolRegistry
 
 
 async def _noop(arguments, ctx) -> str:

@@ -4,8 +4,8 @@ and their running totals equal the sums ping would otherwise compute."""
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime._messages import Message, TextBlock, ToolCallBlock
-from runtime._transcript import Transcript, tool_call_count, word_count
+from loopdock.runtime._messages import Message, TextBlock, ToolCallBlock
+from loopdock.runtime._transcript import Transcript, tool_call_count, word_count
 
 
 def message(words: int, calls: int) -> Message:
@@ -32,7 +32,7 @@ def test_a_snapshots_totals_are_the_sums_of_its_messages(shapes, cut):
 
 
 def test_a_transcripts_characters_are_its_messages_content_however_it_was_built():
-    from runtime._messages import ImageBlock, ReasoningBlock, ToolResultBlock
+    from loopdock.runtime._messages import ImageBlock, ReasoningBlock, ToolResultBlock
 
     blocks = (
         TextBlock("héllo"), ReasoningBlock("think"), ToolCallBlock("c1", "read_file", '{"p": 1}'),
