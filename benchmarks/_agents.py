@@ -38,7 +38,7 @@ from typing import Any
 import attrs
 import trio
 
-from loopdock import DriverLoop, Message, ProducerSource, Runtime, TextBlock
+from loopdock import GC_THRESHOLD, DriverLoop, Message, ProducerSource, Runtime, TextBlock
 from loopdock.actors import FakeDriver, ReactDriver
 from loopdock.runtime._serde import header_to_wire
 from loopdock.runtime.models import Chunk, Finish, ModelRequest, TextDelta, ToolCallChunk, Usage
@@ -280,7 +280,7 @@ async def run_turns(params: dict[str, Any], progress: Progress) -> dict[str, Any
     home = _Home(params.get("home_parent"))
     latencies: list[float] = []
     try:
-        async with Runtime.open(home.path / "home") as rt:
+        async with Runtime.open(home.path / "home", gc_threshold=GC_THRESHOLD) as rt:
             _prepare(rt)
             warm = await _create(rt, home, "warm")
             await _clients([warm.agent], 2, TASK)
@@ -314,7 +314,7 @@ async def run_bare(params: dict[str, Any], progress: Progress) -> dict[str, Any]
     n, k = params["n"], params["k"]
     home = _Home(params.get("home_parent"))
     try:
-        async with Runtime.open(home.path / "home", persist=False) as rt:
+        async with Runtime.open(home.path / "home", persist=False, gc_threshold=GC_THRESHOLD) as rt:
             _prepare(rt)
             handles = [await _create(rt, home, f"b{i}", "bench-noop") for i in range(n)]
             await _clients([h.agent for h in handles[:1]], 10, "warm up")
@@ -348,7 +348,7 @@ async def run_priority(params: dict[str, Any], progress: Progress) -> dict[str, 
     rng = random.Random(params.get("seed", 1))
     automatic_turns = 0
     try:
-        async with Runtime.open(home.path / "home", **slots) as rt:
+        async with Runtime.open(home.path / "home", **slots, gc_threshold=GC_THRESHOLD) as rt:
             _prepare(rt)
             holders = [await _create(rt, home, f"h{i}", recorder=recorder) for i in range(params["holders"])]
             workers = [await _create(rt, home, f"w{i}") for i in range(params["automatic"])]
@@ -427,7 +427,7 @@ async def run_history(params: dict[str, Any], progress: Progress) -> dict[str, A
     home = _Home(params.get("home_parent"))
     blocks: list[float] = []
     try:
-        async with Runtime.open(home.path / "home") as rt:
+        async with Runtime.open(home.path / "home", gc_threshold=GC_THRESHOLD) as rt:
             _prepare(rt)
             agent = (await _create(rt, home, "long")).agent
             for b in range(turns // block):
@@ -481,7 +481,7 @@ async def run_memory(params: dict[str, Any], progress: Progress) -> dict[str, An
     n, history, wave = params["n"], params["history"], params["wave"]
     home = _Home(params.get("home_parent"))
     try:
-        async with Runtime.open(home.path / "home") as rt:
+        async with Runtime.open(home.path / "home", gc_threshold=GC_THRESHOLD) as rt:
             _prepare(rt)
             template = await _create(rt, home, "template")
             await _clients([template.agent], history, "hello there, how are you today?")
@@ -489,7 +489,7 @@ async def run_memory(params: dict[str, Any], progress: Progress) -> dict[str, An
         progress(0.1, f"memory: seeding {n} histories")
         await trio.to_thread.run_sync(_seed, home.path / "home" / "sessions.db", "template", "m", n)
         progress(0.2, "memory: resuming")
-        async with Runtime.open(home.path / "home") as rt:
+        async with Runtime.open(home.path / "home", gc_threshold=GC_THRESHOLD) as rt:
             _prepare(rt)
             await trio.sleep(0.1)
             before = settled_rss()
@@ -524,7 +524,7 @@ async def run_idle(params: dict[str, Any], progress: Progress) -> dict[str, Any]
     n = params["n"]
     home = _Home(params.get("home_parent"))
     try:
-        async with Runtime.open(home.path / "home") as rt:
+        async with Runtime.open(home.path / "home", gc_threshold=GC_THRESHOLD) as rt:
             _prepare(rt)
             await _dispose([await _create(rt, home, "warm")])
             before = settled_rss()
@@ -568,7 +568,7 @@ async def run_latency(params: dict[str, Any], progress: Progress) -> dict[str, A
     model = SleepyModel(heavy_tailed(params.get("seed", 7), params["low"], params["high"], params["alpha"]))
     overhead: list[float] = []  # turn wall time less the model's own delay
     try:
-        async with Runtime.open(home.path / "home") as rt:
+        async with Runtime.open(home.path / "home", gc_threshold=GC_THRESHOLD) as rt:
             _prepare(rt)
             rt.register_adapter("sleepy", model)
             before = settled_rss()
@@ -643,7 +643,7 @@ async def run_loops(params: dict[str, Any], progress: Progress) -> dict[str, Any
         home = _Home(params.get("home_parent"))
         latencies: list[float] = []
         try:
-            async with Runtime.open(home.path / "home") as rt:
+            async with Runtime.open(home.path / "home", gc_threshold=GC_THRESHOLD) as rt:
                 _prepare(rt)
                 rt.register_adapter("sleepy", SleepyModel(lambda request: 0.02))
                 handles = [await _create(rt, home, f"x{i}", loop, model=model, driver=driver) for i in range(n)]

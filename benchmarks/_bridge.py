@@ -35,7 +35,7 @@ from typing import Any
 
 import trio
 
-from loopdock import Runtime
+from loopdock import GC_THRESHOLD, Runtime
 from loopdock.bridge import (
     BridgeConnection,
     Disconnect,
@@ -182,7 +182,7 @@ async def run_bridge(params: dict[str, Any], progress: Progress) -> dict[str, An
     with tempfile.TemporaryDirectory(prefix="loopdock-bench-bridge-") as scratch:
         project = Path(scratch, "project")
         project.mkdir()
-        async with Runtime.open(Path(scratch, "home")) as rt:
+        async with Runtime.open(Path(scratch, "home"), gc_threshold=GC_THRESHOLD) as rt:
             host = HostHandler(rt.dock)
             readers: dict[Path, MirrorLoopx] = {}
 

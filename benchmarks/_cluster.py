@@ -32,7 +32,7 @@ from typing import Any, TextIO
 
 import trio
 
-from loopdock import Runtime
+from loopdock import GC_THRESHOLD, Runtime
 
 from ._common import machine, process_cpu_seconds, summary_ms
 from ._redis import RedisServer
@@ -92,7 +92,7 @@ async def _embedded(n: int, k: int, scratch: Path) -> dict[str, Any]:
     work = scratch / "work"
     work.mkdir(exist_ok=True)
     latencies: list[float] = []
-    async with Runtime.open(scratch / "embedded-home") as rt:
+    async with Runtime.open(scratch / "embedded-home", gc_threshold=GC_THRESHOLD) as rt:
         handles = [await rt.create_agent(session_id=f"e{i}", loop="standard", cwd=str(work)) for i in range(n)]
         metered = await _metered_turns([h.agent for h in handles], k, latencies, {"process": [os.getpid()]})
     shutil.rmtree(scratch / "embedded-home", ignore_errors=True)
@@ -177,7 +177,7 @@ async def _sequential(server: RedisServer, cfg: dict[str, Any], scratch: Path) -
     clustered: list[float] = []
     work = scratch / "work"
     work.mkdir(exist_ok=True)
-    async with Runtime.open(scratch / "seq-home") as rt:
+    async with Runtime.open(scratch / "seq-home", gc_threshold=GC_THRESHOLD) as rt:
         handle = await rt.create_agent(session_id="one", loop="standard", cwd=str(work))
         await _turns([handle.agent], turns, embedded)
     shutil.rmtree(scratch / "seq-home", ignore_errors=True)

@@ -34,7 +34,7 @@ from ._common import Progress, peak_rss_bytes, summary_ms
 
 NAME = "autogen-core SingleThreadedAgentRuntime"
 GROUP_COMMIT_WINDOW = 0.001  # actors._store_writer.GROUP_COMMIT_WINDOW
-GC_THRESHOLD = (10_000, 10, 10)  # runtime._gc.GC_THRESHOLD, what loopdock runs with
+GC_THRESHOLD = (10_000, 10, 10)  # loopdock.GC_THRESHOLD, what loopdock's side of the bench runs with
 _CALL_LINE = re.compile(r"^\s*call:\s*(?P<name>[A-Za-z0-9_.:-]+)\s+(?P<args>\{.*\})\s*$")
 
 
@@ -244,5 +244,5 @@ async def _run(kind: str, params: dict[str, Any], progress: Progress) -> dict[st
 
 
 def run_peer(kind: str, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
-    gc.set_threshold(*GC_THRESHOLD)  # what loopdock's Runtime.open sets: same collector settings
+    gc.set_threshold(*GC_THRESHOLD)  # what loopdock's side runs with (as serve): same collector settings
     return asyncio.run(_run(kind, params, progress))

@@ -40,6 +40,7 @@ from loopdock.actors.dock import Preset as Preset
 from loopdock.actors.dock import StrategyLoop as StrategyLoop
 from loopdock.actors.dock import read_binding as read_binding
 from loopdock.actors.loopx import LoopxSettings as LoopxSettings
+from loopdock.runtime import GC_THRESHOLD as GC_THRESHOLD
 from loopdock.runtime import AgentOptions as AgentOptions
 from loopdock.runtime import Event as Event
 from loopdock.runtime import LoopdockError as LoopdockError

@@ -58,7 +58,6 @@ from loopdock.actors.loopx import LoopxIntegration, LoopxSettings
 from loopdock.runtime._environ_block import hide_environment_block
 from loopdock.runtime._errors import StoreUnusableError, safe_message
 from loopdock.runtime._events import SessionHeader
-from loopdock.runtime._gc import GC_THRESHOLD
 from loopdock.runtime._gc_governor import GcGovernor, governed
 from loopdock.runtime._home import resolve_home
 from loopdock.runtime._home_lock import acquire_home
@@ -115,7 +114,8 @@ class Runtime:
         env: Mapping[str, str] | None = None,
         skills: SkillCatalog | None = None,
         loopx: LoopxSettings | None = None,
-        gc_threshold: tuple[int, int, int] | None = GC_THRESHOLD,
+        gc_threshold: tuple[int, int, int] | None = None,
+        hide_environment: bool = False,
         automatic_slots: int = AUTOMATIC_SLOTS,
         warm_history_bytes: int = WARM_HISTORY_BYTES,
         persist: bool = True,
@@ -138,7 +138,8 @@ class Runtime:
         env: Mapping[str, str] | None = None,
         skills: SkillCatalog | None = None,
         loopx: LoopxSettings | None = None,
-        gc_threshold: tuple[int, int, int] | None = GC_THRESHOLD,
+        gc_threshold: tuple[int, int, int] | None = None,
+        hide_environment: bool = False,
         automatic_slots: int = AUTOMATIC_SLOTS,
         warm_history_bytes: int = WARM_HISTORY_BYTES,
         persist: bool = True,
@@ -148,10 +149,16 @@ class Runtime:
         """Open the runtime on ``home`` (else ``$LOOPDOCK_HOME``, else
         ``$XDG_DATA_HOME/loopdock``, i.e. ``~/.local/share/loopdock``).
 
-        The file tools refuse every path inside the home, wherever it is. Before anything
-        starts, the process's initial environment block is zeroed (all but ``PATH``,
-        ``HOME``, the locale and such), so that no program the runtime runs can read its
-        API keys from ``/proc/<pid>/environ``; ``os.environ`` and ``getenv`` still work.
+        The file tools refuse every path inside the home, wherever it is.
+
+        An embedded runtime changes nothing process-wide unless asked: the two options
+        that do are off by default and on in ``loopdock serve`` and ``loopdock worker``,
+        processes loopdock owns.
+        ``hide_environment=True`` zeroes the process's initial environment block before
+        anything starts (all but ``PATH``, ``HOME``, the locale and such), so that no
+        program the runtime runs can read its API keys from ``/proc/<pid>/environ``;
+        ``os.environ`` and ``getenv`` still work. It writes libc's memory under every
+        thread of the process (see ``runtime._environ_block`` for what it cannot do).
 
         The runtime holds the home until it closes: opening a home another runtime holds
         (in any process) raises HomeInUseError (``HOME_IN_USE``) at once. The home is
@@ -170,13 +177,14 @@ class Runtime:
         agent gets a continuation driver (``rt.loopx``), passive until its session invokes
         the ``loopx`` skill.
         ``gc_threshold``: while the runtime is open, CPython's cyclic collector runs with
-        this threshold (default ``(10_000, 10, 10)``: a many-agent runtime's growing
-        history otherwise sets off a full collection every ~70,000 allocations) if the
-        process still has CPython's default; then, unless the process has frozen objects
-        itself, the runtime also freezes its long-lived objects (``gc.freeze()``) after
-        agents start and as the heap grows, so that full collections do not walk them
-        (``rt.gc_governor``; see ``runtime._gc_governor``), and unfreezes them on close.
-        ``None`` leaves the collector alone.
+        this threshold (``loopdock.GC_THRESHOLD``, ``(10_000, 10, 10)``, is what serve
+        and worker use: a many-agent runtime's growing history otherwise sets off a full
+        collection every ~70,000 allocations) if the process still has CPython's default;
+        then, unless the process has frozen objects itself, the runtime also freezes its
+        long-lived objects (``gc.freeze()``) after agents start and as the heap grows, so
+        that full collections do not walk them (``rt.gc_governor``; see
+        ``runtime._gc_governor``), and unfreezes them on close. ``None`` (the default)
+        leaves the collector alone.
         ``automatic_slots``: how many automatic turns compute at once, runtime-wide (a
         person's turn never waits for one; see ``actors.AdmissionGate``).
         ``warm_history_bytes``: how much of idle agents' history stays in memory in all
@@ -198,7 +206,8 @@ class Runtime:
             async with ClusterRuntime.open(cluster) as client:
                 yield client
             return
-        hide_environment_block()
+        if hide_environment:
+            hide_environment_block()
         admission = AdmissionGate(automatic_slots)
         history = HistoryCache(warm_history_bytes)
         dock_config = dock_config_of(config)

@@ -23,6 +23,7 @@ from loopdock.bridge._goalbar import GoalBarHandler, GoalBarService
 from loopdock.bridge._patch import DEFAULT_OWNED_KINDS, PLUGIN_DIR, stable_plugin
 from loopdock.bridge._server import DEFAULT_HOST
 from loopdock.bridge._token import TOKEN_FILE
+from loopdock.runtime import GC_THRESHOLD
 from loopdock.runtime._errors import InvalidOptionsError, LoopdockError
 from loopdock.runtime._home import resolve_home
 from loopdock.runtime._logging import get_logger
@@ -223,8 +224,11 @@ async def serve_command(
     check_port(host, port)
     # The LoopX integration is on for serve: start-up initialises the CLI and the skills
     # (a failure is a safe diagnostic in rt.loopx.startup; /loopx-init repairs it).
+    # serve owns its process: it hides its environment block from the programs its agents
+    # run and tunes the collector for many agents (an embedded runtime does neither unasked).
     async with Runtime.open(
-        resolve_home(home), config=dock_config, shell=shell, loopx=LoopxSettings() if loopx else None
+        resolve_home(home), config=dock_config, shell=shell, loopx=LoopxSettings() if loopx else None,
+        hide_environment=True, gc_threshold=GC_THRESHOLD,
     ) as rt:
         live = rt.subscribe_live()  # before any checkpoint: the configured agents start at the first one
         token = await trio.to_thread.run_sync(load_or_create_token, rt.home)
@@ -241,14 +245,16 @@ async def serve_command(
                 bound = await nursery.start(functools.partial(serve_bridge, console, token=token, host=host, port=port))
             except OSError as exc:  # taken between the check and now
                 raise PortInUseError(f"{host}:{port}: {exc.strerror or exc}") from None
-            print(f"loopdock serve: ws://{host}:{bound} (token in {rt.home / TOKEN_FILE})", file=out, flush=True)
-            console_url, goalbar_url = page_urls(host, bound, token)
-            print(f"  console: {console_url}", file=out, flush=True)
-            print(f"  goalbar: {goalbar_url}", file=out, flush=True)
-            if cluster is not None:
-                print(f"  cluster: {redact(cluster)} ({workers} live worker{'' if workers == 1 else 's'})", file=out, flush=True)
             # SIGTERM too: a supervisor stopping us should get the same clean close as ^C.
+            # Received before the ready lines: a stop sent as soon as they show is clean too.
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                print(f"loopdock serve: ws://{host}:{bound} (token in {rt.home / TOKEN_FILE})", file=out, flush=True)
+                console_url, goalbar_url = page_urls(host, bound, token)
+                print(f"  console: {console_url}", file=out, flush=True)
+                print(f"  goalbar: {goalbar_url}", file=out, flush=True)
+                if cluster is not None:
+                    live_workers = f"{workers} live worker{'' if workers == 1 else 's'}"
+                    print(f"  cluster: {redact(cluster)} ({live_workers})", file=out, flush=True)
                 async for _ in signals:
                     break
             nursery.cancel_scope.cancel()

@@ -24,6 +24,7 @@ import trio
 from loopdock.actors import WATCHER_POLICY, Action, supervised
 from loopdock.actors.cluster import LeaseKeeper, RegistryMismatchError, ShardHost
 from loopdock.actors.dock import LoopDock
+from loopdock.runtime import GC_THRESHOLD
 from loopdock.runtime._errors import LoopdockError
 from loopdock.runtime._home import resolve_home
 from loopdock.runtime._logging import get_logger
@@ -120,7 +121,11 @@ async def run_worker(
         try:
             ownership = Ownership(name, await cluster_shards(redis, shards))
             store = RedisSessionStore(redis, ownership, retry_for=lease_ttl)
-            async with Runtime.open(worker_home, config=dock_config, shell=shell, _store=store) as rt:
+            # A worker owns its process, as serve does (see loopdock._serve).
+            async with Runtime.open(
+                worker_home, config=dock_config, shell=shell, _store=store, hide_environment=True,
+                gc_threshold=GC_THRESHOLD,
+            ) as rt:
                 host = ShardHost(redis, store, rt.supervisor, rt.dock, ttl=lease_ttl)
                 keeper = LeaseKeeper(
                     redis, ownership, ttl=lease_ttl, fingerprint=fingerprint(rt.dock),
@@ -155,9 +160,10 @@ async def worker_command(url: str, out: TextIO, **options: Any) -> None:
         except LoopdockError as exc:  # raised below, outside the task group: one line, not a traceback
             refused = exc
         else:
-            print(f"loopdock worker {worker.id}: serving {redact(url)} ({worker.ownership.shards} shards)",
-                  file=out, flush=True)
+            # Received before the ready line: a stop sent as soon as it shows is clean too.
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                print(f"loopdock worker {worker.id}: serving {redact(url)} ({worker.ownership.shards} shards)",
+                      file=out, flush=True)
                 async for _ in signals:
                     break
             nursery.cancel_scope.cancel()

@@ -5,6 +5,7 @@ from ._errors import *  # noqa: F403  (the flat error set is public)
 from ._events import KNOWN_EVENT_TYPES as KNOWN_EVENT_TYPES
 from ._events import Event as Event
 from ._events import SessionHeader as SessionHeader
+from ._gc import GC_THRESHOLD as GC_THRESHOLD
 from ._logging import configure_logging as configure_logging
 from ._messages import Message as Message
 from ._messages import ProducerSource as ProducerSource

@@ -12,8 +12,10 @@ same, only later. Reference counting frees everything acyclic at once either way
 The threshold is process-wide, so the runtime only changes it while it is open and only
 when the process still has CPython's default (an application that tuned the collector
 itself keeps its setting), and puts the default back on close unless someone changed it
-meanwhile. ``Runtime.open(gc_threshold=None)`` leaves the collector alone. A runtime that
-set the threshold also freezes its long-lived objects (``runtime._gc_governor``).
+meanwhile. It does so only when asked (``Runtime.open(gc_threshold=GC_THRESHOLD)``, as
+``loopdock serve`` and ``loopdock worker`` do); by default an embedded runtime leaves the
+collector alone. A runtime that set the threshold also freezes its long-lived objects
+(``runtime._gc_governor``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from contextlib import contextmanager
 #: CPython's own default thresholds.
 CPYTHON_DEFAULT_THRESHOLD = (700, 10, 10)
 
-#: What ``Runtime.open`` sets by default (see the module doc).
+#: What serve and worker ask ``Runtime.open`` for (see the module doc).
 GC_THRESHOLD = (10_000, 10, 10)
 
 

@@ -39,7 +39,7 @@ and a runtime whose heap is steady never pays that pause.
 
 Only a runtime that owns the collector governs it (``governed``): one that set the
 threshold itself, in a process that had frozen nothing. ``Runtime.open(gc_threshold=None)``
-leaves the collector alone, freezing included.
+(the default) leaves the collector alone, freezing included.
 """
 
 from __future__ import annotations

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
+from pathlib import Path
 
 import pytest
 import trio
-from cluster_workers import until_event
+from cluster_workers import start_worker, until_event
 
 from loopdock import Runtime
 from loopdock._worker import run_worker
@@ -422,3 +424,18 @@ async def test_a_resume_read_with_messages_to_its_session_still_checks_the_loop(
     assert reply is not None
     answer = json.loads(reply[1])
     assert (answer["ok"], answer["code"]) == (False, "LOOP_SWITCH")
+
+
+
+async def test_the_worker_command_hides_its_environment_and_stops_cleanly_at_once(
+        redis_server, tmp_path, nursery, monkeypatch):
+    # The worker owns its process, as serve does: the programs its agents run cannot read
+    # its keys in /proc/<pid>/environ. A stop sent as soon as it is ready is a clean one.
+    secret = "sk-worker-secret-0123456789"
+    monkeypatch.setenv("DEEPSEEK_API_KEY", secret)  # in the worker's initial environment
+    worker = await start_worker(nursery, redis_server.url, tmp_path / "w", "hidden")
+    shown = Path(f"/proc/{worker.process.pid}/environ").read_bytes()
+    worker.signal(signal.SIGINT)
+    with trio.fail_after(30):
+        assert await worker.process.wait() == 0
+    assert secret.encode() not in shown and b"PATH=" in shown

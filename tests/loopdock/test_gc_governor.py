@@ -16,7 +16,7 @@ import trio.testing
 from structlog.testing import capture_logs
 
 from loopdock import Runtime
-from loopdock.runtime._gc import CPYTHON_DEFAULT_THRESHOLD
+from loopdock.runtime._gc import CPYTHON_DEFAULT_THRESHOLD, GC_THRESHOLD
 from loopdock.runtime._gc_governor import GcGovernor
 from loopdock.runtime.tools import Tool
 
@@ -86,7 +86,7 @@ def _tracked() -> int:
 
 async def test_the_governor_freezes_after_agents_start_and_thaws_on_close(tmp_path):
     with trio.fail_after(TIMEOUT):
-        async with Runtime.open(tmp_path / "a") as rt:
+        async with Runtime.open(tmp_path / "a", gc_threshold=GC_THRESHOLD) as rt:
             governor = rt.gc_governor
             assert governor is not None
             await trio.testing.wait_all_tasks_blocked()
@@ -106,7 +106,7 @@ async def test_a_collection_in_another_thread_is_frozen_and_thawed_on_close(tmp_
     # The store's writer thread collects too: the callback freezes there as well, and
     # closing the runtime still leaves nothing frozen.
     with trio.fail_after(TIMEOUT):
-        async with Runtime.open(tmp_path / "a") as rt:
+        async with Runtime.open(tmp_path / "a", gc_threshold=GC_THRESHOLD) as rt:
             governor = rt.gc_governor
             assert governor is not None
             await trio.testing.wait_all_tasks_blocked()
@@ -166,8 +166,8 @@ async def test_a_collector_the_runtime_does_not_own_is_left_alone(tmp_path, how)
 
 async def test_a_second_runtime_leaves_the_collector_to_the_first(tmp_path):
     with trio.fail_after(TIMEOUT):
-        async with Runtime.open(tmp_path / "a") as first:
-            async with Runtime.open(tmp_path / "b") as second:
+        async with Runtime.open(tmp_path / "a", gc_threshold=GC_THRESHOLD) as first:
+            async with Runtime.open(tmp_path / "b", gc_threshold=GC_THRESHOLD) as second:
                 assert first.gc_governor is not None and second.gc_governor is None
             await first.create_agent(session_id="a1")
             await trio.testing.wait_all_tasks_blocked()
@@ -202,7 +202,7 @@ async def test_churning_agents_while_frozen_keeps_memory_bounded(tmp_path, setup
     # leave nothing behind; the control (a setup whose agents make a cycle) shows that
     # the measurement sees what freezing keeps: its agents stay until the runtime closes.
     with trio.fail_after(TIMEOUT):
-        async with Runtime.open(tmp_path / "a") as rt:
+        async with Runtime.open(tmp_path / "a", gc_threshold=GC_THRESHOLD) as rt:
             governor = rt.gc_governor
             assert governor is not None
             _register_tools(rt)
@@ -242,7 +242,7 @@ async def test_a_failing_governor_is_restarted_and_agents_go_on(tmp_path, monkey
 
     monkeypatch.setattr(GcGovernor, "run", failing_once)
     with capture_logs() as logs:
-        async with Runtime.open(tmp_path / "a") as rt:
+        async with Runtime.open(tmp_path / "a", gc_threshold=GC_THRESHOLD) as rt:
             governor = rt.gc_governor
             assert governor is not None
             with trio.fail_after(30):

@@ -3,7 +3,8 @@
 The runtime is a fresh interpreter started with an API key in its environment (as a real
 one is); an agent's shell call runs a script that walks its ancestors up to pid 1 and
 prints each one's ``/proc/<pid>/environ``. None may show the key: not the launcher (it
-has no environment of its own), not the runtime (``Runtime.open`` zeroed its block), and
+has no environment of its own), not the runtime (``Runtime.open(hide_environment=True)``,
+as serve and worker open it, zeroed its block), and
 not the ones above (they never had it)."""
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from loopdock.runtime.models import Reply, ScriptedAdapter, ToolCall
 
 async def main(home, work, python_dir):
     policy = ShellPolicy(allow=frozenset({"python3"}), env={"PATH": python_dir + ":/usr/bin:/bin"}, max_output=1_000_000)
-    async with Runtime.open(home, shell=policy) as rt:
+    async with Runtime.open(home, shell=policy, hide_environment=True) as rt:
         call = ToolCall("shell", {"command": "python3 walk.py"}, call_id="walk")
         rt.register_adapter("scripted", ScriptedAdapter([Reply(tool_calls=[call]), "done"]))
         handle = await rt.create_agent(session_id="walker", agent_options={"provider": "scripted", "model": "m"}, cwd=work)
