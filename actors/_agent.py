@@ -20,7 +20,7 @@ import trio
 
 from loopdock.runtime._cancellation import split_cancellation
 from loopdock.runtime._changes import Changes
-from loopdock.runtime._errors import AgentClosedError, safe_message
+from loopdock.runtime._errors import AgentClosedError, TranscriptNotInMemoryError, safe_message
 from loopdock.runtime._events import Event
 from loopdock.runtime._logging import get_logger
 from loopdock.runtime._messages import Message, ProducerSource, user_message
@@ -79,7 +79,7 @@ class AgentActor:
         self.request: Waterfall[ModelRequest, ModelRequest] = Waterfall("agent/request")
         self.prompt_sections: dict[str, str] = {}
         # None while the history is only in the store (a resumed or evicted agent): read
-        # back before the next turn, or at once by the ``transcript`` property.
+        # back before the next turn, or by ``read_transcript``.
         self._transcript: Transcript | None = (
             Transcript(fold_transcript(session.events_since(0))) if session.event_count == session.in_memory else None
         )
@@ -126,11 +126,24 @@ class AgentActor:
 
     @property
     def transcript(self) -> Transcript:
-        """The model-visible conversation. If the agent's history was evicted, this
-        blocks on reading it back from the store (a turn reads it in a worker thread)."""
-        if self._transcript is None:
-            self._transcript = Transcript(fold_transcript(self.session.history(MESSAGE_TYPES)))
-        return self._transcript
+        """The model-visible conversation, as a turn sees it: always in memory while a turn
+        runs (turn bodies, pre-step and request listeners). Between turns an idle agent's
+        history may have been evicted to the store: then this raises
+        TranscriptNotInMemoryError, and ``await read_transcript()`` reads it back."""
+        if self._transcript is not None:
+            return self._transcript
+        if self.session.memory_start == 0:  # evicted, but the whole log is in memory (persist=False)
+            return Transcript(fold_transcript(self.session.events_since(0)))
+        raise TranscriptNotInMemoryError(
+            f"agent {self.id}: its history is in the store only; use await agent.read_transcript()"
+        )
+
+    async def read_transcript(self) -> Transcript:
+        """The model-visible conversation. An evicted history is read back from the store
+        in a worker thread, for this call only: reading does not make the agent warm."""
+        if self._transcript is not None:
+            return self._transcript
+        return Transcript(fold_transcript(await self.session.read_history(MESSAGE_TYPES)))
 
     def followup(self, message: str | Message) -> Message:
         """Queue for the next turn and wake the agent."""

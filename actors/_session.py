@@ -12,9 +12,9 @@ History stays in the store, not on the heap: a session keeps in memory the event
 are not durable yet, the events from its last ``trim`` on (its agent trims at every turn
 start to the start of the previous turn, and to nothing when its idle history is
 evicted), and every event of the few ``RETAINED_TYPES`` that durable state is read from
-on every request. ``events``, ``events_since`` and ``read_events`` stay exact: what was
-trimmed is read back from the store (the first two block on that read; it only happens
-for a reader that fell behind a trim).
+on every request. ``await read_events()`` and ``await read_history()`` stay exact: what
+was trimmed is read back from the store in a worker thread. Nothing synchronous reads the
+store: ``events_since`` answers from memory only and says so when it cannot.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 import trio
 
 from loopdock.runtime._changes import Changes
-from loopdock.runtime._errors import LoopdockError
+from loopdock.runtime._errors import EventsTrimmedError, LoopdockError
 from loopdock.runtime._events import (
     KNOWN_EVENT_TYPES,
     Event,
@@ -99,40 +99,38 @@ class SessionActor:
     def id(self) -> str:
         return self.header.id
 
-    @property
-    def events(self) -> tuple[Event, ...]:
-        """Every event appended so far (committed or pending), in seq order. Blocks on a
-        store read for the part trimmed from memory; ``await read_events()`` does not."""
-        return (*self.events_since(0),)
-
-    def events_since(self, index: int) -> list[Event]:
-        """The events from position ``index`` on (for incremental folds). Blocks on a
-        store read if ``index`` lies before what is in memory (see the module doc)."""
-        base = self._base
-        if index >= base:
-            return self._events[index - base :]
-        return [*self._read(index, base), *self._events]
-
     async def read_events(self, start: int = 0) -> list[Event]:
-        """The events from position ``start`` on, reading what was trimmed from memory
-        in a worker thread."""
+        """Every event from position ``start`` on (committed or pending), in seq order.
+        What was trimmed from memory is read back from the store in a worker thread; when
+        nothing was, this returns without a checkpoint."""
         base = self._base
         if start >= base:
             return self._events[start - base :]
         older = await trio.to_thread.run_sync(self._read, start, base)
         return [*older, *self.events_since(base)]
 
-    def history(self, types: Collection[str]) -> list[Event]:
-        """Every event of the given types, in seq order (blocks on a store read for the
-        part trimmed from memory)."""
-        older = self._read(0, self._base, types) if self._base else []
-        return [*older, *(e for e in self._events if e.type in types)]
-
     async def read_history(self, types: Collection[str]) -> list[Event]:
-        """``history(types)``, reading what was trimmed in a worker thread."""
+        """Every event of the given types, in seq order (what was trimmed from memory is
+        read in a worker thread)."""
         base = self._base
         older = await trio.to_thread.run_sync(self._read, 0, base, types) if base else []
         return [*older, *(e for e in self.events_since(base) if e.type in types)]
+
+    def events_since(self, index: int) -> list[Event]:
+        """The events from position ``index`` on, from memory (for incremental folds that
+        keep up). Raises EventsTrimmedError if some of them are only in the store:
+        ``await read_events(index)`` reads those."""
+        base = self._base
+        if index < base:
+            raise EventsTrimmedError(
+                f"session {self.id}: events {index}..{base - 1} are in the store only; use await read_events()"
+            )
+        return self._events[index - base :]
+
+    @property
+    def memory_start(self) -> int:
+        """The seq of the first event held in memory (``event_count`` if none is)."""
+        return self._base
 
     def retained(self, event_type: str) -> tuple[Event, ...]:
         """Every event of ``event_type`` (one of ``RETAINED_TYPES``), in seq order; never

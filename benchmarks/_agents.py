@@ -267,8 +267,11 @@ async def _clients(agents: list[Any], k: int, text: str, latencies: list[float] 
             nursery.start_soon(client, agent)
 
 
-def _steps(handles: list[Any]) -> int:
-    return sum(sum(1 for e in h.agent.session.events if e.type == "step/start") for h in handles)
+async def _steps(handles: list[Any]) -> int:
+    steps = 0
+    for handle in handles:
+        steps += sum(1 for e in await handle.agent.session.read_events() if e.type == "step/start")
+    return steps
 
 
 # -- turns: the unit compared with the peer ------------------------------------------------
@@ -297,7 +300,7 @@ async def run_turns(params: dict[str, Any], progress: Progress) -> dict[str, Any
                 for handle in handles:
                     await handle.agent.session.flush()
                 seconds, cpu = time.perf_counter() - started, time.process_time() - cpu0
-            steps = _steps(handles)
+            steps = await _steps(handles)
             commits = rt.supervisor.writer.commits
     finally:
         home.remove()
@@ -439,7 +442,7 @@ async def run_history(params: dict[str, Any], progress: Progress) -> dict[str, A
                 progress((b + 1) * block / turns, f"history: {(b + 1) * block} turns")
             events = agent.session.event_count
             in_memory = agent.session.in_memory
-            messages = len(agent.transcript)
+            messages = len(await agent.read_transcript())
     finally:
         home.remove()
     return {"turns": turns, "block": block, "cpu_us_per_turn_by_block": blocks,
@@ -648,13 +651,13 @@ async def run_loops(params: dict[str, Any], progress: Progress) -> dict[str, Any
                 rt.register_adapter("sleepy", SleepyModel(lambda request: 0.02))
                 handles = [await _create(rt, home, f"x{i}", loop, model=model, driver=driver) for i in range(n)]
                 await _clients([handles[0].agent], 1, text)
-                steps0 = _steps(handles)
+                steps0 = await _steps(handles)
                 cpu0, t0 = time.process_time(), time.perf_counter()
                 await _clients([h.agent for h in handles], k, text, latencies)
                 for handle in handles:
                     await handle.agent.session.flush()
                 cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
-                steps = _steps(handles) - steps0
+                steps = await _steps(handles) - steps0
         finally:
             home.remove()
         turns = n * k

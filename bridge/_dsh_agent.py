@@ -107,6 +107,10 @@ class MirroredSession:
         """The mirrored events from position ``index`` on (the mirror only grows)."""
         return self.events[index:]
 
+    async def read_events(self, start: int = 0) -> list[Event]:
+        """As ``events_since``: the mirror is all in memory (the runtime's sessions' API)."""
+        return self.events[start:]
+
 
 def _message(raw: Mapping[str, Any]) -> Message:
     """A DSH message as a runtime ``Message``. DSH's own built-in kinds that the runtime

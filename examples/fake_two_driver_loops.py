@@ -25,8 +25,8 @@ async def main():
                 for handle in handles:
                     nursery.start_soon(handle.agent.wait_idle)
             for handle in handles:
-                binding = read_binding(handle.agent.session.events)
-                print(f"{handle.agent.id}: loop={binding.loop} reply={handle.agent.transcript[-1].text!r}")
+                binding = read_binding(await handle.agent.session.read_events())
+                print(f"{handle.agent.id}: loop={binding.loop} reply={(await handle.agent.read_transcript())[-1].text!r}")
             print("Two agents, one dock, two different loops.")
 
 

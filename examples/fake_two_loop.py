@@ -27,8 +27,8 @@ async def main():
                 handle = await rt.create_agent(session_id=session_id, loop=loop)
                 handle.agent.followup(f"hello from {session_id}")
                 await handle.agent.wait_idle()
-                binding = read_binding(handle.agent.session.events)
-                reply = handle.agent.transcript[-1].text
+                binding = read_binding(await handle.agent.session.read_events())
+                reply = (await handle.agent.read_transcript())[-1].text
                 print(f"{session_id}: loop={binding.loop} driver={binding.driver} reply={reply!r}")
             print("Two agents, one dock, two different loops.")
 

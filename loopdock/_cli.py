@@ -81,20 +81,22 @@ def format_transcript(events: Sequence[Event]) -> list[str]:
     return lines
 
 
-def _print_agent(handle: AgentHandle, out: TextIO) -> None:
+async def _print_agent(handle: AgentHandle, out: TextIO) -> None:
     agent = handle.agent
-    binding = read_binding(agent.session.events)  # read back from the log, not assumed
+    events = await agent.session.read_events()
+    binding = read_binding(events)  # read back from the log, not assumed
     where = f"loop {binding.loop} on driver {binding.driver or '-'}" if binding else "no binding"
     print(f"== {agent.id}  [{agent.options.provider}/{agent.options.model}, {where}]", file=out)
-    for line in format_transcript(agent.session.events):
+    for line in format_transcript(events):
         print(line, file=out)
 
 
-def _check_turns(handles: Sequence[AgentHandle]) -> None:
-    """TurnFailedError naming every turn that ended ``error`` (the exit status says so)."""
+async def _check_turns(handles: Sequence[AgentHandle], since: int = 0) -> None:
+    """TurnFailedError naming every turn from event ``since`` on that ended ``error``
+    (the exit status says so)."""
     failed = []
     for handle in handles:
-        for event in handle.agent.session.events:
+        for event in await handle.agent.session.read_events(since):
             reason = event.data.get("reason") if event.type == "turn/end" else None
             if isinstance(reason, dict) and reason.get("kind") == "error":
                 detail = reason.get("message") or reason.get("error") or reason.get("code") or ""
@@ -124,9 +126,9 @@ async def _demo(home: str | None, out: TextIO) -> None:
                 for handle in handles:
                     nursery.start_soon(handle.agent.wait_idle)
             for handle in handles:
-                _print_agent(handle, out)
+                await _print_agent(handle, out)
             print(f"{len(handles)} agents, {len(handles)} loops, one runtime.", file=out)
-            _check_turns(handles)
+            await _check_turns(handles)
 
 
 async def _run(
@@ -140,13 +142,11 @@ async def _run(
             handle = await rt.resume_agent(resume_session_id=sid, agent_options=options)
         else:
             handle = await rt.create_agent(session_id=sid, agent_options=options)
-        turns_before = sum(1 for e in handle.agent.session.events if e.type == "turn/end")
+        before = handle.agent.session.event_count  # this task's turn is logged from here on
         handle.agent.followup(task)
         await handle.agent.wait_idle()
-        _print_agent(handle, out)
-        ends = [e for e in handle.agent.session.events if e.type == "turn/end"][turns_before:]
-        if any(e.data.get("reason", {}).get("kind") == "error" for e in ends):
-            _check_turns([handle])
+        await _print_agent(handle, out)
+        await _check_turns([handle], since=before)
 
 
 def _version() -> str:

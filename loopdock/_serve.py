@@ -119,7 +119,7 @@ def runtime_view(rt: Runtime) -> Callable[[str], RuntimeView | None]:
         # Only what the session keeps in memory: its bindings, its turn count, and its
         # events since the previous turn started (which hold the last turn's end). Never
         # a store read on the event loop, whatever the history's length.
-        in_memory = session.events_since(session.event_count - session.in_memory)
+        in_memory = session.events_since(session.memory_start)
         ends = [e.data.get("reason", {}).get("kind") for e in in_memory if e.type == "turn/end"]
         binding = read_binding(session.retained(BINDING_EVENT))
         return RuntimeView(binding, session.turn_count, str(ends[-1]) if ends else None)

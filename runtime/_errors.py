@@ -93,6 +93,20 @@ class AgentClosedError(LoopdockError):
     code = "AGENT_CLOSED"
 
 
+class EventsTrimmedError(LoopdockError):
+    """Raised by ``session.events_since(i)`` when events from ``i`` on were trimmed from
+    memory: they are in the store, and ``await session.read_events(i)`` reads them."""
+
+    code = "EVENTS_TRIMMED"
+
+
+class TranscriptNotInMemoryError(LoopdockError):
+    """Raised by ``agent.transcript`` outside a turn when the idle agent's history was
+    evicted to the store: ``await agent.read_transcript()`` reads it back."""
+
+    code = "TRANSCRIPT_NOT_IN_MEMORY"
+
+
 class SubscriberDroppedError(LoopdockError):
     """Raised from a subscription's iterator when the subscriber fell behind and was dropped.
 

@@ -108,7 +108,7 @@ class ContinuedSession(Protocol):
     @property
     def header(self) -> ContinuedHeader: ...
 
-    def events_since(self, index: int) -> Sequence[Event]: ...
+    async def read_events(self, start: int) -> Sequence[Event]: ...
 
 
 class ContinuedAgent(Protocol):
@@ -234,7 +234,7 @@ class LoopxContinuation:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                self._fold()
+                await self._fold()
                 nursery.start_soon(self._evaluator)
                 task_status.started()
                 while not self.agent.closed:
@@ -305,10 +305,14 @@ class LoopxContinuation:
             self._served = target
             self._checked.notify()
 
-    def _fold(self) -> None:
-        events = self.agent.session.events_since(self._folded)
-        self._folded += len(events)
-        for event in events:
+    async def _fold(self) -> None:
+        start = self._folded
+        # No checkpoint while the events are in memory; a store read (the agent ran turns
+        # past a trim since the last fold) may let another fold run: feed only what it did not.
+        events = await self.agent.session.read_events(start)
+        new = events[self._folded - start :]
+        self._folded += len(new)
+        for event in new:
             self.history.feed(event)
 
     # -- the person's controls (the GoalBar) --------------------------------------------
@@ -316,7 +320,7 @@ class LoopxContinuation:
     async def start(self) -> ContinuationStatus:
         """A person's Start: re-arm a latched continuation, give the go-ahead for LoopX's
         recovery turn, skip a scheduler wait, and evaluate now. Returns the status after."""
-        self._fold()
+        await self._fold()
         self.history.rearm()
         self._go_ahead = True
         self._cancel_timer()
@@ -350,7 +354,7 @@ class LoopxContinuation:
     # -- one evaluation -------------------------------------------------------------------
 
     async def _evaluate(self) -> None:
-        self._fold()
+        await self._fold()
         agent = self.agent
         if not self.history.activation.active:
             return self._set("inactive")

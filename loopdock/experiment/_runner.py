@@ -95,26 +95,26 @@ class _Meter:
     """One rollout's usage as its log records it: enforces the turn and token limits and
     the run's budget at every step's entry (a step already running is not cut off)."""
 
-    def __init__(self, events: Callable[[], Sequence[Event]], price: Price | None, budget: Budget, limits: Limits) -> None:
-        self._events = events
+    def __init__(self, session: SessionActor, price: Price | None, budget: Budget, limits: Limits) -> None:
+        self._session = session
         self._price = price
         self._budget = budget
         self._limits = limits
         self._seen = 0
         self.tokens = 0
 
-    def catch_up(self) -> None:
-        events = self._events()
-        for event in events[self._seen :]:
+    async def catch_up(self) -> None:
+        events = await self._session.read_events(self._seen)  # the ones not counted yet
+        for event in events:
             used_in, used_out = usage_of(event)
             if used_in or used_out:
                 self.tokens += used_in + used_out
                 if self._price is not None:
                     self._budget.add(self._price.cost(used_in, used_out))
-        self._seen = len(events)
+        self._seen += len(events)
 
     async def pre_step(self, pre: PreStep, next_: Next[PreStep, Verdict]) -> Verdict:
-        self.catch_up()
+        await self.catch_up()
         limits = self._limits
         if limits.turns is not None and pre.step > limits.turns:
             return Reject(f"turn limit {limits.turns} reached")
@@ -242,7 +242,7 @@ class _Run:
         def setup(ctx: AgentContext) -> None:
             # Inside the publication transaction: the session exists only with its identity.
             ctx.session.append(RECORD_EVENT, rollout_record(experiment.name, rollout, attempt))
-            m = _Meter(lambda: ctx.session.events, price, self.budget, experiment.limits)
+            m = _Meter(ctx.session, price, self.budget, experiment.limits)
             meter.append(m)
             ctx.on("agent/pre-step", m.pre_step, prepend=True)
             ctx.on("agent/request", watch_retries)
@@ -269,8 +269,8 @@ class _Run:
                 agent.cancel(f"time limit {limit:g} s reached")
                 await agent.wait_idle()
             latency_ms = round((trio.current_time() - started) * 1000)
-            meter[0].catch_up()
-            events = agent.session.events
+            await meter[0].catch_up()
+            events = await agent.session.read_events()
             ended = _last_turn_end(events)
             outcome: Outcome
             if ended is None or ended.get("kind") in ("error", "interrupted"):
@@ -283,7 +283,7 @@ class _Run:
             else:
                 outcome = await self._score(rollout, agent.session, events, ended, workdir, latency_ms)
             await agent.session.flush()
-            return outcome, fold_rollout(session_id, agent.session.events)
+            return outcome, fold_rollout(session_id, await agent.session.read_events())
         finally:
             with trio.CancelScope(shield=True):
                 await handle.dispose()

@@ -28,18 +28,18 @@ def automatic(text: str) -> Message:
     return Message("user", (TextBlock(text),), ProducerSource("test-driver", {"n": text}))
 
 
-def types(agent, *wanted):
-    return [e.type for e in agent.session.events if not wanted or e.type in wanted]
+async def types(agent, *wanted):
+    return [e.type for e in (await agent.session.read_events()) if not wanted or e.type in wanted]
 
 
-def turn_ends(agent):
-    return [e.data["reason"] for e in agent.session.events if e.type == "turn/end"]
+async def turn_ends(agent):
+    return [e.data["reason"] for e in (await agent.session.read_events()) if e.type == "turn/end"]
 
 
-def user_texts(agent):
+async def user_texts(agent):
     return [
         "".join(b["text"] for b in e.data["content"])
-        for e in agent.session.events
+        for e in (await agent.session.read_events())
         if e.type == "user/message"
     ]
 
@@ -77,9 +77,9 @@ async def test_concurrent_followups_give_strictly_sequential_turns_in_order(rt, 
     await handle.agent.wait_idle()
 
     assert peak == 1
-    starts_and_ends = types(handle.agent, "turn/start", "turn/end")
+    starts_and_ends = await types(handle.agent, "turn/start", "turn/end")
     assert starts_and_ends == ["turn/start", "turn/end"] * 40
-    admitted = [e.data["id"] for e in handle.agent.session.events if e.type == "user/message"]
+    admitted = [e.data["id"] for e in (await handle.agent.session.read_events()) if e.type == "user/message"]
     assert admitted == sent
 
 
@@ -103,9 +103,9 @@ async def test_human_input_cancels_unadmitted_reservation_and_goes_first(rt, aut
 
     gate.set()
     await agent.wait_idle()
-    assert user_texts(agent) == ["start", "human", "plain automatic"]
+    assert await user_texts(agent) == ["start", "human", "plain automatic"]
     discards = [
-        e.data for e in agent.session.events
+        e.data for e in (await agent.session.read_events())
         if e.type == "agent/inbox/spliced" and e.data["op"] == "discard"
     ]
     assert [d["messageId"] for d in discards] == [reservation.message.id]
@@ -117,7 +117,7 @@ async def test_reservation_is_admitted_when_its_message_enters_a_step(rt):
     with trio.fail_after(5):
         assert await reservation.wait() == "admitted"
         await handle.agent.wait_idle()
-    assert user_texts(handle.agent) == ["continue"]
+    assert await user_texts(handle.agent) == ["continue"]
 
 
 async def test_only_producer_sources_may_reserve(rt):
@@ -153,8 +153,8 @@ async def test_pre_step_reject_blocks_the_turn_and_the_agent_goes_on(rt):
         await agent.wait_idle()
     assert reservation.state == "rejected" and reservation.reason == "not now"
     vetoed = {"kind": "blocked", "reason": "not now", "messageIds": [reservation.message.id]}
-    assert turn_ends(agent) == [vetoed, {"kind": "completed"}]
-    assert user_texts(agent) == ["next"]
+    assert await turn_ends(agent) == [vetoed, {"kind": "completed"}]
+    assert await user_texts(agent) == ["next"]
     assert len(adapter.requests) == 1
 
 
@@ -169,8 +169,8 @@ async def test_failing_pre_step_listener_fails_closed(rt):
     sent = handle.agent.followup("hi")
     with trio.fail_after(5):
         await handle.agent.wait_idle()
-    assert turn_ends(handle.agent) == [{"kind": "blocked", "reason": "pre-step listener failed", "messageIds": [sent.id]}]
-    assert types(handle.agent, "user/message", "request/header") == []
+    assert await turn_ends(handle.agent) == [{"kind": "blocked", "reason": "pre-step listener failed", "messageIds": [sent.id]}]
+    assert await types(handle.agent, "user/message", "request/header") == []
 
 
 async def test_request_waterfall_may_rewrite_the_route(rt):
@@ -189,7 +189,7 @@ async def test_request_waterfall_may_rewrite_the_route(rt):
     with trio.fail_after(5):
         await handle.agent.wait_idle()
     assert adapter.requests[0].model == "rerouted-model"
-    headers = [e.data for e in handle.agent.session.events if e.type == "request/header"]
+    headers = [e.data for e in (await handle.agent.session.read_events()) if e.type == "request/header"]
     assert headers[0]["model"] == "rerouted-model"
 
 
@@ -201,11 +201,11 @@ async def test_inject_does_not_wake_but_joins_the_next_step(rt):
     handle = await scripted_agent(rt, adapter)
     handle.agent.inject("quiet note")
     await trio.testing.wait_all_tasks_blocked()
-    assert types(handle.agent, "turn/start") == []
+    assert await types(handle.agent, "turn/start") == []
     handle.agent.followup("go")
     with trio.fail_after(5):
         await handle.agent.wait_idle()
-    assert user_texts(handle.agent) == ["go", "quiet note"]
+    assert await user_texts(handle.agent) == ["go", "quiet note"]
     assert [m.text for m in adapter.requests[0].messages] == ["go", "quiet note"]
 
 
@@ -214,8 +214,8 @@ async def test_steer_wakes_an_idle_agent(rt):
     handle.agent.steer("steered")
     with trio.fail_after(5):
         await handle.agent.wait_idle()
-    assert user_texts(handle.agent) == ["steered"]
-    assert turn_ends(handle.agent) == [{"kind": "completed"}]
+    assert await user_texts(handle.agent) == ["steered"]
+    assert await turn_ends(handle.agent) == [{"kind": "completed"}]
 
 
 async def test_steer_during_a_turn_adds_a_step(rt, autojump_clock):
@@ -227,7 +227,7 @@ async def test_steer_during_a_turn_adds_a_step(rt, autojump_clock):
     handle.agent.steer("also this")
     gate.set()
     await handle.agent.wait_idle()
-    assert types(handle.agent, "turn/start", "step/start") == ["turn/start", "step/start", "step/start"]
+    assert await types(handle.agent, "turn/start", "step/start") == ["turn/start", "step/start", "step/start"]
     assert [m.text for m in adapter.requests[1].messages][-1] == "also this"
 
 
@@ -244,7 +244,7 @@ async def test_cancel_aborts_the_turn_and_keeps_or_drops_the_inbox(rt, autojump_
     agent.followup("two")
     agent.cancel("user pressed stop")
     await agent.wait_idle()
-    assert turn_ends(agent)[:2] == [
+    assert (await turn_ends(agent))[:2] == [
         {"kind": "aborted", "cause": "user pressed stop"},
         {"kind": "completed"},
     ]
@@ -253,8 +253,8 @@ async def test_cancel_aborts_the_turn_and_keeps_or_drops_the_inbox(rt, autojump_
     agent.followup("four")
     agent.cancel("stop all", keep_inbox=False)
     await agent.wait_idle()
-    assert "four" not in user_texts(agent)
-    assert turn_ends(agent)[-1] == {"kind": "aborted", "cause": "stop all"}
+    assert "four" not in await user_texts(agent)
+    assert (await turn_ends(agent))[-1] == {"kind": "aborted", "cause": "stop all"}
 
 
 async def test_cancel_during_tool_calls_pairs_every_call_with_a_result(rt, autojump_clock):
@@ -271,10 +271,10 @@ async def test_cancel_during_tool_calls_pairs_every_call_with_a_result(rt, autoj
     await started.wait()
     handle.agent.cancel("enough")
     await handle.agent.wait_idle()
-    results = [e.data for e in handle.agent.session.events if e.type == "tool/result"]
+    results = [e.data for e in (await handle.agent.session.read_events()) if e.type == "tool/result"]
     assert [r["content"][0]["callId"] for r in results] == ["c1", "c2"]
     assert all(r["content"][0]["content"] == "cancelled" for r in results)
-    assert turn_ends(handle.agent) == [{"kind": "aborted", "cause": "enough"}]
+    assert await turn_ends(handle.agent) == [{"kind": "aborted", "cause": "enough"}]
 
 
 async def test_dispose_during_tool_calls_still_ends_the_turn_aborted(rt, autojump_clock, no_leaks):
@@ -290,9 +290,9 @@ async def test_dispose_during_tool_calls_still_ends_the_turn_aborted(rt, autojum
     handle.agent.followup("go")
     await started.wait()
     await handle.dispose()  # the cancellation reaches the turn through the tool nursery
-    events = handle.agent.session.events
+    events = (await handle.agent.session.read_events())
     assert [e.data["content"][0]["callId"] for e in events if e.type == "tool/result"] == ["c1", "c2"]
-    assert turn_ends(handle.agent) == [{"kind": "aborted", "cause": "disposed"}]
+    assert await turn_ends(handle.agent) == [{"kind": "aborted", "cause": "disposed"}]
     no_leaks(rt)
 
 
@@ -308,7 +308,7 @@ async def test_dispose_cancels_in_flight_work_and_leaks_nothing(rt, autojump_clo
     await handle.dispose()
     await handle.dispose()  # idempotent
     assert rt.list_agents() == []
-    assert turn_ends(agent) == [{"kind": "aborted", "cause": "disposed"}]
+    assert await turn_ends(agent) == [{"kind": "aborted", "cause": "disposed"}]
     no_leaks(rt)
     with pytest.raises(AgentClosedError):
         agent.followup("too late")
@@ -355,14 +355,14 @@ async def test_tool_calls_run_in_parallel_up_to_the_limit_and_log_in_call_order(
     handle.agent.followup("go")
     await handle.agent.wait_idle()
     assert peak == 2
-    results = [e.data["content"][0] for e in handle.agent.session.events if e.type == "tool/result"]
+    results = [e.data["content"][0] for e in (await handle.agent.session.read_events()) if e.type == "tool/result"]
     assert [r["callId"] for r in results] == [f"c{n}" for n in range(5)]
     assert results[3]["content"] == "done 3 in a1"
-    tool_calls = [e.data for e in handle.agent.session.events if e.type == "tool/call"]
+    tool_calls = [e.data for e in (await handle.agent.session.read_events()) if e.type == "tool/call"]
     assert json.loads(tool_calls[1]["arguments"]) == {"n": 1}
     # The model saw every result on its second call.
     assert [m.role for m in adapter.requests[1].messages][-5:] == ["tool"] * 5
-    assert turn_ends(handle.agent) == [{"kind": "completed"}]
+    assert await turn_ends(handle.agent) == [{"kind": "completed"}]
 
 
 async def test_unknown_or_broken_tool_calls_become_error_results(rt):
@@ -373,10 +373,10 @@ async def test_unknown_or_broken_tool_calls_become_error_results(rt):
     handle.agent.followup("go")
     with trio.fail_after(5):
         await handle.agent.wait_idle()
-    results = [e.data["content"][0] for e in handle.agent.session.events if e.type == "tool/result"]
+    results = [e.data["content"][0] for e in (await handle.agent.session.read_events()) if e.type == "tool/result"]
     assert results[0]["isError"] and "unknown tool 'nope'" in results[0]["content"]
     assert results[1]["isError"] and "not valid JSON" in results[1]["content"]
-    assert turn_ends(handle.agent) == [{"kind": "completed"}]
+    assert await turn_ends(handle.agent) == [{"kind": "completed"}]
 
 
 async def test_max_tokens_ends_the_turn(rt):
@@ -384,7 +384,7 @@ async def test_max_tokens_ends_the_turn(rt):
     handle.agent.followup("go")
     with trio.fail_after(5):
         await handle.agent.wait_idle()
-    assert turn_ends(handle.agent) == [{"kind": "max-tokens"}]
+    assert await turn_ends(handle.agent) == [{"kind": "max-tokens"}]
 
 
 async def test_model_error_ends_the_turn_and_the_agent_goes_on(rt):
@@ -394,7 +394,7 @@ async def test_model_error_ends_the_turn_and_the_agent_goes_on(rt):
     handle.agent.followup("two")
     with trio.fail_after(5):
         await handle.agent.wait_idle()
-    assert turn_ends(handle.agent) == [
+    assert await turn_ends(handle.agent) == [
         {"kind": "error", "message": "MODEL_ERROR: provider down"},
         {"kind": "completed"},
     ]
@@ -409,7 +409,7 @@ async def test_model_retries_are_logged(rt):
     handle.agent.followup("go")
     with trio.fail_after(5):
         await handle.agent.wait_idle()
-    retries = [e.data for e in handle.agent.session.events if e.type == "llm/retry"]
+    retries = [e.data for e in (await handle.agent.session.read_events()) if e.type == "llm/retry"]
     assert retries == [{"turn": 1, "attempt": 1, "delay": 0.5, "error": "HTTP 503"}]
 
 
@@ -421,15 +421,15 @@ async def test_a_turn_logs_the_dsh_event_sequence(rt):
         await handle.agent.wait_idle()
         await handle.agent.session.flush()
     # The loop dock records the binding (and the standard preset) before anything else.
-    assert types(handle.agent)[:2] == ["agent-preset/selected", "agent-preset/selected"]
-    assert types(handle.agent)[2:] == [
+    assert (await types(handle.agent))[:2] == ["agent-preset/selected", "agent-preset/selected"]
+    assert (await types(handle.agent))[2:] == [
         "agent/inbox/spliced", "turn/start", "agent/inbox/spliced",
         "step/start", "user/message", "request/header", "assistant/message", "tool/call",
         "tool/result", "step/end",
         "step/start", "request/header", "assistant/message", "step/end",
         "turn/end",
     ]
-    events = handle.agent.session.events
+    events = (await handle.agent.session.read_events())
     assert [e.seq for e in events] == list(range(len(events)))
     assert handle.agent.session.committed_count == len(events)
 
@@ -443,7 +443,7 @@ async def test_each_assistant_message_keeps_the_usage_of_its_model_call(rt):
     handle.agent.followup("look")
     with trio.fail_after(5):
         await handle.agent.wait_idle()
-    usages = [e.data.get("usage") for e in handle.agent.session.events if e.type == "assistant/message"]
+    usages = [e.data.get("usage") for e in (await handle.agent.session.read_events()) if e.type == "assistant/message"]
     assert usages == [{"inputTokens": 120, "outputTokens": 7}, {"inputTokens": 150, "outputTokens": 1}]
     # The usage sits beside the message, not in it: the model never sees it.
     assert all(not hasattr(m, "usage") for m in handle.agent.transcript)
@@ -460,7 +460,7 @@ async def test_a_model_that_reports_no_usage_leaves_none_in_the_log(rt):
     handle.agent.followup("hello")
     with trio.fail_after(5):
         await handle.agent.wait_idle()
-    [message] = [e.data for e in handle.agent.session.events if e.type == "assistant/message"]
+    [message] = [e.data for e in (await handle.agent.session.read_events()) if e.type == "assistant/message"]
     assert "usage" not in message
 
 
@@ -566,12 +566,12 @@ async def test_a_cancel_after_a_turns_last_checkpoint_does_not_reach_the_next_tu
     agent.followup("second")
     await agent.wait_idle()
     assert checkpoints == ["first", "second"]
-    assert turn_ends(agent) == [{"kind": "completed"}, {"kind": "completed"}]
+    assert await turn_ends(agent) == [{"kind": "completed"}, {"kind": "completed"}]
     agent.followup("third")  # and cancelling still works afterwards
     await trio.testing.wait_all_tasks_blocked()
     agent.cancel("stop")
     await agent.wait_idle()
-    assert turn_ends(agent)[-1] == {"kind": "aborted", "cause": "stop"} and checkpoints == ["first", "second"]
+    assert (await turn_ends(agent))[-1] == {"kind": "aborted", "cause": "stop"} and checkpoints == ["first", "second"]
 
 
 async def test_a_failure_raised_as_a_turn_is_cancelled_ends_that_turn_not_the_agent(rt, autojump_clock, caplog):
@@ -600,8 +600,8 @@ async def test_a_failure_raised_as_a_turn_is_cancelled_ends_that_turn_not_the_ag
     await trio.testing.wait_all_tasks_blocked()
     agent.cancel("stop")
     await agent.wait_idle()
-    assert turn_ends(agent) == [{"kind": "aborted", "cause": "stop"}]
+    assert await turn_ends(agent) == [{"kind": "aborted", "cause": "stop"}]
     assert "cleanup failed" in caplog.text
     agent.followup("next")  # the agent is still there
     await agent.wait_idle()
-    assert turn_ends(agent)[-1] == {"kind": "completed"} and agent.status == "idle"
+    assert (await turn_ends(agent))[-1] == {"kind": "completed"} and agent.status == "idle"

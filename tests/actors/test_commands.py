@@ -38,8 +38,8 @@ def automatic(text):
     return Message("user", (TextBlock(text),), ProducerSource("test-driver", {"n": text}))
 
 
-def command_events(agent):
-    return [(e.type, dict(e.data)) for e in agent.session.events if e.type.startswith("command/")]
+async def command_events(agent):
+    return [(e.type, dict(e.data)) for e in (await agent.session.read_events()) if e.type.startswith("command/")]
 
 
 async def start(rt, adapter, session_id="a1"):
@@ -107,7 +107,7 @@ async def test_execute_command_logs_run_and_done_and_gives_the_result(tmp_path):
             result = await rt.execute_command("a1", "/hello  world ")
 
             assert result == CommandResult(True, "greeted", {"who": "world"})
-            assert command_events(handle.agent) == [
+            assert await command_events(handle.agent) == [
                 ("command/run", {"name": "hello", "args": "world"}),
                 ("command/done", {"name": "hello", "ok": True, "message": "greeted"}),
             ]
@@ -115,7 +115,7 @@ async def test_execute_command_logs_run_and_done_and_gives_the_result(tmp_path):
             assert isinstance(ctx, CommandContext)
             assert (ctx.agent, ctx.owner, ctx.name, ctx.session_id) == (handle.agent, rt.supervisor, "hello", "a1")
             await handle.agent.session.flush()
-            stored = [e.type for e in handle.agent.session.events if e.type.startswith("command/")]
+            stored = [e.type for e in (await handle.agent.session.read_events()) if e.type.startswith("command/")]
             assert stored == ["command/run", "command/done"]
 
 
@@ -129,7 +129,7 @@ async def test_an_unknown_command_or_a_line_without_slash_is_a_typed_error(tmp_p
             with pytest.raises(UnknownCommandError, match=r"commands: /bye, /hello") as info:
                 await rt.execute_command("a1", line)
             assert info.value.code == "UNKNOWN_COMMAND"
-            assert command_events(handle.agent) == []
+            assert await command_events(handle.agent) == []
 
 
 async def test_an_unknown_or_disposed_agent_is_a_typed_error(tmp_path):
@@ -158,13 +158,13 @@ async def test_a_raising_command_gives_ok_false_and_the_agent_keeps_working(tmp_
 
             assert result.ok is False
             assert result.message == "/boom failed: RuntimeError"  # no raw exception text
-            assert command_events(handle.agent)[-1] == (
+            assert (await command_events(handle.agent))[-1] == (
                 "command/done", {"name": "boom", "ok": False, "message": "/boom failed: RuntimeError"},
             )
             handle.agent.followup("are you alive?")
             await handle.agent.wait_idle()
             assert not handle.agent.closed
-            ends = [e.data["reason"]["kind"] for e in handle.agent.session.events if e.type == "turn/end"]
+            ends = [e.data["reason"]["kind"] for e in (await handle.agent.session.read_events()) if e.type == "turn/end"]
             assert ends == ["completed"]
             assert len(adapter.requests) == 1
 
@@ -208,21 +208,21 @@ async def test_command_execution_withdraws_a_pending_reservation(tmp_path):
             assert (reservation.state, reservation.reason) == ("cancelled", "command")
             assert agent.inbox_size == 0
             discards = [
-                e for e in agent.session.events
+                e for e in (await agent.session.read_events())
                 if e.type == "agent/inbox/spliced" and e.data["op"] == "discard"
             ]
             assert [(d.data["messageId"], d.data["reason"]) for d in discards] == [
                 (reservation.message.id, "command")
             ]
             # The withdrawal is logged inside the command's run/done bracket.
-            [run_seq] = [e.seq for e in agent.session.events if e.type == "command/run"]
-            [done_seq] = [e.seq for e in agent.session.events if e.type == "command/done"]
+            [run_seq] = [e.seq for e in (await agent.session.read_events()) if e.type == "command/run"]
+            [done_seq] = [e.seq for e in (await agent.session.read_events()) if e.type == "command/done"]
             assert run_seq < discards[0].seq < done_seq
 
             agent.followup("human")
             gate.set()
             await agent.wait_idle()
-            texts = ["".join(b["text"] for b in e.data["content"]) for e in agent.session.events if e.type == "user/message"]
+            texts = ["".join(b["text"] for b in e.data["content"]) for e in (await agent.session.read_events()) if e.type == "user/message"]
             assert texts == ["start", "human"]
 
 
@@ -296,7 +296,7 @@ async def test_disposing_the_agent_cancels_a_running_command(tmp_path):
             assert [(r.ok, r.message) for r in results] == [(False, "/wait was cancelled: the agent stopped")]
             # command/done is logged only if it beats the session's close (a race the
             # disposal decides); when it is there, it says the command did not succeed.
-            events = command_events(handle.agent)
+            events = await command_events(handle.agent)
             assert events[0] == ("command/run", {"name": "wait", "args": ""})
             assert all(data["ok"] is False for kind, data in events[1:])
             assert [kind for kind, _ in events[1:]] in ([], ["command/done"])
@@ -323,13 +323,13 @@ async def test_a_caller_cancelling_logs_the_command_as_cancelled(tmp_path):
                     nursery.start_soon(cancel_once_started)
                     await rt.execute_command("a1", "/wait x")
             assert scope.cancelled_caught
-            assert command_events(handle.agent) == [
+            assert await command_events(handle.agent) == [
                 ("command/run", {"name": "wait", "args": "x"}),
                 ("command/done", {"name": "wait", "ok": False, "message": "/wait was cancelled"}),
             ]
             handle.agent.followup("still alive?")
             await handle.agent.wait_idle()
-            ends = [e.data["reason"]["kind"] for e in handle.agent.session.events if e.type == "turn/end"]
+            ends = [e.data["reason"]["kind"] for e in (await handle.agent.session.read_events()) if e.type == "turn/end"]
             assert ends == ["completed"]
 
 

@@ -472,11 +472,11 @@ async def test_the_dock_setups_run_between_the_caller_and_the_strategy(home):
         async with opened(home) as rt:
             seen = {}
 
-            def caller(ctx):
-                seen["caller"] = (read_binding(ctx.session.events), len(ctx.agent.request))
+            async def caller(ctx):
+                seen["caller"] = (read_binding(await ctx.session.read_events()), len(ctx.agent.request))
 
-            def strategy(ctx):
-                seen["strategy"] = (read_binding(ctx.session.events), len(ctx.agent.request))
+            async def strategy(ctx):
+                seen["strategy"] = (read_binding(await ctx.session.read_events()), len(ctx.agent.request))
 
             rt.dock.register(StrategyLoop(id="demo-loop", setup=strategy))
             await rt.create_agent(session_id="s1", loop="demo-loop", setup=caller)
@@ -943,7 +943,7 @@ async def test_the_pinned_route_follows_the_effective_preset_per_request(home, r
             agent.session.append(BINDING_EVENT, {"agentPreset": "minimal"})
             assert await ask(agent, "three") == "pinned"
             assert len(pinned.requests) == 2 and len(own.requests) == 1
-            headers = [(e.data["provider"], e.data["model"]) for e in agent.session.events if e.type == "request/header"]
+            headers = [(e.data["provider"], e.data["model"]) for e in (await agent.session.read_events()) if e.type == "request/header"]
             assert headers == [("scripted", "m-pinned"), ("own", "m-own"), ("scripted", "m-pinned")]
 
 
@@ -1318,7 +1318,7 @@ async def test_a_configured_agent_without_a_session_id_runs_on_its_own_id_and_co
         # after a restart the same entry resumes the same session, on the loop it was bound to
         async with opened(home, config=config) as rt:
             handles = await rt.wait_configured()
-            events = handles["flash"].agent.session.events
+            events = await handles["flash"].agent.session.read_events()
             assert read_binding(events) == Route("minimal-first", "default")
             assert [e.type for e in events].count("turn/end") == 1  # the first run's turn is there
 

@@ -8,7 +8,7 @@ async def test_a_fault_is_a_system_message_with_a_fault_source_the_model_never_s
     agent = handle.agent
     before = len(agent.transcript)
     record_fault(agent.session, "loopx-continuation", ValueError("/home/secret/path"), action="retried")
-    event = agent.session.events[-1]
+    event = (await agent.session.read_events())[-1]
     assert event.type == "system/message"
     assert is_fault(event.data)
     assert event.data["source"] == {"kind": FAULT_KIND, "actor": "loopx-continuation",
@@ -25,9 +25,9 @@ async def test_recording_on_a_closed_session_is_only_logged(rt):
     handle = await rt.create_agent(session_id="f2")
     session = handle.agent.session
     await handle.dispose()
-    count = len(session.events)
+    count = session.event_count
     record_fault(session, "subscriber", "fell behind")
-    assert len(session.events) == count
+    assert session.event_count == count
 
 
 def test_other_system_messages_are_not_faults():

@@ -64,8 +64,8 @@ def mount(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     assert hung.from_event_loop == []
 
 
-def tool_results(agent) -> list[dict]:
-    return [e.data for e in agent.session.events if e.type == "tool/result"]
+async def tool_results(agent) -> list[dict]:
+    return [e.data for e in (await agent.session.read_events()) if e.type == "tool/result"]
 
 
 async def test_calls_hung_on_a_mount_leave_every_other_agent_durable(rt, tmp_path, mount):
@@ -92,7 +92,7 @@ async def test_calls_hung_on_a_mount_leave_every_other_agent_durable(rt, tmp_pat
         hung.release()
         for agent in stuck:
             await agent.wait_idle()
-    assert all(tool_results(a)[-1]["content"][0]["content"] == "from the mount" for a in stuck)
+    assert all([(await tool_results(a))[-1]["content"][0]["content"] == "from the mount" for a in stuck])
 
 
 async def test_cancel_ends_a_read_stuck_on_a_mount_without_waiting_for_it(rt, mount):
@@ -104,7 +104,7 @@ async def test_cancel_ends_a_read_stuck_on_a_mount_without_waiting_for_it(rt, mo
         agent.cancel("the mount does not answer")
         await agent.wait_idle()  # the thread is still blocked: abandoned, not waited for
     assert not hung.released.is_set()
-    [result] = tool_results(agent)
+    [result] = await tool_results(agent)
     assert result["content"][0] == {"type": "tool-result", "callId": result["source"]["callId"],
                                     "content": "cancelled", "isError": True}
     # The agent goes on; the abandoned thread's late answer goes nowhere.
@@ -112,7 +112,7 @@ async def test_cancel_ends_a_read_stuck_on_a_mount_without_waiting_for_it(rt, mo
         agent.followup("still there?")
         await agent.wait_idle()
     assert agent.transcript[-1].role == "assistant"
-    assert len(tool_results(agent)) == 1
+    assert len(await tool_results(agent)) == 1
 
 
 async def test_cancel_waits_for_a_write_stuck_on_a_mount_and_reports_what_it_did(rt, mount):
@@ -129,6 +129,6 @@ async def test_cancel_waits_for_a_write_stuck_on_a_mount_and_reports_what_it_did
         hung.release()
         await agent.wait_idle()
     assert (root / "b.txt").read_text() == "written"
-    assert tool_results(agent)[-1]["content"][0]["content"] == "wrote 7 bytes to b.txt"
-    ends = [e.data for e in agent.session.events if e.type == "turn/end"]
+    assert (await tool_results(agent))[-1]["content"][0]["content"] == "wrote 7 bytes to b.txt"
+    ends = [e.data for e in (await agent.session.read_events()) if e.type == "turn/end"]
     assert ends[-1]["reason"]["kind"] == "aborted"

@@ -89,7 +89,7 @@ async def test_passive_until_activation_and_every_other_shape_fails_closed(
         assert driver.activation.active is False
         assert calls() == []  # zero CLI calls
         assert driver.timer is None and driver.pending is None  # zero timers, zero followups
-        kinds = {e.data.get("source", {}).get("kind") for e in agent.session.events if e.type == "user/message"}
+        kinds = {e.data.get("source", {}).get("kind") for e in (await agent.session.read_events()) if e.type == "user/message"}
         assert kinds == {"user", "skill-invocation"}
 
 
@@ -178,7 +178,7 @@ async def test_human_input_wins_at_pre_step(tmp_path, loopx_env, loopx_project, 
             agent.followup("/loopx write it")
             await human_answered.wait()
             await agent.wait_idle()
-        ends = [e.data["reason"] for e in agent.session.events if e.type == "turn/end"]
+        ends = [e.data["reason"] for e in (await agent.session.read_events()) if e.type == "turn/end"]
         await handle.dispose()
 
     assert ends[0] == {"kind": "completed"}

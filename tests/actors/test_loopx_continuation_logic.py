@@ -125,13 +125,13 @@ async def new_agent(rt, project: Path, session_id: str, fake: FakeLoopx, respond
     return handle, driver
 
 
-def continuation_turns(agent) -> list[str]:
-    return [e.data["source"]["turnInstanceId"] for e in agent.session.events
+async def continuation_turns(agent) -> list[str]:
+    return [e.data["source"]["turnInstanceId"] for e in (await agent.session.read_events())
             if e.type == "user/message" and e.data.get("source", {}).get("kind") == "loopx-continuation"]
 
 
-def faults(agent) -> list[dict]:
-    return [e.data["source"] for e in agent.session.events
+async def faults(agent) -> list[dict]:
+    return [e.data["source"] for e in (await agent.session.read_events())
             if e.type == "system/message" and e.data.get("source", {}).get("kind") == FAULT_KIND]
 
 
@@ -150,7 +150,7 @@ async def test_a_scheduler_wake_up_and_an_idle_checkpoint_make_one_evaluation_at
             await driver.wait_quiescent()
         assert fake.max_in_flight == 1
         # One admission, admitted once; the coalesced requests found it pending or served.
-        assert len(driver.admitted) == 1 and continuation_turns(handle.agent) == driver.admitted
+        assert len(driver.admitted) == 1 and await continuation_turns(handle.agent) == driver.admitted
         await handle.dispose()
 
 
@@ -182,15 +182,15 @@ async def test_a_failing_evaluation_is_recorded_shown_and_retried_at_the_next_ch
             await driver.wait_quiescent()
             assert driver.status.state == "failed"
             assert driver.status.reason == "the evaluation failed: RuntimeError"  # no text of the error
-            (fault,) = faults(handle.agent)
+            (fault,) = await faults(handle.agent)
             assert fault["actor"] == "loopx-continuation" and fault["action"] == "retried at the next checkpoint"
             # Nothing else ended: the other agent works, this agent works.
             bystander.agent.followup("hello")
             await rt.loopx.continuations["bystander"].wait_quiescent()
             handle.agent.followup("go on")
             await driver.wait_quiescent()
-        assert driver.admitted and continuation_turns(handle.agent) == driver.admitted
-        assert len(faults(handle.agent)) == 1
+        assert driver.admitted and await continuation_turns(handle.agent) == driver.admitted
+        assert len(await faults(handle.agent)) == 1
         await handle.dispose()
         await bystander.dispose()
 
@@ -215,13 +215,13 @@ async def test_a_revalidation_that_raises_rejects_the_step_and_the_agent_goes_on
         with trio.fail_after(60):
             handle.agent.followup("/loopx go")
             await driver.wait_quiescent()
-        ends = [e.data["reason"] for e in handle.agent.session.events if e.type == "turn/end"]
+        ends = [e.data["reason"] for e in (await handle.agent.session.read_events()) if e.type == "turn/end"]
         vetoed = ends[1].pop("messageIds")  # the continuation's message, which never entered the log
         assert ends[1] == {"kind": "blocked", "reason": "loopx continuation: revalidation failed: ValueError"}
-        assert len(vetoed) == 1 and vetoed[0] not in {e.data["id"] for e in handle.agent.session.events
+        assert len(vetoed) == 1 and vetoed[0] not in {e.data["id"] for e in (await handle.agent.session.read_events())
                                                       if e.type == "user/message"}
-        assert driver.admitted == [] and continuation_turns(handle.agent) == []
-        assert [f["error"] for f in faults(handle.agent)] == ["revalidation failed: ValueError"]
+        assert driver.admitted == [] and await continuation_turns(handle.agent) == []
+        assert [f["error"] for f in await faults(handle.agent)] == ["revalidation failed: ValueError"]
         # The blocked turn latches it: quiet, without a CLI call, until a person acts.
         assert driver.status.state == "quiet" and len(fake.should_runs) == 2  # admission, replay; none after
         await handle.dispose()

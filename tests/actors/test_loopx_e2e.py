@@ -141,7 +141,7 @@ async def test_a_bound_session_is_continued_and_settled_under_one_turn_identity(
             await model.settled.wait()
             await agent.wait_idle()
         admitted = list(driver.admitted)
-        events = list(agent.session.events)
+        events = await agent.session.read_events()
         await handle.dispose()
 
     # One continuation, admitted under the turn id the model then settled.

@@ -233,9 +233,9 @@ def assert_safe(text: str, *roots) -> None:
     assert NOISE not in text and "Traceback" not in text, text
 
 
-def init_messages(agent):
+async def init_messages(agent):
     """The (recorded) user messages of an agent's session, in order."""
-    return [message_from_wire(e.data) for e in agent.session.events if e.type == "user/message"]
+    return [message_from_wire(e.data) for e in (await agent.session.read_events()) if e.type == "user/message"]
 
 
 async def start_agent(rt, adapter, session_id="a1"):
@@ -770,7 +770,7 @@ async def test_any_argument_is_a_usage_error_before_any_followup_or_probe(line, 
             assert result.ok is False and result.message == "usage: /loopx-init (takes no arguments)"
             assert result.data["kind"] == "usage"
             assert asked == [] and read_log(log) == [] and read_log(pip_log) == []
-            assert handle.agent.inbox_size == 0 and init_messages(handle.agent) == []
+            assert handle.agent.inbox_size == 0 and await init_messages(handle.agent) == []
             assert adapter.requests == []
             assert not (tmp_path / "agents").exists()
 
@@ -801,7 +801,7 @@ async def test_success_queues_start_then_result_and_returns_the_native_result(lo
             assert [a.agent for a in asked] == [agent]
             [outcome] = adopted
             assert outcome.command == (str(loopx),) and result.message == outcome.summary
-            start, done = init_messages(agent)
+            start, done = await init_messages(agent)
             assert_init_source(start, "start")
             assert_init_source(done, "result")
             assert dict(done.source.fields) == {"phase": "result", "ok": True}
@@ -812,9 +812,9 @@ async def test_success_queues_start_then_result_and_returns_the_native_result(lo
             # Two model turns, one per followup, in order; both ordinary (no reservation).
             assert len(adapter.requests) == 2
             assert adapter.requests[1].messages[-1].id == done.id
-            spliced = [e.data for e in agent.session.events if e.type == "agent/inbox/spliced" and e.data["op"] == "insert"]
+            spliced = [e.data for e in (await agent.session.read_events()) if e.type == "agent/inbox/spliced" and e.data["op"] == "insert"]
             assert [s["placement"] for s in spliced] == ["followup", "followup"]
-            assert not any(e.type.startswith("reservation") for e in agent.session.events)
+            assert not any(e.type.startswith("reservation") for e in (await agent.session.read_events()))
             assert steps(calls) == ["version", "inspect", "install", "inspect"]
 
 
@@ -835,7 +835,7 @@ async def test_failure_still_queues_exactly_start_and_result(loopx_standin_env, 
             )
             assert adopted == []
             assert len(read_log(pip_log)) == 1
-            start, done = init_messages(handle.agent)
+            start, done = await init_messages(handle.agent)
             assert_init_source(start, "start")
             assert_init_source(done, "result")
             assert dict(done.source.fields) == {"phase": "result", "ok": False}
@@ -843,7 +843,7 @@ async def test_failure_still_queues_exactly_start_and_result(loopx_standin_env, 
             for text in (start.text, done.text, result.message):
                 assert_safe(text, tmp_path, loopx_project)
             assert len(adapter.requests) == 2
-            done_event = [e.data for e in handle.agent.session.events if e.type == "command/done"]
+            done_event = [e.data for e in (await handle.agent.session.read_events()) if e.type == "command/done"]
             assert done_event == [{"name": "loopx-init", "ok": False, "message": result.message}]
 
 
@@ -870,10 +870,10 @@ async def test_cancellation_leaves_only_the_start_followup_and_propagates(loopx_
                     scope.cancel()
                 await handle.agent.wait_idle()
                 assert scope.cancelled_caught and returned == []
-                [start] = init_messages(handle.agent)
+                [start] = await init_messages(handle.agent)
                 assert_init_source(start, "start")
                 assert len(adapter.requests) == 1 and handle.agent.inbox_size == 0
-                types = [e.type for e in handle.agent.session.events]
+                types = [e.type for e in (await handle.agent.session.read_events())]
                 assert types.count("command/run") == 1 and types.count("user/message") == 1
     assert steps(log) == ["version", "inspect", "install"]
     with pytest.raises(ProcessLookupError):  # the hung install was killed and reaped
@@ -915,4 +915,4 @@ async def test_followup_queue_failures_are_logged_once_and_keep_the_native_resul
                 again = await command.run(ctx, "")
             assert (again.ok, again.data["skillsChanged"]) == (True, False)
             assert [e["phase"] for e in logs if e["event"] == "loopx init followup not queued"] == ["start", "result"]
-            assert adapter.requests == [] and init_messages(handle.agent) == []
+            assert adapter.requests == [] and await init_messages(handle.agent) == []

@@ -84,14 +84,14 @@ def is_continuation(message) -> bool:
     return message.source is not None and message.source.kind == "loopx-continuation"
 
 
-def continuations(agent) -> list[tuple[str, str]]:
+async def continuations(agent) -> list[tuple[str, str]]:
     """(turn id, text) of every continuation message that entered a model step."""
-    return [(e.data["source"]["turnInstanceId"], e.data["content"][0]["text"]) for e in agent.session.events
+    return [(e.data["source"]["turnInstanceId"], e.data["content"][0]["text"]) for e in (await agent.session.read_events())
             if e.type == "user/message" and e.data.get("source", {}).get("kind") == "loopx-continuation"]
 
 
-def turn_ends(agent) -> list[str]:
-    return [e.data["reason"]["kind"] for e in agent.session.events if e.type == "turn/end"]
+async def turn_ends(agent) -> list[str]:
+    return [e.data["reason"]["kind"] for e in (await agent.session.read_events()) if e.type == "turn/end"]
 
 
 async def test_a_cancelled_turn_latches_across_a_restart_and_is_resumed_when_a_person_speaks(
@@ -130,15 +130,15 @@ async def test_a_cancelled_turn_latches_across_a_restart_and_is_resumed_when_a_p
             calls_when_latched = len(client.calls)
             bystander.agent.followup("hello")
             await rt.loopx.continuations["s-bystander"].wait_quiescent()
-        assert turn_ends(handle.agent)[-1] == "aborted"
+        assert (await turn_ends(handle.agent))[-1] == "aborted"
         assert driver.status.state == "quiet" and driver.status.reason.startswith("the last turn was cancelled")
-        assert [t for t, _ in continuations(handle.agent)] == [turn_id]
-        assert turn_ends(bystander.agent) == ["completed"]  # the agent beside it never noticed
+        assert [t for t, _ in await continuations(handle.agent)] == [turn_id]
+        assert await turn_ends(bystander.agent) == ["completed"]  # the agent beside it never noticed
         # The continuation came with the 150-character goal id LoopX bound.
-        (source,) = [e.data["source"] for e in handle.agent.session.events
+        (source,) = [e.data["source"] for e in (await handle.agent.session.read_events())
                      if e.type == "user/message" and e.data["source"]["kind"] == "loopx-continuation"]
         assert source["goalId"] == LONG_GOAL and len(LONG_GOAL) == 150
-        assert not [e for e in handle.agent.session.events
+        assert not [e for e in (await handle.agent.session.read_events())
                     if e.type == "system/message" and e.data["source"]["kind"] == FAULT_KIND]
 
     # A restart: the latch is folded from the session log again; still no CLI call.
@@ -156,7 +156,7 @@ async def test_a_cancelled_turn_latches_across_a_restart_and_is_resumed_when_a_p
         with trio.fail_after(PHASE):
             handle.agent.followup("please go on")
             await driver.wait_quiescent()
-        resumed = continuations(handle.agent)[1:]
+        resumed = (await continuations(handle.agent))[1:]
         assert [t for t, _ in resumed] == [turn_id]
         assert resumed[0][1].startswith(RESUME_NOTE) and f"LOOPX_TURN={turn_id}" in resumed[0][1]
         fresh = [t for t in client.should_runs if t != turn_id]
@@ -172,7 +172,7 @@ async def test_a_cancelled_turn_latches_across_a_restart_and_is_resumed_when_a_p
         with trio.fail_after(PHASE):
             await driver.start()  # the GoalBar's Start: the go-ahead
             await driver.wait_quiescent()
-        recovery = continuations(handle.agent)[2:]
+        recovery = (await continuations(handle.agent))[2:]
         assert [t for t, _ in recovery] == [owed] and recovery[0][1].startswith(RECOVERY_NOTE)
         assert f"LOOPX_TURN={owed}" in recovery[0][1]
         await handle.dispose()
@@ -217,8 +217,8 @@ async def test_a_restart_in_the_middle_of_a_turn_resumes_it_without_a_person(
         driver.clients = lambda: client
         with trio.fail_after(PHASE):
             await driver.wait_quiescent()
-        assert turn_ends(handle.agent)[-2:] == ["aborted", "completed"]
-        assert [t for t, _ in continuations(handle.agent)] == [turn_id, turn_id]
+        assert (await turn_ends(handle.agent))[-2:] == ["aborted", "completed"]
+        assert [t for t, _ in await continuations(handle.agent)] == [turn_id, turn_id]
         assert driver.admitted == [turn_id]
         await handle.dispose()
 
@@ -297,7 +297,7 @@ async def test_loopx_init_repairs_the_cli_of_agents_that_existed_before_it(
             await driver.wait_quiescent()
         assert driver.status.state == "failed" and driver.admitted == []
         assert driver.status.reason == "binding unavailable: exit code 3 without JSON"
-        faults = [e.data["source"] for e in handle.agent.session.events
+        faults = [e.data["source"] for e in (await handle.agent.session.read_events())
                   if e.type == "system/message" and e.data["source"]["kind"] == FAULT_KIND]
         assert [f["error"] for f in faults] == ["binding unavailable: exit code 3 without JSON"]
 

@@ -72,7 +72,7 @@ async def test_a_failing_setup_or_commit_leaves_nothing_behind(rt, where):
     handle = await rt.create_agent(session_id="a1")
     assert "scoped" not in handle.agent.tools.names()
     assert "role" not in handle.agent.prompt_sections
-    assert "session/title" not in [e.type for e in handle.agent.session.events]
+    assert "session/title" not in [e.type for e in (await handle.agent.session.read_events())]
     await handle.dispose()
 
 
@@ -81,7 +81,7 @@ async def test_a_failing_resume_setup_keeps_the_persisted_session_unchanged(rt):
     handle.agent.followup("hi")
     with trio.fail_after(5):
         await handle.agent.wait_idle()
-    before = [e.type for e in handle.agent.session.events]
+    before = [e.type for e in (await handle.agent.session.read_events())]
     await handle.dispose()
 
     def setup(ctx):
@@ -92,7 +92,7 @@ async def test_a_failing_resume_setup_keeps_the_persisted_session_unchanged(rt):
         await rt.resume_agent(resume_session_id="a1", setup=setup)
     assert rt.list_agents() == []
     resumed = await rt.resume_agent(resume_session_id="a1")
-    assert [e.type for e in resumed.agent.session.events] == before
+    assert [e.type for e in (await resumed.agent.session.read_events())] == before
     await resumed.dispose()
 
 

@@ -64,7 +64,7 @@ async def test_seq_is_contiguous_from_zero_across_many_appends(tmp_path):
                     await trio.testing.wait_all_tasks_blocked()  # let commits interleave
             await s.flush()
             assert [e.seq for e in appended] == list(range(300))
-            assert [e.seq for e in s.events] == list(range(300))
+            assert [e.seq for e in (await s.read_events())] == list(range(300))
             assert s.committed_count == 300
             _, loaded = store.load("s1")
             assert [e.seq for e in loaded] == list(range(300))
@@ -101,11 +101,11 @@ async def test_unknown_event_type_is_refused_and_leaves_the_log_unchanged(tmp_pa
             s.publish()
             s.append("user/message", {"a": 1})
             await s.flush()
-            before = (s.events, s.committed_count)
+            before = ((await s.read_events()), s.committed_count)
             for bad in ("agent/custom", "", "User/Message", "turn/start "):
                 with pytest.raises(UnknownEventTypeError):
                     s.append(bad, {"x": 1})
-            assert (s.events, s.committed_count) == before
+            assert ((await s.read_events()), s.committed_count) == before
             await s.flush()
             nxt = s.append("user/message", {"a": 2})
             assert nxt.seq == 1  # no seq was burnt by the refused appends
@@ -170,7 +170,7 @@ async def test_publish_writes_header_and_every_buffered_event(tmp_path):
             assert s.committed_count == 4
             loaded_header, loaded_events = store.load("s1")
             assert loaded_header == h
-            assert wire(loaded_events) == wire(s.events)
+            assert wire(loaded_events) == wire((await s.read_events()))
             assert len(loaded_events) == 4
 
 
@@ -205,7 +205,7 @@ async def test_appends_to_many_sessions_are_committed_in_few_transactions(tmp_pa
             for s in sessions:
                 assert s.committed_count == n_events
                 _, events = store.load(s.id)
-                assert wire(events) == wire(s.events)
+                assert wire(events) == wire((await s.read_events()))
 
 
 # -- 4. flush = durable across connections ----------------------------------------------
@@ -224,7 +224,7 @@ async def test_after_flush_a_separate_connection_sees_every_event(tmp_path):
                     loaded = other.load("s1")
                     assert loaded is not None
                     assert loaded[0] == header("s1")
-                    assert wire(loaded[1]) == wire(s.events)
+                    assert wire(loaded[1]) == wire((await s.read_events()))
                     assert other.last_seq("s1") == 10 * (round_ + 1) - 1
 
 
@@ -249,7 +249,7 @@ async def test_subscribers_see_events_in_order_and_only_after_commit(tmp_path):
 
             await writer.drain()
             await trio.testing.wait_all_tasks_blocked()
-            assert wire(got) == wire(s.events)
+            assert wire(got) == wire((await s.read_events()))
             assert [e.seq for e in got] == list(range(6))
 
             s.append("turn/start", {"turn": 1})
@@ -382,7 +382,7 @@ async def test_a_refused_session_fails_alone_and_writes_nothing_after(tmp_path):
             await sessions["a"].flush()
             with pytest.raises(StoreError, match="seq 1"):
                 await sessions["b"].flush()
-            assert len(sessions["b"].events) == 3  # kept in memory
+            assert len((await sessions["b"].read_events())) == 3  # kept in memory
 
         with SessionStore.open(path) as other:
             assert [e.data for e in other.load("a")[1]] == [{"n": 0}, {"n": 1}, {"n": 2}]
@@ -469,7 +469,7 @@ async def test_concurrent_drains_keep_a_sessions_writes_in_order(tmp_path):
                     gated.gate.set()
             await s.close()
             assert gated.batches == [[0], [1]]
-            assert wire(store.load("s1")[1]) == wire(s.events)
+            assert wire(store.load("s1")[1]) == wire((await s.read_events()))
             assert writer.commits == 2
             assert [e.seq async for e in sub] == [0, 1]
 

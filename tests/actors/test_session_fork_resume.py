@@ -59,8 +59,8 @@ async def test_resume_restores_transcript_and_turns_after_reopening(tmp_path):
             h = await rt.create_agent(session_id="a1")
             await turn(h.agent, "hello")
             await turn(h.agent, "again")
-            transcript = [message_to_wire(m) for m in h.agent.transcript]
-            events = wire(h.agent.session.events)
+            transcript = [message_to_wire(m) for m in (await h.agent.read_transcript())]
+            events = wire(await h.agent.session.read_events())
             assert h.agent.turns == 2
             await h.dispose()
         assert [m["content"][0]["text"] for m in transcript] == [
@@ -69,12 +69,12 @@ async def test_resume_restores_transcript_and_turns_after_reopening(tmp_path):
 
         async with Runtime.open(home) as rt:
             h = await rt.resume_agent(resume_session_id="a1")
-            assert [message_to_wire(m) for m in h.agent.transcript] == transcript
+            assert [message_to_wire(m) for m in (await h.agent.read_transcript())] == transcript
             assert h.agent.turns == 2
-            assert wire(h.agent.session.events) == events  # nothing repaired or added
+            assert wire(await h.agent.session.read_events()) == events  # nothing repaired or added
             await turn(h.agent, "three")
             assert h.agent.turns == 3
-            texts = [m.content[0].text for m in h.agent.transcript]
+            texts = [m.content[0].text for m in (await h.agent.read_transcript())]
             assert texts[-2:] == ["three", "pong: three"]
             await h.dispose()
         stored = load(home, "a1")[1]
@@ -112,8 +112,8 @@ async def test_resume_repairs_an_open_turn_once_and_durably(tmp_path):
         async with Runtime.open(home) as rt:
             h = await rt.resume_agent(resume_session_id="crashed")
             assert h.agent.turns == 2
-            assert [m.id for m in h.agent.transcript] == ["m1", "m2", "m3"]
-            events = h.agent.session.events
+            assert [m.id for m in (await h.agent.read_transcript())] == ["m1", "m2", "m3"]
+            events = (await h.agent.session.read_events())
             assert wire(events[: len(original)]) == wire(original)
             repair = events[len(original)]
             # After the repair, only what the loop dock records on a first resume.
@@ -129,7 +129,7 @@ async def test_resume_repairs_an_open_turn_once_and_durably(tmp_path):
         # Resuming again does not repair again.
         async with Runtime.open(home) as rt:
             h = await rt.resume_agent(resume_session_id="crashed")
-            assert len(h.agent.session.events) == len(events)  # no second repair, no rebinding
+            assert len(await h.agent.session.read_events()) == len(events)  # no second repair, no rebinding
             await turn(h.agent, "next")
             assert h.agent.turns == 3
             await h.dispose()
@@ -149,12 +149,12 @@ async def test_resume_unknown_and_live_sessions(tmp_path):
                 await rt.resume_agent(resume_session_id="nobody")
             h = await rt.create_agent(session_id="live")
             await turn(h.agent, "hi")
-            before = wire(h.agent.session.events)
+            before = wire(await h.agent.session.read_events())
             with pytest.raises(AgentBusyError):
                 await rt.resume_agent(resume_session_id="live")
             assert rt.list_agents() == ["live"]
             assert rt.get_agent("live") is h.agent
-            assert wire(h.agent.session.events) == before
+            assert wire(await h.agent.session.read_events()) == before
             await turn(h.agent, "still works")
             assert h.agent.turns == 2
             await h.dispose()
@@ -287,7 +287,7 @@ async def test_a_fork_resumes_and_continues_the_turn_numbering(tmp_path):
             await rt.fork_session("src", "branch")
             h = await rt.resume_agent(resume_session_id="branch")
             assert h.agent.turns == 2
-            assert [m.content[0].text for m in h.agent.transcript] == [
+            assert [m.content[0].text for m in (await h.agent.read_transcript())] == [
                 "one", "pong: one", "two", "pong: two"
             ]
             await turn(h.agent, "three")
@@ -306,7 +306,7 @@ async def test_fork_of_a_live_session_copies_its_completed_turns(tmp_path):
             h = await rt.create_agent(session_id="live")
             await turn(h.agent, "one")
             await rt.fork_session("live", "snap")
-            live_events = h.agent.session.events
+            live_events = (await h.agent.session.read_events())
             await h.dispose()
         header, events = load(home, "snap")
         assert header.parent_session == "live"

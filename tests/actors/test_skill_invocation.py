@@ -38,8 +38,8 @@ async def start(rt, adapter, session_id="a1"):
     return handle.agent
 
 
-def user_events(agent):
-    return [e.data for e in agent.session.events if e.type == "user/message"]
+async def user_events(agent):
+    return [e.data for e in (await agent.session.read_events()) if e.type == "user/message"]
 
 
 def text_of(data):
@@ -54,7 +54,7 @@ async def test_slash_name_logs_the_original_then_the_skill_body(tmp_path, projec
             sent = agent.followup("/demo do X")
             await agent.wait_idle()
 
-            original, injected = user_events(agent)
+            original, injected = await user_events(agent)
             assert original["id"] == sent.id
             assert text_of(original) == "/demo do X"
             assert original["source"] == {"kind": "user"}
@@ -62,11 +62,11 @@ async def test_slash_name_logs_the_original_then_the_skill_body(tmp_path, projec
             assert text_of(injected) == BODY
             assert injected["role"] == "user"
             # Both are in the step, in order, and the model saw both.
-            types = [e.type for e in agent.session.events]
+            types = [e.type for e in (await agent.session.read_events())]
             step = types.index("step/start")
             assert types[step + 1 : step + 3] == ["user/message", "user/message"]
             assert [m.text for m in adapter.requests[0].messages] == ["/demo do X", BODY]
-            ends = [e.data["reason"]["kind"] for e in agent.session.events if e.type == "turn/end"]
+            ends = [e.data["reason"]["kind"] for e in (await agent.session.read_events()) if e.type == "turn/end"]
             assert ends == ["completed"]
 
 
@@ -78,8 +78,8 @@ async def test_the_model_calling_the_skill_tool_gets_the_body(tmp_path, project)
             agent.followup("use the demo skill")
             await agent.wait_idle()
 
-            calls = [e.data for e in agent.session.events if e.type == "tool/call"]
-            results = [e.data for e in agent.session.events if e.type == "tool/result"]
+            calls = [e.data for e in (await agent.session.read_events()) if e.type == "tool/call"]
+            results = [e.data for e in (await agent.session.read_events()) if e.type == "tool/result"]
             assert calls == [{"callId": "c1", "name": "skill", "arguments": json.dumps({"name": "demo"})}]
             [result] = results
             assert result["source"] == {"kind": "tool", "callId": "c1"}
@@ -90,7 +90,7 @@ async def test_the_model_calling_the_skill_tool_gets_the_body(tmp_path, project)
             assert "- demo: The demo skill" in spec.description
             assert adapter.requests[1].messages[-1].content[0].content == BODY
             # The model path injects nothing: only the person's message is a user/message.
-            assert [text_of(d) for d in user_events(agent)] == ["use the demo skill"]
+            assert [text_of(d) for d in await user_events(agent)] == ["use the demo skill"]
 
 
 async def test_a_non_human_message_starting_with_slash_name_is_not_expanded(tmp_path, project):
@@ -107,7 +107,7 @@ async def test_a_non_human_message_starting_with_slash_name_is_not_expanded(tmp_
             assert await reservation.wait() == "admitted"
             await agent.wait_idle()
 
-            events = user_events(agent)
+            events = await user_events(agent)
             assert [e["source"]["kind"] for e in events] == ["test-driver", "test-driver"]
             assert [text_of(e) for e in events] == ["/demo do X", "/demo again"]
             assert [m.text for m in adapter.requests[1].messages] == ["/demo do X", "one", "/demo again"]
@@ -124,7 +124,7 @@ async def test_a_skill_added_on_disk_is_invoked_without_a_restart(tmp_path, proj
             agent.followup("/fresh go")
             await agent.wait_idle()
 
-            kinds = [(e["source"]["kind"], text_of(e)) for e in user_events(agent)]
+            kinds = [(e["source"]["kind"], text_of(e)) for e in await user_events(agent)]
             assert kinds == [
                 ("user", "/fresh go"),
                 ("user", "/fresh go"),
@@ -143,9 +143,9 @@ async def test_a_vetoed_invocation_injects_nothing(tmp_path, project):
             agent.pre_step.add(veto)
             sent = agent.followup("/demo do X")
             await agent.wait_idle()
-            assert user_events(agent) == []
+            assert await user_events(agent) == []
             assert adapter.requests == []
-            ends = [e.data["reason"] for e in agent.session.events if e.type == "turn/end"]
+            ends = [e.data["reason"] for e in (await agent.session.read_events()) if e.type == "turn/end"]
             assert ends == [{"kind": "blocked", "reason": "no demos", "messageIds": [sent.id]}]
 
 
@@ -173,8 +173,8 @@ async def test_a_broken_expander_never_loses_the_message(tmp_path, project):
             agent.followup("/demo do X")
             await agent.wait_idle()
             # The skill expander between the two broken ones still did its work.
-            assert [e["source"]["kind"] for e in user_events(agent)] == ["user", "skill-invocation"]
-            ends = [e.data["reason"]["kind"] for e in agent.session.events if e.type == "turn/end"]
+            assert [e["source"]["kind"] for e in await user_events(agent)] == ["user", "skill-invocation"]
+            ends = [e.data["reason"]["kind"] for e in (await agent.session.read_events()) if e.type == "turn/end"]
             assert ends == ["completed"]
 
 

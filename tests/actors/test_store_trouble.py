@@ -271,11 +271,11 @@ async def test_a_runtime_on_a_full_disk_serves_people_holds_automatic_work_and_l
 
         async with Runtime.open(home) as rt:
             resumed = await rt.resume_agent(resume_session_id="person")
-            users = [m.text for m in resumed.agent.transcript if m.role == "user"]
+            users = [m.text for m in (await resumed.agent.read_transcript()) if m.role == "user"]
             assert users == ["before", "on a full disk " + BIG, "still served"]
-            assert len(resumed.agent.transcript) == 6  # each answered
+            assert len((await resumed.agent.read_transcript())) == 6  # each answered
             worker_again = await rt.resume_agent(resume_session_id="worker")
-            assert [m.text for m in worker_again.agent.transcript if m.role == "user"] == ["background work"]
+            assert [m.text for m in (await worker_again.agent.read_transcript()) if m.role == "user"] == ["background work"]
 
 
 async def test_a_runtime_closed_on_a_full_disk_closes_at_once_and_resumes_from_what_was_written(
@@ -301,11 +301,11 @@ async def test_a_runtime_closed_on_a_full_disk_closes_at_once_and_resumes_from_w
         async with Runtime.open(home) as rt:
             resumed = (await rt.resume_agent(resume_session_id="a")).agent
             assert resumed.session.event_count == durable  # the whole prefix, nothing of the lost turn
-            assert [m.text for m in resumed.transcript if m.role == "user"] == ["kept"]
+            assert [m.text for m in (await resumed.read_transcript()) if m.role == "user"] == ["kept"]
             resumed.followup("after")
             await resumed.wait_idle()
             await resumed.session.flush()
-            assert [m.text for m in resumed.transcript if m.role == "user"] == ["kept", "after"]
+            assert [m.text for m in (await resumed.read_transcript()) if m.role == "user"] == ["kept", "after"]
 
 
 async def test_an_agent_whose_session_is_refused_for_good_is_retired_at_its_next_turn(tmp_path):
@@ -335,7 +335,7 @@ async def test_an_agent_whose_session_is_refused_for_good_is_retired_at_its_next
                         break
         assert seen == ["agent/error", "agent/disposed"]
         assert a.closed and rt.list_agents() == ["b"]
-        assert [m.text for m in a.transcript if m.role == "user"] == ["one", "two"]  # "three" never ran
+        assert [m.text for m in (await a.read_transcript()) if m.role == "user"] == ["one", "two"]  # "three" never ran
         b.followup("hello")
         await b.wait_idle()
         await b.session.flush()

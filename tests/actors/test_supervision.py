@@ -11,10 +11,10 @@ from loopdock.runtime import StoreUnusableError
 from loopdock.runtime.skills import SkillCatalog
 
 
-def _faults(session) -> list[dict]:
+async def _faults(session) -> list[dict]:
     return [
         e.data["source"]
-        for e in session.events
+        for e in await session.read_events()
         if e.type == "system/message" and e.data.get("source", {}).get("kind") == FAULT_KIND
     ]
 
@@ -127,14 +127,14 @@ async def test_a_failing_companion_is_recorded_and_restarted_and_its_agent_goes_
     with trio.fail_after(30):
         while runs < 2:
             await trio.sleep(0.5)
-    assert _faults(a.agent.session) == [
+    assert await _faults(a.agent.session) == [
         {"kind": FAULT_KIND, "actor": "loopx-continuation", "error": "ValueError", "action": "restarted"}
     ]
     for handle in (a, b):  # both agents still work
         handle.agent.followup("hello")
         await handle.agent.wait_idle()
-        assert handle.agent.session.events[-1].data["reason"]["kind"] == "completed"
-    assert _faults(b.agent.session) == []
+        assert (await handle.agent.session.read_events())[-1].data["reason"]["kind"] == "completed"
+    assert await _faults(b.agent.session) == []
     # The restarted companion is the agent's, and leaves with it.
     companions = a.agent._companions
     assert companions is not None and len(companions.child_tasks) == 1
@@ -151,17 +151,17 @@ async def test_a_companion_that_keeps_failing_is_stopped_and_the_runtime_closes_
         handle = await rt.create_agent(session_id="a")
         await handle.agent.start_companion(companion, name="flaky")
         with trio.fail_after(COMPANION_POLICY.window):
-            while len(_faults(handle.agent.session)) <= COMPANION_POLICY.max_restarts:
+            while len(await _faults(handle.agent.session)) <= COMPANION_POLICY.max_restarts:
                 await trio.sleep(1)
-        actions = [f["action"] for f in _faults(handle.agent.session)]
+        actions = [f["action"] for f in await _faults(handle.agent.session)]
         assert actions == ["restarted"] * COMPANION_POLICY.max_restarts + ["stopped"]
         handle.agent.followup("still here")
         await handle.agent.wait_idle()
-        assert handle.agent.session.events[-1].data["reason"]["kind"] == "completed"
+        assert (await handle.agent.session.read_events())[-1].data["reason"]["kind"] == "completed"
     # The faults are durable: they are in the log a restart reads back.
     async with Runtime.open(tmp_path / "home") as rt:
         resumed = await rt.resume_agent(resume_session_id="a")
-        assert [f["action"] for f in _faults(resumed.agent.session)][-1] == "stopped"
+        assert [f["action"] for f in await _faults(resumed.agent.session)][-1] == "stopped"
 
 
 # -- agents -------------------------------------------------------------------------
@@ -192,10 +192,10 @@ async def test_an_agent_whose_evaluator_fails_is_retired_and_its_siblings_go_on(
         assert rt.list_agents() == ["b"] and a.agent.closed
         b.agent.followup("hello")
         await b.agent.wait_idle()
-        assert b.agent.session.events[-1].data["reason"]["kind"] == "completed"
+        assert (await b.agent.session.read_events())[-1].data["reason"]["kind"] == "completed"
     async with Runtime.open(tmp_path / "home") as rt:  # the retirement is in the log
         resumed = await rt.resume_agent(resume_session_id="a")
-        assert _faults(resumed.agent.session)[-1] == {
+        assert (await _faults(resumed.agent.session))[-1] == {
             "kind": FAULT_KIND, "actor": "agent", "error": "RuntimeError", "action": "retired"
         }
 
@@ -206,10 +206,10 @@ async def test_a_failing_agent_started_hook_is_recorded_and_the_agent_runs(rt):
 
     rt.supervisor.agent_started.append(hook)
     handle = await rt.create_agent(session_id="h")
-    assert [f["actor"] for f in _faults(handle.agent.session)] == ["agent-started hook"]
+    assert [f["actor"] for f in await _faults(handle.agent.session)] == ["agent-started hook"]
     handle.agent.followup("hi")
     await handle.agent.wait_idle()
-    assert handle.agent.session.events[-1].data["reason"]["kind"] == "completed"
+    assert (await handle.agent.session.read_events())[-1].data["reason"]["kind"] == "completed"
 
 
 async def test_a_failing_pre_step_listener_rejects_the_step_and_is_recorded(rt):
@@ -222,9 +222,9 @@ async def test_a_failing_pre_step_listener_rejects_the_step_and_is_recorded(rt):
     handle = await rt.create_agent(session_id="p", setup=setup)
     sent = handle.agent.followup("hi")
     await handle.agent.wait_idle()
-    assert handle.agent.session.events[-1].data["reason"] == {
+    assert (await handle.agent.session.read_events())[-1].data["reason"] == {
         "kind": "blocked", "reason": "pre-step listener failed", "messageIds": [sent.id]}
-    assert [f["actor"] for f in _faults(handle.agent.session)] == ["pre-step listener"]
+    assert [f["actor"] for f in await _faults(handle.agent.session)] == ["pre-step listener"]
 
 
 # -- the store writer ---------------------------------------------------------------
@@ -272,7 +272,7 @@ async def test_the_runtimes_watchers_are_restarted_and_agents_go_on(tmp_path, mo
                     await trio.sleep(0.5)
             handle.agent.followup("hello")
             await handle.agent.wait_idle()
-            assert handle.agent.session.events[-1].data["reason"]["kind"] == "completed"
+            assert (await handle.agent.session.read_events())[-1].data["reason"]["kind"] == "completed"
     failed = sorted((e["event"], e["action"]) for e in logs if e["event"].endswith("failed") and "action" in e)
     assert failed == [
         ("admission gate's stall watcher failed", "restarted"),

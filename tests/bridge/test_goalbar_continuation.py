@@ -62,8 +62,8 @@ def is_continuation(message) -> bool:
     return message.source is not None and message.source.kind == "loopx-continuation"
 
 
-def continuations(agent) -> list[str]:
-    return [e.data["source"]["turnInstanceId"] for e in agent.session.events
+async def continuations(agent) -> list[str]:
+    return [e.data["source"]["turnInstanceId"] for e in (await agent.session.read_events())
             if e.type == "user/message" and e.data.get("source", {}).get("kind") == "loopx-continuation"]
 
 
@@ -161,7 +161,7 @@ async def test_start_and_pause_control_the_continuation(tmp_path, loopx_env, loo
             # needs-person, see 5). Either way it is no longer paused.
             assert started.state.continuation in ("queued", "working", "needs-person")
             assert client.executed == ["stop", "stop", "resume"]
-            assert continuations(agent) == [failed, failed]
+            assert await continuations(agent) == [failed, failed]
 
             # 5. A continuation on its way into a step when Pause is clicked never enters.
             #    (The resumed turn completed unsettled: LoopX needs a person; Start is it.)
@@ -178,7 +178,7 @@ async def test_start_and_pause_control_the_continuation(tmp_path, loopx_env, loo
             assert paused.outcome == "done" and paused.state.lifecycle_state == "stopped"
             assert pending is not None and pending.reservation.state == "rejected"
             assert pending.reservation.reason == "loopx continuation: a Pause is in progress"
-            assert continuations(agent) == [failed, failed]  # nothing entered
+            assert await continuations(agent) == [failed, failed]  # nothing entered
             assert len(bar.locks) == 0
         await handle.dispose()
 

@@ -46,7 +46,7 @@ async def test_file_tools_refuse_the_token_the_database_and_the_home_itself(tmp_
             await handle.agent.wait_idle()
             results = {
                 block["callId"]: block
-                for e in handle.agent.session.events
+                for e in (await handle.agent.session.read_events())
                 if e.type == "tool/result"
                 for block in e.data["content"]
             }

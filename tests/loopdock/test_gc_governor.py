@@ -251,7 +251,7 @@ async def test_a_failing_governor_is_restarted_and_agents_go_on(tmp_path, monkey
             handle = await rt.create_agent(session_id="a")
             handle.agent.followup("hello")
             await handle.agent.wait_idle()
-            assert handle.agent.session.events[-1].data["reason"]["kind"] == "completed"
+            assert (await handle.agent.session.read_events())[-1].data["reason"]["kind"] == "completed"
             await trio.testing.wait_all_tasks_blocked()
             assert governor.freezes > 0  # the restarted governor does its job
             await handle.dispose()

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PUBLIC = {
     "AgentActor", "AgentContext", "AgentHandle", "AgentOptions", "Command", "CommandContext",
     "CommandResult", "CreateAgentOptions", "DockConfig", "DockError", "Driver", "DriverLoop",
-    "ENTER", "Enter", "Event", "FakeDriver", "LiveEvent", "LoopInfo", "LoopdockError",
+    "ENTER", "Enter", "Event", "FakeDriver", "GC_THRESHOLD", "LiveEvent", "LoopInfo", "LoopdockError",
     "LoopxSettings", "Message", "ModelAdapter", "ModelRequest", "PreStep", "Preset",
     "ProducerSource", "ReactDriver", "Reject", "Reply", "Reservation", "ResumeAgentOptions",
     "Runtime", "ScriptedAdapter", "SessionHeader", "Setup", "ShellPolicy", "SkillCatalog",

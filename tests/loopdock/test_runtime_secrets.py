@@ -49,7 +49,7 @@ async def main(home, work, python_dir):
         handle = await rt.create_agent(session_id="walker", agent_options={"provider": "scripted", "model": "m"}, cwd=work)
         handle.agent.followup("walk")
         await handle.agent.wait_idle()
-        [result] = [b for e in handle.agent.session.events if e.type == "tool/result" for b in e.data["content"]]
+        [result] = [b for e in (await handle.agent.session.read_events()) if e.type == "tool/result" for b in e.data["content"]]
         print(json.dumps({"pid": os.getpid(), "result": result}))
 
 trio.run(main, *sys.argv[1:4])

@@ -101,7 +101,7 @@ async def test_kill_9_while_writing_loses_no_acknowledged_flush(tmp_path, childr
                 rt.register_driver("scribe", FakeDriver("scribe"))
                 for sid in sessions:
                     handle = await rt.resume_agent(resume_session_id=sid)
-                    ends = [e.data for e in handle.agent.session.events if e.type == "turn/end"]
+                    ends = [e.data for e in (await handle.agent.session.read_events()) if e.type == "turn/end"]
                     assert ends[-1] == {"turn": killed_turns[sid], "reason": {"kind": "interrupted"}}
                     assert len(ends) == round_ + 1  # every earlier killed turn ended once, too
                     await handle.dispose()

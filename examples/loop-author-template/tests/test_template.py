@@ -31,6 +31,6 @@ async def test_template_loop_composes_a_concise_read_only_agent(tmp_path):
             [request] = model.requests
             assert PROMPT_TEXT in request.system
             assert {tool.name for tool in request.tools} == {"read_file", "list_dir"}
-            ends = [e.data["reason"]["kind"] for e in agent.session.events if e.type == "turn/end"]
+            ends = [e.data["reason"]["kind"] for e in await agent.session.read_events() if e.type == "turn/end"]
             assert ends == ["completed"]
             await handle.dispose()
