@@ -40,5 +40,8 @@ class AgentOwner(Protocol):
     def announce(self, event_type: str, agent_id: str, data: Mapping[str, Any]) -> None:
         """Publish a live event about ``agent_id``."""
 
+    async def prepare_step(self) -> None:
+        """Bring what a step reads from outside up to date (before its messages are claimed)."""
+
     def expand(self, message: Message) -> list[Message]:
         """The messages to record in place of an admitted ``message``."""

@@ -82,6 +82,9 @@ class Supervisor:
         # Applied in order to every message admitted into a model step; each returns the
         # messages to record in place of the one it got (``[m]`` leaves it alone).
         self.expanders: list[Callable[[Message], Sequence[Message]]] = []
+        # Awaited before every model step, before its messages are claimed: they bring
+        # what steps read from the disk up to date (the skill catalog), off trio's thread.
+        self.step_preparers: list[Callable[[], Awaitable[object]]] = []
         # Called with every agent once it runs (e.g. to start its LoopX continuation
         # driver as a companion actor); a failing hook is logged, never fatal.
         self.agent_started: list[Callable[[AgentActor], Awaitable[None]]] = []
@@ -107,6 +110,15 @@ class Supervisor:
             raise UnknownServiceError(
                 f"no service {name!r}; provided: {', '.join(sorted(self.services)) or 'none'}"
             ) from None
+
+    async def prepare_step(self) -> None:
+        """Await every step preparer; one that fails is logged and skipped (the step goes
+        on with what it read last)."""
+        for prepare in list(self.step_preparers):
+            try:
+                await prepare()
+            except Exception as exc:
+                log.warning("step preparer failed", preparer=repr(prepare), error=repr(exc))
 
     def expand(self, message: Message) -> list[Message]:
         """Run ``message`` through every expander; the result replaces it in the log.

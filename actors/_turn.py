@@ -120,6 +120,8 @@ class Turn:
         Raises TurnBlocked when a listener rejects (the claimed messages are consumed).
         """
         agent = self.agent
+        # May wait on a worker thread: before the claim, so what arrives meanwhile enters too.
+        await agent.owner.prepare_step()
         entries = agent.claim_step(self._entries)
         self._entries = entries
         messages = tuple(e.message for e in entries)

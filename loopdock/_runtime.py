@@ -210,7 +210,8 @@ class Runtime:
             hide_environment_block()
         admission = AdmissionGate(automatic_slots)
         history = HistoryCache(warm_history_bytes)
-        dock_config = dock_config_of(config)
+        # A config file is read in a worker thread, as everything on disk is.
+        dock_config = await trio.to_thread.run_sync(dock_config_of, config)
         environ = env if env is not None else os.environ
         catalog = skills if skills is not None else SkillCatalog.from_env(Path.cwd(), environ)
         path = resolve_home(home)
@@ -279,9 +280,10 @@ class Runtime:
                     log.warning("gc governor failed", error=repr(error), action=action)
 
                 await nursery.start(run_writer, name="store writer")
-                # The skill tool's listing then re-reads the disk only after a change; a
-                # watcher that keeps failing leaves every lookup checking the disk.
-                nursery.start_soon(
+                # Started once the catalog is scanned and watched: a model step then looks at
+                # the disk (in a worker thread) only after a change. A watcher that keeps
+                # failing leaves every step checking the disk.
+                await nursery.start(
                     functools.partial(
                         supervised, catalog.watch, name="skill catalog watcher", policy=WATCHER_POLICY,
                         report=watcher_failed,
@@ -311,6 +313,7 @@ class Runtime:
                         ),
                         name="gc governor",
                     )
+                supervisor.step_preparers.append(catalog.refreshed)
                 supervisor.expanders.append(functools.partial(expand_skill_invocations, catalog=catalog))
                 supervisor.provide("agentPresets", AgentPresets())
                 dock = LoopDock(supervisor, dock_config)
@@ -319,7 +322,13 @@ class Runtime:
                 dock.register_driver(ReactDriver())
                 for loop in BUILTIN_LOOPS:
                     dock.register(loop)
-                dock.warnings.extend(load_loop_packages(dock.register, dock_config.loop_packages).warnings)
+                # Finding and importing loop packages reads the disk: a worker thread does it,
+                # and hands each loop to the event loop's thread to register.
+                packages = await trio.to_thread.run_sync(
+                    load_loop_packages, functools.partial(trio.from_thread.run_sync, dock.register),
+                    dock_config.loop_packages,
+                )
+                dock.warnings.extend(packages.warnings)
                 if loopx is not None:
                     rt.loopx = LoopxIntegration(loopx)
                     await rt.loopx.start(supervisor, rt.commands, Path.cwd())

@@ -211,7 +211,8 @@ async def serve_command(
     project_dir = Path(project if project is not None else Path.cwd()).absolute()
     if not project_dir.is_dir():
         raise InvalidOptionsError(f"--project is not a directory: {str(project_dir)[:200]}")
-    dock_config = load_config(config) if config is not None else None  # a bad file: one line, now
+    # A bad file: one line, now.
+    dock_config = await trio.to_thread.run_sync(load_config, config) if config is not None else None
     if cluster is not None:
         from loopdock.runtime.cluster import check_url, redact  # needs coredis, as open_cluster
 

@@ -107,7 +107,7 @@ async def run_worker(
     """
     if lease_ttl <= 0:
         raise ClusterConfigError(f"the lease ttl must be positive, got {lease_ttl}")
-    dock_config = dock_config_of(config)  # a bad file: one line, before joining
+    dock_config = await trio.to_thread.run_sync(dock_config_of, config)  # a bad file: one line, before joining
     if dock_config.agents:
         raise ClusterConfigError(
             "the worker's config names agents; every worker would start them outside its shards: "

@@ -4,15 +4,17 @@ Roots, highest rank first, as DSH orders them: ``<project>/.dsh/skills``,
 ``<project>/.agents/skills``, custom dirs, ``$DSH_HOME/skills``, ``$DSH_AGENTS_HOME/skills``
 (default ``~/.agents/skills``). A higher-ranked root shadows a lower one by skill name.
 
-Hot reload works without a watcher task: every ``get``/``list`` first computes a cheap
-signature (a few ``stat`` calls: each root, each skill folder, each ``SKILL.md``) and
-rescans only when it differs from the last scan. That keeps the catalog a plain object
-with no lifetime to manage, and a change on disk is seen by the very next call.
+Lookups (``get``, ``list``, ``names``) never touch the disk: they answer from the last
+scan. A refresh brings that up to date: it computes a cheap signature (a few ``stat``
+calls: each root, each skill folder, each ``SKILL.md``) and rescans only when it differs
+from the last scan. ``await refreshed()`` does so in a worker thread, never on trio's
+thread; the runtime awaits it before every model step, so a change on disk is seen by the
+very next step. ``refresh()`` is the same, synchronous, for worker threads and programs
+without trio.
 
-``refresh()``, which the ``skill`` tool's listing asks on every model request, can skip
-even those calls: while a ``watch()`` task runs (the runtime starts one in its nursery),
-an inotify signal on the roots says when the disk changed, and ``refresh()`` looks at the
-disk only then. Without a watcher (or without inotify) it checks every time.
+Both can skip even the signature: while a ``watch()`` task runs (the runtime starts one in
+its nursery), an inotify signal on the roots says when the disk changed, and a refresh
+looks at the disk only then. Without a watcher (or without inotify) it checks every time.
 
 Nothing the model can see carries an absolute path: a ``Skill`` names its root by a label
 (``project-dsh``, ``dsh-home``, ...), and the warnings for skipped skills do the same.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import builtins
 import os
 import re
+import select
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -111,6 +114,14 @@ def parse_skill(text: str, folder: str, *, rank: int = 0, root: str = "") -> Ski
     return Skill(name, description.strip(), body, rank, root, extra)
 
 
+def _readable(fds: Iterable[int]) -> bool:
+    """Whether a change signal waits on any of ``fds`` (a poll that never blocks)."""
+    if not fds:
+        return False
+    readable, _, _ = select.select(list(fds), [], [], 0)
+    return bool(readable)
+
+
 def _stat_key(path: str) -> tuple[int, ...] | None:
     try:
         st = os.stat(path)
@@ -170,6 +181,8 @@ class SkillCatalog:
         self.generation = 0
         self._live_watches = 0  # watch() tasks whose inotify watches are in place
         self._signalled = True  # a watcher saw a change (or has just (re)started)
+        self._refreshing = trio.Lock()
+        self._watch_fds: set[int] = set()  # the inotify fds of live watch() tasks
 
     @classmethod
     def from_env(
@@ -187,63 +200,85 @@ class SkillCatalog:
             extra_dirs=extra_dirs,
         )
 
-    # -- lookups ------------------------------------------------------------------------
+    # -- lookups (as of the last refresh: no disk access) ----------------------------------
 
     def get(self, name: str) -> Skill | None:
-        self._refresh()
         return self._skills.get(name)
 
     def list(self) -> list[Skill]:
         """Every visible skill, sorted by name."""
-        self._refresh()
         return [self._skills[n] for n in sorted(self._skills)]
 
     def names(self) -> builtins.list[str]:
-        self._refresh()
         return sorted(self._skills)
 
     # -- scanning -----------------------------------------------------------------------
 
+    async def refreshed(self) -> int:
+        """``refresh()`` in a worker thread (one at a time); no checkpoint when a
+        ``watch()`` task runs and no change happened since the last look. A change the
+        watcher has not handled yet counts: the kernel queues its signal before the write
+        that made it returns, and this polls the watches (without waiting) for it."""
+        if self._live_watches and not self._signalled and not _readable(self._watch_fds):
+            return self.generation
+        async with self._refreshing:
+            return await trio.to_thread.run_sync(self.refresh)
+
     def refresh(self) -> int:
         """Rescan if anything changed on disk; returns ``generation``, which changes
         exactly when the visible skills may have. Looks at the disk (a few ``stat``
-        calls) unless a ``watch()`` task runs and has seen no change since the last look."""
-        if self._live_watches and not self._signalled:
+        calls) unless a ``watch()`` task runs and no change happened since the last look:
+        call it from a worker thread, or ``await refreshed()``."""
+        if self._live_watches and not self._signalled and not _readable(self._watch_fds):
             return self.generation
         self._signalled = False
         self._refresh()
         return self.generation
 
     async def watch(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Keep a change signal on the roots until cancelled (run it in a nursery).
+        """Keep a change signal on the roots until cancelled (run it with ``nursery.start``).
 
         Each change (in a root, a skill folder, or the nearest existing parent of a
-        missing root) reopens the watches for the tree as it is now and makes the next
-        ``refresh()`` look at the disk. Where inotify is missing it only waits to be
-        cancelled; if the watches cannot be set up it retries every second. Either way
-        ``refresh()`` meanwhile checks the disk every time.
+        missing root) reopens the watches for the tree as it is now, and this task
+        rescans in a worker thread, so that the next ``refreshed()`` rarely has to. It
+        reports started once the first watches are in place and the catalog scanned.
+        Where inotify is missing it scans once and waits to be cancelled; if the watches
+        cannot be set up it retries every second. Either way a refresh meanwhile checks
+        the disk every time.
         """
-        task_status.started()
         if not watch_supported():
+            await self.refreshed()
+            task_status.started()
             await trio.sleep_forever()
+        started = False
         while True:
-            paths = self._watch_paths()
-            fd = open_watches(paths)
+            # Walking the roots and adding the watches touch the disk: a worker thread.
+            paths = await trio.to_thread.run_sync(self._watch_paths)
+            fd = await trio.to_thread.run_sync(open_watches, paths)
             if fd is None:
+                if not started:
+                    await self.refreshed()
+                    task_status.started()
+                    started = True
                 await trio.sleep(1.0)
                 continue
-            if self._watch_paths() != paths:
+            if await trio.to_thread.run_sync(self._watch_paths) != paths:
                 # A folder came or went while the watches were being added: one of
                 # them may be missing. Set them up again for the tree as it is now.
                 os.close(fd)
-                await trio.lowlevel.checkpoint()
                 continue
             self._live_watches += 1
+            self._watch_fds.add(fd)
             self._signalled = True  # whatever changed before the watches were in place
             try:
+                await self.refreshed()
+                if not started:
+                    task_status.started()
+                    started = True
                 await trio.lowlevel.wait_readable(fd)
             finally:
                 self._live_watches -= 1
+                self._watch_fds.discard(fd)
                 self._signalled = True
                 trio.lowlevel.notify_closing(fd)
                 os.close(fd)

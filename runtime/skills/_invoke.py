@@ -52,11 +52,12 @@ def _listing(catalog: SkillCatalog) -> str:
 
 @attrs.frozen
 class SkillTool(Tool):
-    """The ``skill`` tool. Its spec lists the catalog as it is *now*, so a skill added on
-    disk shows up in the next model request without re-registering anything.
+    """The ``skill`` tool. Its spec lists the catalog as of its last refresh (the runtime
+    refreshes it before every model step), so a skill added on disk shows up in the next
+    model request without re-registering anything.
 
     The listing is built once per catalog generation (a rescan after a change on disk),
-    not on every request: each request only pays the catalog's change check.
+    not on every request.
     """
 
     catalog: SkillCatalog = attrs.field(eq=False, kw_only=True)
@@ -65,7 +66,7 @@ class SkillTool(Tool):
 
     @property
     def spec(self) -> ToolSpec:
-        generation = self.catalog.refresh()
+        generation = self.catalog.generation
         cached = self._cached
         if cached[0] != generation:
             spec = ToolSpec(self.name, f"{self.description}\n\n{_listing(self.catalog)}", self.parameters)

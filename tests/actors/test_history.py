@@ -9,6 +9,7 @@ import tracemalloc
 import pytest
 
 from loopdock import Runtime
+from loopdock.actors._history_cache import ITEM_BYTES
 from loopdock.runtime import EventsTrimmedError, TranscriptNotInMemoryError
 from loopdock.runtime._serde import message_to_wire
 
@@ -71,12 +72,13 @@ async def test_an_evicted_agent_reads_its_transcript_back_and_goes_on_exactly(tm
 
 
 async def test_the_cache_evicts_the_least_recently_active_over_its_budget(tmp_path):
-    async with Runtime.open(tmp_path / "home", warm_history_bytes=20_000) as rt:
+    budget = 50 * ITEM_BYTES  # about two agents' three turns
+    async with Runtime.open(tmp_path / "home", warm_history_bytes=budget) as rt:
         agents = [(await rt.create_agent(session_id=f"a{i}")).agent for i in range(4)]
         for agent in agents:
             await run_turns(agent, 3)
         cache = rt.supervisor.history
-        assert cache.held <= 20_000 and cache.evictions >= 1
+        assert cache.held <= budget and cache.evictions >= 1
         assert agents[0]._transcript is None  # the oldest went first
         assert agents[-1]._transcript is not None  # the newest is still warm
         await run_turns(agents[0], 1)  # a cold agent comes back with its whole history

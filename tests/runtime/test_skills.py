@@ -47,12 +47,15 @@ def dirs(tmp_path):
 
 
 def catalog_for(dirs) -> SkillCatalog:
-    return SkillCatalog(
+    """A catalog over the test's roots, scanned once (lookups answer from the last scan)."""
+    catalog = SkillCatalog(
         dirs["project"],
         dsh_home=dirs["dsh_home"],
         agents_home=dirs["agents_home"],
         extra_dirs=[dirs["custom"]],
     )
+    catalog.refresh()
+    return catalog
 
 
 ROOT_PATHS = {
@@ -81,11 +84,13 @@ def test_a_higher_ranked_root_shadows_a_lower_one_by_name(dirs):
 
     # Peel the roots off from the top: each time the next one down takes over.
     for rank, label in enumerate(ROOT_PATHS):
+        catalog.refresh()
         skill = catalog.get("demo")
         assert (skill.root, skill.rank, skill.body, skill.description) == (
             label, rank, f"body from {label}", label,
         )
         (ROOT_PATHS[label](dirs) / "demo" / "SKILL.md").unlink()
+    catalog.refresh()
     assert catalog.get("demo") is None
     assert [s.name for s in catalog.list()] == ["only-low"]
 
@@ -102,6 +107,7 @@ def test_the_same_directory_reached_twice_keeps_its_higher_rank(tmp_path):
     # project == $HOME: <project>/.agents/skills is also $DSH_AGENTS_HOME/skills.
     write_skill(tmp_path / ".agents" / "skills", "demo", "body")
     catalog = SkillCatalog(tmp_path, agents_home=tmp_path / ".agents")
+    catalog.refresh()
     assert [r.label for r in catalog.roots] == ["project-dsh", "project-agents"]
     assert catalog.get("demo").root == "project-agents"
 
@@ -206,24 +212,30 @@ def test_missing_roots_are_simply_empty(dirs):
 # -- hot reload -----------------------------------------------------------------------------
 
 
-def test_created_edited_and_deleted_skills_are_seen_by_the_next_call(dirs):
+def test_created_edited_and_deleted_skills_are_seen_by_the_next_refresh(dirs):
     catalog = catalog_for(dirs)
     assert catalog.get("demo") is None  # the root does not even exist yet
 
     path = write_skill(ROOT_PATHS["project-agents"](dirs), "demo", "version one")
+    assert catalog.get("demo") is None  # a lookup never reads the disk
+    catalog.refresh()
     assert catalog.get("demo").body == "version one"
 
     write_skill(ROOT_PATHS["project-agents"](dirs), "demo", "version two, longer", description="new")
+    catalog.refresh()
     skill = catalog.get("demo")
     assert (skill.body, skill.description) == ("version two, longer", "new")
 
     # A higher-ranked copy appearing takes over at once, and leaving gives the name back.
     shadow = write_skill(ROOT_PATHS["project-dsh"](dirs), "demo", "shadow")
+    catalog.refresh()
     assert catalog.get("demo").root == "project-dsh"
     shadow.unlink()
+    catalog.refresh()
     assert catalog.get("demo").body == "version two, longer"
 
     path.unlink()
+    catalog.refresh()
     assert catalog.get("demo") is None
     assert catalog.list() == []
 
@@ -236,20 +248,22 @@ def test_an_atomic_replace_with_the_same_size_is_seen(dirs):
     replacement = path.with_name("SKILL.md.tmp")
     replacement.write_text(path.read_text().replace("AAAA", "BBBB"))
     replacement.replace(path)  # new inode, same size
+    catalog.refresh()
     assert catalog.get("demo").body == "BBBB"
 
 
 def test_an_unchanged_tree_is_not_rescanned(dirs, monkeypatch):
     write_skill(ROOT_PATHS["dsh-home"](dirs), "demo", "body")
     catalog = catalog_for(dirs)
-    catalog.list()
     scans = []
     original = catalog._scan
     monkeypatch.setattr(catalog, "_scan", lambda: scans.append(1) or original())
     for _ in range(5):
+        catalog.refresh()
         assert catalog.get("demo").body == "body"
     assert scans == []
     write_skill(ROOT_PATHS["dsh-home"](dirs), "other", "b")
+    catalog.refresh()
     assert catalog.get("other") is not None
     assert scans == [1]
 
@@ -292,6 +306,7 @@ def test_the_tool_spec_lists_the_current_skills(dirs):
     tool = skill_tool(catalog)
     assert "No skills are installed." in tool.spec.description
     write_skill(ROOT_PATHS["dsh-home"](dirs), "demo", "x", description="Runs the demo")
+    catalog.refresh()
     assert "- demo: Runs the demo" in tool.spec.description
 
 
@@ -362,15 +377,19 @@ def test_the_tool_spec_is_rebuilt_only_when_the_catalog_changes(dirs, monkeypatc
     original = catalog.list
     monkeypatch.setattr(catalog, "list", lambda: listings.append(1) or original())
     for _ in range(3):
+        catalog.refresh()
         assert tool.spec is first  # unchanged on disk: the cached spec, no new listing
     assert listings == [] and catalog.generation == generation
 
-    # An edit in place, a new skill and a removal each invalidate it on the next request.
+    # An edit in place, a new skill and a removal each invalidate it after the refresh.
     write_skill(ROOT_PATHS["dsh-home"](dirs), "demo", "x", description="Runs the new demo")
+    catalog.refresh()
     assert "- demo: Runs the new demo" in tool.spec.description
     other = write_skill(ROOT_PATHS["project-dsh"](dirs), "other", "y", description="Another")
+    catalog.refresh()
     assert "- other: Another" in tool.spec.description
     other.unlink()
+    catalog.refresh()
     assert "other" not in tool.spec.description
     assert catalog.generation == generation + 3
     assert tool.spec is tool.spec
@@ -396,6 +415,14 @@ async def settled() -> None:
         await trio.testing.wait_all_tasks_blocked()
 
 
+async def watching(catalog) -> None:
+    """Return once the watcher has its watches in place again and no change is pending
+    (it re-arms and rescans in worker threads after each change)."""
+    with trio.fail_after(10):
+        while not (catalog._live_watches == 1 and not catalog._signalled):
+            await settled()
+
+
 @pytest.mark.skipif(not watch_supported(), reason="needs inotify")
 async def test_a_watched_catalog_looks_at_the_disk_only_after_a_change(dirs, monkeypatch):
     catalog = catalog_for(dirs)
@@ -404,51 +431,58 @@ async def test_a_watched_catalog_looks_at_the_disk_only_after_a_change(dirs, mon
     original = catalog._current_signature
     monkeypatch.setattr(catalog, "_current_signature", lambda: looks.append(1) or original())
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(catalog.watch)
-        await settled()
-        assert catalog._live_watches == 1
+        await nursery.start(catalog.watch)  # watching, and scanned
+        await watching(catalog)
         assert "No skills are installed." in tool.spec.description
         looks.clear()
         for _ in range(5):
+            await catalog.refreshed()  # what a model step does first
             assert "No skills are installed." in tool.spec.description
         assert looks == []  # nothing changed: no stat at all
 
         # A root that does not exist yet, created folder by folder, then the skill in it.
         write_skill(ROOT_PATHS["project-dsh"](dirs), "demo", "x", description="Demo")
-        await settled()
+        await catalog.refreshed()
         assert "- demo: Demo" in tool.spec.description
         # An edit in place, an atomic replace, a second root, a removal.
+        await watching(catalog)
         path = write_skill(ROOT_PATHS["project-dsh"](dirs), "demo", "x", description="Edited")
-        await settled()
+        await catalog.refreshed()
         assert "- demo: Edited" in tool.spec.description
+        await watching(catalog)
         replacement = path.with_name("SKILL.md.tmp")
         replacement.write_text(path.read_text().replace("Edited", "Edited!"))
         replacement.replace(path)
-        await settled()
+        await catalog.refreshed()
         assert "- demo: Edited!" in tool.spec.description
+        await watching(catalog)
         other = write_skill(ROOT_PATHS["agents-home"](dirs), "other", "y", description="Other")
-        await settled()
+        await catalog.refreshed()
         assert "- other: Other" in tool.spec.description
+        await watching(catalog)
         other.unlink()
-        await settled()
+        await catalog.refreshed()
         assert "other" not in tool.spec.description
+        await watching(catalog)
         looks.clear()
-        tool.spec
+        await catalog.refreshed()
         assert looks == []  # quiet again
         nursery.cancel_scope.cancel()
     assert catalog._live_watches == 0
-    # No watcher any more: every request looks at the disk again.
+    # No watcher any more: every refresh looks at the disk again.
     write_skill(ROOT_PATHS["custom-1"](dirs), "third", "z", description="Third")
+    await catalog.refreshed()
     assert "- third: Third" in tool.spec.description
 
 
 @pytest.mark.skipif(not watch_supported(), reason="needs inotify")
-async def test_lookups_by_name_never_wait_for_the_signal(dirs):
+async def test_a_refresh_sees_a_change_before_the_watcher_handled_it(dirs):
     catalog = catalog_for(dirs)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(catalog.watch)
-        await settled()  # the watcher is in place
-        assert catalog._live_watches == 1
+        await nursery.start(catalog.watch)
+        await watching(catalog)
         write_skill(ROOT_PATHS["dsh-home"](dirs), "demo", "now")
-        assert catalog.get("demo").body == "now"  # at once, without a checkpoint
+        assert not catalog._signalled  # no checkpoint yet: the watcher has not woken
+        await catalog.refreshed()  # the kernel's queued signal is polled for
+        assert catalog.get("demo").body == "now"
         nursery.cancel_scope.cancel()
