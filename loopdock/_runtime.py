@@ -49,6 +49,7 @@ from loopdock.actors.dock import (
     BUILTIN_LOOPS,
     AgentPresets,
     DockConfig,
+    Loop,
     LoopDock,
     load_config,
     load_loop_packages,
@@ -324,9 +325,11 @@ class Runtime:
                     dock.register(loop)
                 # Finding and importing loop packages reads the disk: a worker thread does it,
                 # and hands each loop to the event loop's thread to register.
+                def register_from_thread(loop: Loop) -> Callable[[], None]:
+                    return trio.from_thread.run_sync(dock.register, loop)
+
                 packages = await trio.to_thread.run_sync(
-                    load_loop_packages, functools.partial(trio.from_thread.run_sync, dock.register),
-                    dock_config.loop_packages,
+                    load_loop_packages, register_from_thread, dock_config.loop_packages
                 )
                 dock.warnings.extend(packages.warnings)
                 if loopx is not None:

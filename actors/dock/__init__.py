@@ -13,6 +13,7 @@ from ._dock import LoopDock as LoopDock
 from ._dock import StrategyDriver as StrategyDriver
 from ._errors import DockError as DockError
 from ._loops import DriverLoop as DriverLoop
+from ._loops import Loop as Loop
 from ._loops import LoopInfo as LoopInfo
 from ._loops import StrategyLoop as StrategyLoop
 from ._packages import ENTRY_POINT_GROUP as ENTRY_POINT_GROUP
