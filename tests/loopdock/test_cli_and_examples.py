@@ -5,6 +5,7 @@ own entry into the CLI); the other commands and the examples run in this process
 (``main(argv)``, and each example as ``__main__``), which is the same code without an
 interpreter start per case."""
 
+import argparse
 import os
 import re
 import sys
@@ -87,6 +88,28 @@ async def test_version_help_and_v_anywhere(tmp_path):
         assert "agent published" in err and "agent published" not in out
     code, out, err = await run("-m", "loopdock._cli", "run", "x", "--home", home, cwd=tmp_path)
     assert code == 0 and err == "" and "pong: x" in out  # quiet without -v
+
+
+def _commands(parser, path=()):
+    """Every command and verb of the parser (``("sessions", "list")``...), with its parser."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _commands(sub, (*path, name))
+
+
+def test_every_command_and_verb_takes_v(loopdock_cli, tmp_path):
+    from loopdock._cli import _parser
+
+    commands = dict(_commands(_parser()))
+    assert ("experiment", "report") in commands and ("sessions", "tail") in commands  # the walk sees verbs
+    without = [" ".join(path) for path, parser in commands.items()
+               if not any("-v" in action.option_strings for action in parser._actions)]
+    assert without == []
+    # after an experiment's action too (it once said: unrecognized arguments: -v)
+    code, out, err = loopdock_cli("experiment", "report", "nothing-yet", "--home", str(tmp_path / "h"), "-v")
+    assert code == 2 and err.strip().splitlines()[-1].startswith("loopdock: UNKNOWN_RUN: "), err
 
 
 async def test_a_failed_turn_is_exit_1_with_one_line_saying_why(tmp_path):
