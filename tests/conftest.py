@@ -2,6 +2,7 @@
 sleep, an absolute ``trio.fail_after`` on every I/O test, temporary homes everywhere."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,26 @@ def pytest_collection_modifyitems(config, items):
         module = item.path.name
         if module.endswith("_e2e.py") or module in _E2E_MODULES or _E2E_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.e2e)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def wheel_file(tmp_path_factory) -> Path:
+    """The loopdock wheel the suite tests: ``$LOOPDOCK_TEST_WHEEL`` (scripts/test builds it
+    and installs it into the test venv), else one built here from a clean copy of the tree
+    (setuptools reuses a build/ folder, whose stale files would be shipped)."""
+    built = os.environ.get("LOOPDOCK_TEST_WHEEL")
+    if built:
+        return Path(built)
+    source, out = tmp_path_factory.mktemp("source") / "loopdock", tmp_path_factory.mktemp("wheel")
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".*", "build", "*.egg-info", "__pycache__", "tests", "examples", "docs", "results"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--wheel-dir", str(out), str(source)], check=True, timeout=300)
+    (path,) = out.glob("loopdock-*.whl")
+    return path
 
 
 @pytest.fixture(autouse=True)
