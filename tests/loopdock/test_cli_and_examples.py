@@ -158,3 +158,16 @@ def test_the_cluster_without_coredis_says_what_to_install(command, monkeypatch, 
     monkeypatch.setitem(sys.modules, "coredis", None)
     assert main([*command, "--home", str(tmp_path / "home")]) == 2
     assert capsys.readouterr().err.strip() == "loopdock: the cluster needs coredis: pip install 'loopdock[cluster]'"
+
+
+async def test_a_cluster_client_without_coredis_is_told_what_to_install(monkeypatch):
+    from loopdock import Runtime
+
+    for name in [m for m in sys.modules if m.split(".")[0] == "coredis" or ".cluster" in m or m.endswith("_cluster")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "coredis", None)
+    with pytest.raises(ModuleNotFoundError, match=r"^Runtime.open\(cluster=...\) needs coredis: "
+                                                  r"pip install 'loopdock\[cluster\]'$") as caught:
+        async with Runtime.open(cluster="redis://127.0.0.1:1/0"):
+            pass
+    assert caught.value.name == "coredis"  # as the CLI's handler expects
