@@ -22,10 +22,12 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "quick"))
 
 # Tests that start real external components, and only those, are e2e: the LoopX CLI (it
 # runs on Node 22: every test using these fixtures), a DSH host (the *_e2e.py modules, and
-# tests marked e2e by hand elsewhere), Chromium (the browser test). Stand-ins, loopback
-# servers and our own subprocesses are not. ``scripts/test -m "not e2e"`` runs the rest.
+# tests marked e2e by hand elsewhere), Chromium (the browser test), the package index (the
+# fresh venvs of test_installed_commands.py). Stand-ins, loopback servers and our own
+# subprocesses are not. ``scripts/test -m "not e2e"`` runs the rest.
 _E2E_FIXTURES = frozenset({"node22_bin", "loopx_env", "loopx_command"})
-_E2E_MODULES = frozenset({"test_goalbar_browser.py", "test_console_browser.py", "test_serve_cli.py"})
+_E2E_MODULES = frozenset({"test_goalbar_browser.py", "test_console_browser.py", "test_serve_cli.py",
+                          "test_installed_commands.py"})
 
 
 def pytest_collection_modifyitems(config, items):
