@@ -645,7 +645,11 @@ async def test_a_worker_answers_a_client_and_serve_shows_its_agent(cluster_venv,
             if process is not None:
                 await reap(process)
     assert (user.cwd.parent / "worker.err").read_text() == ""
-    assert "Traceback" not in (user.cwd.parent / "serve.err").read_text()
+    logged = (user.cwd.parent / "serve.err").read_text()
+    assert "Traceback" not in logged
+    # serve's line for the cluster's agent (logged at info without -v, as serve does)
+    assert re.search(r"session start' origin='cluster' session_id='smoke-cluster' .*loop='minimal-first'", logged), \
+        logged
 
 
 # -- the bridge, as a page or a client talks to it --------------------------------------------
