@@ -547,12 +547,14 @@ async def test_dsh_install_finds_the_extras_dsh_and_verifies_the_profile(dsh_ven
     assert done.code == 0, done.err
     plugin = user.loopdock_home / "dsh-plugin" / "index.mjs"
     layer = user.dsh_home / "profiles" / "headless" / "cordis.patch.yml"
-    assert done.out.splitlines()[:4] == [
+    assert done.out.splitlines() == [
         f"installed loopdock into DSH profile 'headless' ({layer})",
         f"  verified with dsh --dump-config: plugin row {PLUGIN_ID}: loads {plugin}, connects to ws://127.0.0.1:8798/dsh",
         "  verified with dsh --dump-config: dock mode: DSH's agent-loop row is disabled (the plugin hosts it as "
         "driver 'default')",
         "  verified with dsh --dump-config: default model: ping/ping-1 (offline)",
+        # what to run next, as typed at this shell: dsh is not on its PATH
+        f"next: loopdock serve --port 8798   then   DSH_HOME={user.dsh_home} {dsh_venv.path / 'bin' / 'dsh'} headless",
     ]
     assert plugin.is_file()
 
