@@ -281,7 +281,7 @@ def _parser() -> argparse.ArgumentParser:
     add_bench_arguments(bench)
 
     experiment = command("experiment", "one task set across a model x loop matrix: run, report, export")
-    add_experiment_arguments(experiment)
+    add_experiment_arguments(experiment, [common])
     return parser
 
 

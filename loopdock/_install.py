@@ -171,8 +171,12 @@ def install_command(
     print(f"installed loopdock into DSH profile {profile!r} ({layer})", file=out)
     for line in said:
         print(f"  verified with dsh --dump-config: {line}", file=out)
+    # `dsh` as the user would type it: by name if PATH finds this one, else its path (a
+    # venv that is not activated)
+    on_path = shutil.which("dsh")
+    command = "dsh" if on_path and Path(on_path).resolve() == dsh.resolve() else str(dsh)
     print(f"next: loopdock serve --port {url.rsplit(':', 1)[-1].split('/')[0]}   then   "
-          f"DSH_HOME={home_dir} dsh {profile}", file=out)
+          f"DSH_HOME={home_dir} {command} {profile}", file=out)
     return layer
 
 

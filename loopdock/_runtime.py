@@ -202,7 +202,14 @@ class Runtime:
         run by the cluster's workers (``loopdock worker --cluster``); see docs/cluster.md.
         """
         if cluster is not None:
-            from ._cluster import ClusterRuntime
+            try:
+                from ._cluster import ClusterRuntime
+            except ModuleNotFoundError as exc:  # installed without the extra
+                if exc.name != "coredis":
+                    raise
+                raise ModuleNotFoundError(
+                    "Runtime.open(cluster=...) needs coredis: pip install 'loopdock[cluster]'", name="coredis"
+                ) from exc
 
             async with ClusterRuntime.open(cluster) as client:
                 yield client

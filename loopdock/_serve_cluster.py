@@ -124,17 +124,22 @@ class ClusterFollower:
             del self.sessions[session_id]
             console.apply_live(ORIGIN, LiveEvent("agent/disposed", session_id, {}))
         headers = await self._cluster.store.aheaders(sorted(live - self.sessions.keys()))
-        for session_id, header in headers.items():  # one live before its header shows next time
-            self.sessions[session_id] = _Followed(header.cwd)
-            created = LiveEvent("agent/created", session_id, {"sessionId": session_id, "cwd": header.cwd})
-            console.apply_live(ORIGIN, created)
-        cursors = {session_id: followed.cursor for session_id, followed in self.sessions.items()}
+        # one live before its header shows comes next time; a new one is followed (and its
+        # row made) only once its log was read, so that its row starts with its loop
+        fresh = {session_id: _Followed(header.cwd) for session_id, header in headers.items()}
+        cursors = {session_id: followed.cursor for session_id, followed in (self.sessions | fresh).items()}
         news = await self._cluster.store.aread_after(cursors, _FOLLOWED_TYPES)
         for session_id, (cursor, events) in news.items():
-            followed = self.sessions[session_id]
+            followed = self.sessions[session_id] if session_id in self.sessions else fresh[session_id]
             followed.cursor = cursor
             for event in events:
                 followed.fold(event)
+        for session_id, followed in fresh.items():
+            self.sessions[session_id] = followed
+            created = LiveEvent("agent/created", session_id, {"sessionId": session_id, "cwd": followed.cwd})
+            console.apply_live(ORIGIN, created, RuntimeView(followed.binding, followed.turns, followed.last_turn))
+        for session_id in news:
+            followed = self.sessions[session_id]
             view = RuntimeView(followed.binding, followed.turns, followed.last_turn)
             row = console.rows.get(session_id)
             if row is not None:

@@ -2,6 +2,7 @@
 sleep, an absolute ``trio.fail_after`` on every I/O test, temporary homes everywhere."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,10 +22,12 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "quick"))
 
 # Tests that start real external components, and only those, are e2e: the LoopX CLI (it
 # runs on Node 22: every test using these fixtures), a DSH host (the *_e2e.py modules, and
-# tests marked e2e by hand elsewhere), Chromium (the browser test). Stand-ins, loopback
-# servers and our own subprocesses are not. ``scripts/test -m "not e2e"`` runs the rest.
+# tests marked e2e by hand elsewhere), Chromium (the browser test), the package index (the
+# fresh venvs of test_installed_commands.py). Stand-ins, loopback servers and our own
+# subprocesses are not. ``scripts/test -m "not e2e"`` runs the rest.
 _E2E_FIXTURES = frozenset({"node22_bin", "loopx_env", "loopx_command"})
-_E2E_MODULES = frozenset({"test_goalbar_browser.py", "test_console_browser.py", "test_serve_cli.py"})
+_E2E_MODULES = frozenset({"test_goalbar_browser.py", "test_console_browser.py", "test_serve_cli.py",
+                          "test_installed_commands.py"})
 
 
 def pytest_collection_modifyitems(config, items):
@@ -32,6 +35,26 @@ def pytest_collection_modifyitems(config, items):
         module = item.path.name
         if module.endswith("_e2e.py") or module in _E2E_MODULES or _E2E_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.e2e)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def wheel_file(tmp_path_factory) -> Path:
+    """The loopdock wheel the suite tests: ``$LOOPDOCK_TEST_WHEEL`` (scripts/test builds it
+    and installs it into the test venv), else one built here from a clean copy of the tree
+    (setuptools reuses a build/ folder, whose stale files would be shipped)."""
+    built = os.environ.get("LOOPDOCK_TEST_WHEEL")
+    if built:
+        return Path(built)
+    source, out = tmp_path_factory.mktemp("source") / "loopdock", tmp_path_factory.mktemp("wheel")
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".*", "build", "*.egg-info", "__pycache__", "tests", "examples", "docs", "results"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--wheel-dir", str(out), str(source)], check=True, timeout=300)
+    (path,) = out.glob("loopdock-*.whl")
+    return path
 
 
 @pytest.fixture(autouse=True)

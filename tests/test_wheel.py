@@ -2,14 +2,12 @@
 the layer folders, under the one ``loopdock`` name, and the suite imports that install.
 
 ``scripts/test`` builds the wheel, installs it (not editable) and exports its path as
-``LOOPDOCK_TEST_WHEEL``; run without it, the wheel is built here from the tree.
+``LOOPDOCK_TEST_WHEEL``; run without it, the wheel is built from the tree (the
+``wheel_file`` fixture, tests/conftest.py). What each extra's fresh install runs:
+tests/loopdock/test_installed_commands.py.
 """
 
 import email.parser
-import os
-import shutil
-import subprocess
-import sys
 import sysconfig
 import zipfile
 from importlib import metadata
@@ -29,19 +27,8 @@ NOT_SHIPPED = ("benchmarks/results/", "benchmarks/README.md", "benchmarks/PROFIL
 
 
 @pytest.fixture(scope="session")
-def wheel(tmp_path_factory) -> zipfile.ZipFile:
-    built = os.environ.get("LOOPDOCK_TEST_WHEEL")
-    if built:
-        path = Path(built)
-    else:
-        # From a copy: setuptools reuses a build/ folder, whose stale files would be shipped.
-        source, out = tmp_path_factory.mktemp("source") / "loopdock", tmp_path_factory.mktemp("wheel")
-        shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
-            ".*", "build", "*.egg-info", "__pycache__", "tests", "examples", "docs", "results"))
-        subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                        "--wheel-dir", str(out), str(source)], check=True, timeout=300)
-        (path,) = out.glob("loopdock-*.whl")
-    with zipfile.ZipFile(path) as archive:
+def wheel(wheel_file) -> zipfile.ZipFile:
+    with zipfile.ZipFile(wheel_file) as archive:
         yield archive
 
 

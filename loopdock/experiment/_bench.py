@@ -64,7 +64,9 @@ def bench_experiment(rollouts: int, base: Path) -> Experiment:
 
 
 async def _bare(home: Path, model: LatencyModel, rollouts: int) -> None:
-    work = home / "work"
+    # Beside the home, as the runner's working directories are: the file tools refuse
+    # every path inside the home, so list_dir there would measure refusals, not work.
+    work = home.with_name(home.name + "-work")
     work.mkdir(parents=True)
     async with Runtime.open(home) as rt:
         rt.register_adapter("latency", model)

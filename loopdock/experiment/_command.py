@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -26,28 +27,33 @@ from ._spec import Price
 from ._text import render_text
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser, parents: Sequence[argparse.ArgumentParser] = ()) -> None:
+    """The actions of ``loopdock experiment``; ``parents``: the options every command
+    takes (``-v``), given to each action as the other commands' verbs get them."""
     home_help = "runtime home (default: $LOOPDOCK_HOME, else $XDG_DATA_HOME/loopdock, i.e. ~/.local/share/loopdock)"
     actions = parser.add_subparsers(dest="experiment_command", required=True)
+    common = list(parents)
     run = actions.add_parser(
-        "run", help="run every rollout of an experiment file (each one a durable session)",
+        "run", help="run every rollout of an experiment file (each one a durable session)", parents=common,
         description="Run every (task, sample, model, loop, repeat) of FILE as one agent session in the runtime "
         "home. With --resume, a run of the same name goes on: scored rollouts are skipped, the rest run again.",
     )  # fmt: skip
     run.add_argument("file", help="the experiment (YAML)")
     run.add_argument("--resume", action="store_true", help="go on with an earlier run of the same name")
     run.add_argument("--home", help=home_help)
-    report = actions.add_parser("report", help="the report of a run: table, paired deltas, plot and HTML")
+    report = actions.add_parser("report", help="the report of a run: table, paired deltas, plot and HTML", parents=common)
     report.add_argument("run", help="the run's name")
     report.add_argument("--home", help=home_help)
     report.add_argument("--json", action="store_true", help="print the cells as JSON (and write no files)")
     report.add_argument("--out", help="directory for report.html and success-vs-cost.png (default: HOME/reports/RUN)")
     report.add_argument("--prices", help="YAML mapping 'provider/model' to {input, output} per million tokens")
-    export = actions.add_parser("export", help="write the run as Inspect AI logs (.eval) for `inspect view`")
+    export = actions.add_parser("export", help="write the run as Inspect AI logs (.eval) for `inspect view`",
+                                parents=common)
     export.add_argument("run", help="the run's name")
     export.add_argument("--home", help=home_help)
     export.add_argument("--out", help="directory for the .eval files (default: HOME/reports/RUN/inspect)")
-    bench = actions.add_parser("bench", help="runner overhead per rollout and rollouts/s with a latency-bound model")
+    bench = actions.add_parser("bench", help="runner overhead per rollout and rollouts/s with a latency-bound model",
+                               parents=common)
     bench.add_argument("--rollouts", type=int, default=1000, help="rollouts in the run (default 1000), all at once")
     bench.add_argument("--latency", type=float, default=0.5, help="the stand-in model's seconds per call (default 0.5)")
     bench.add_argument("--turns", type=int, default=2, help="model calls per rollout (default 2: a tool call, an answer)")

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import trio
 from line_reader import Lines
+from structlog.testing import capture_logs
 from trio_websocket import open_websocket
 
 from loopdock import Runtime
@@ -63,7 +64,11 @@ async def test_the_console_shows_a_cluster_agent_its_turns_and_its_disposal(redi
         async with Runtime.open(cluster=redis_server.url) as rt:
             follower = ClusterFollower(rt, serve_dock)
             handle = await rt.create_agent(session_id="c1", loop="minimal-first", cwd=str(tmp_path))
-            await follower.look(console)
+            with capture_logs() as logs:
+                await follower.look(console)
+            # serve's line for it names its loop (it once said loop=None: the log was read after)
+            (started,) = [e for e in logs if e["event"] == "session start"]
+            assert (started["session_id"], started["loop"], started["driver"]) == ("c1", "minimal-first", "default")
             row = console.rows["c1"]
             assert (row.origin, row.session_id, row.cwd) == ("cluster", "c1", str(tmp_path))
             assert (row.loop, row.turns, row.status) == ("minimal-first", 0, "idle")

@@ -5,6 +5,7 @@ own entry into the CLI); the other commands and the examples run in this process
 (``main(argv)``, and each example as ``__main__``), which is the same code without an
 interpreter start per case."""
 
+import argparse
 import os
 import re
 import sys
@@ -89,6 +90,28 @@ async def test_version_help_and_v_anywhere(tmp_path):
     assert code == 0 and err == "" and "pong: x" in out  # quiet without -v
 
 
+def _commands(parser, path=()):
+    """Every command and verb of the parser (``("sessions", "list")``...), with its parser."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _commands(sub, (*path, name))
+
+
+def test_every_command_and_verb_takes_v(loopdock_cli, tmp_path):
+    from loopdock._cli import _parser
+
+    commands = dict(_commands(_parser()))
+    assert ("experiment", "report") in commands and ("sessions", "tail") in commands  # the walk sees verbs
+    without = [" ".join(path) for path, parser in commands.items()
+               if not any("-v" in action.option_strings for action in parser._actions)]
+    assert without == []
+    # after an experiment's action too (it once said: unrecognized arguments: -v)
+    code, out, err = loopdock_cli("experiment", "report", "nothing-yet", "--home", str(tmp_path / "h"), "-v")
+    assert code == 2 and err.strip().splitlines()[-1].startswith("loopdock: UNKNOWN_RUN: "), err
+
+
 async def test_a_failed_turn_is_exit_1_with_one_line_saying_why(tmp_path):
     # the deepseek adapter (a key is set) on a closed loopback port: the turn ends `error`
     env = {"DEEPSEEK_API_KEY": "test-key", "DEEPSEEK_BASE_URL": "http://127.0.0.1:9/v1"}
@@ -135,3 +158,16 @@ def test_the_cluster_without_coredis_says_what_to_install(command, monkeypatch, 
     monkeypatch.setitem(sys.modules, "coredis", None)
     assert main([*command, "--home", str(tmp_path / "home")]) == 2
     assert capsys.readouterr().err.strip() == "loopdock: the cluster needs coredis: pip install 'loopdock[cluster]'"
+
+
+async def test_a_cluster_client_without_coredis_is_told_what_to_install(monkeypatch):
+    from loopdock import Runtime
+
+    for name in [m for m in sys.modules if m.split(".")[0] == "coredis" or ".cluster" in m or m.endswith("_cluster")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "coredis", None)
+    with pytest.raises(ModuleNotFoundError, match=r"^Runtime.open\(cluster=...\) needs coredis: "
+                                                  r"pip install 'loopdock\[cluster\]'$") as caught:
+        async with Runtime.open(cluster="redis://127.0.0.1:1/0"):
+            pass
+    assert caught.value.name == "coredis"  # as the CLI's handler expects

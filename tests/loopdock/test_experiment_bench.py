@@ -8,7 +8,10 @@ import re
 
 def test_the_bench_runs_bare_agents_and_the_runner_and_prints_ratios(capsys, main):
     assert main(["experiment", "bench", "--rollouts", "20", "--latency", "0.01"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    # Only its progress: the bare agents' list_dir calls once ran inside their runtime's home,
+    # were all refused (a warning each), and the bare side measured refusals, not work.
+    assert err.splitlines() == ["bench: 20 bare agents at once ...", "bench: 20 rollouts of an experiment at once ..."]
     assert out.startswith("experiment runner bench: 20 rollouts at once, 2 model calls each, 0.01 s per call\n")
     assert re.search(r"^load average: [\d.]+ before, [\d.]+ after \(\d+ CPUs\)$", out, re.M)
     assert re.search(r"^bare agents +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+$", out, re.M)
