@@ -5,6 +5,7 @@ with what a connection that ended left behind going first when room is needed.
 The handlers are driven directly, as the server calls them, with small caps patched in.
 """
 
+import gc
 from types import SimpleNamespace
 
 import pytest
@@ -178,6 +179,34 @@ async def test_an_inbox_keeps_at_most_its_cap(host, small_caps):
     assert sorted(host.agents["a1"].inbox) == ["m0", "m1"]
     await host.on_live(conn, [LiveEvent("agent/inbox/claimed", "a1", {"message": {"id": "m0"}}), inserted(2)])
     assert sorted(host.agents["a1"].inbox) == ["m1", "m2"]
+
+
+async def test_refused_items_leave_nothing_for_the_cyclic_collector(host, small_caps):
+    # What a refusal keeps must be freed by reference counting, not kept in a cycle until
+    # the (rare, freezing) cyclic collector runs: each refused frame here is 100 KB.
+    conn = peer("c1")
+    host.connected(conn)
+    await host.on_live(conn, [created(f"a{n}") for n in range(3)])
+    await host.on_events(conn, [event(f"a{n}") for n in range(3)])
+    pad = {"pad": "p" * 100_000}
+    gc.collect()
+    gc.disable()
+    try:
+        for n in range(3):
+            for call, code in [
+                (host.on_live(conn, [LiveEvent("agent/status", f"b{n}", {"status": "idle", **pad})]), "TOO_MANY_AGENTS"),
+                (host.on_events(conn, [SessionEvent(f"u{n}", Event("turn/start", 0, 1, pad))]), "TOO_MANY_SESSIONS"),
+            ]:
+                try:  # not pytest.raises: its ExceptionInfo and this frame would make a cycle
+                    await call
+                except LimitError as exc:
+                    assert exc.code == code
+                else:
+                    pytest.fail("taken")
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+    assert sorted(host.agents) == sorted(host.sessions) == ["a0", "a1", "a2"]
 
 
 async def test_only_the_newest_gaps_are_kept(host, small_caps):
