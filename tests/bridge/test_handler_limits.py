@@ -9,12 +9,15 @@ import gc
 from types import SimpleNamespace
 
 import pytest
+from structlog.testing import capture_logs
 
 from loopdock.actors import LiveEvent
 from loopdock.bridge import DockSelectHandler, HostHandler, LimitError, Select, _dock_select, _host_handler
+from loopdock.bridge._console import ConsoleHandler
 from loopdock.bridge._handler import Disconnect
 from loopdock.bridge._ledger import Ledger
 from loopdock.bridge._messages import SessionEvent
+from loopdock.runtime._errors import LoopdockError
 from loopdock.runtime._events import Event
 
 GONE = Disconnect("peer-closed", "test")
@@ -82,6 +85,21 @@ async def test_an_announced_session_id_the_api_refuses_is_not_kept(host, bad):
     host.connected(conn)
     await host.on_live(conn, [LiveEvent("agent/created", "a1", {"source": "startup", "sessionId": bad})])
     assert host.agents["a1"].session_id == "a1"  # the agent's own (checked) id instead
+
+
+async def test_the_console_keeps_no_session_id_the_api_refuses_and_logs_little_of_what_a_peer_chose(rt):
+    console = ConsoleHandler(DockSelectHandler(rt.dock))
+    conn = peer("c1")
+    huge = "z" * 100_000
+    with capture_logs() as logs:
+        await console.on_live(conn, [LiveEvent("agent/created", "a1", {"source": huge, "sessionId": huge})])
+        with pytest.raises(LoopdockError) as info:  # the dock's message quotes the name whole
+            await console.on_select(conn, Select("create", "s1", {"loop": huge}))
+        assert info.value.code == "UNKNOWN_LOOP"
+        await console.on_select(conn, Select("create", "s2", agent_preset=huge))
+    assert console.rows["a1"].session_id == "a1"  # the agent's own id, as the host handler does
+    assert [e["event"] for e in logs] == ["session start", "loop refused", "loop decision"]
+    assert all(len(str(value)) <= 200 for entry in logs for value in entry.values()), logs
 
 
 # -- the mirror -------------------------------------------------------------------------------------
