@@ -557,9 +557,10 @@ async def serve_bridge(
         if await _serve_page(stream):
             return
         async with trio.open_nursery() as nursery:
-            with trio.move_on_after(HELLO_TIMEOUT) as handshake:
+            request = None
+            with trio.move_on_after(HELLO_TIMEOUT):
                 request = await wrap_server_stream(nursery, stream, max_message_size=max_message_size)
-            if handshake.cancelled_caught:
+            if request is None:  # no handshake in time, or one refused (answered 400)
                 nursery.cancel_scope.cancel()
                 await stream.aclose()
                 return
