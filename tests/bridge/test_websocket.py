@@ -17,6 +17,7 @@ Rules (as in trio-websocket's own tests): 127.0.0.1 only, port 0, an absolute
 import functools
 import json
 import os
+import tracemalloc
 from contextlib import asynccontextmanager
 
 import pytest
@@ -237,6 +238,36 @@ async def test_a_request_target_urlsplit_cannot_read_is_refused_not_fatal(target
                 while chunk := await stream.receive_some():
                     response += chunk
                 assert response.startswith(b"HTTP/1.1 404 ")
+            await still_serves(port)
+
+
+async def test_a_page_query_is_not_kept_once_answered():
+    # The query is the page's to read (session=...): the server reads no more than the path,
+    # so no URL parser's cache keeps 128 long targets after they were answered.
+    async def get(target):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(f"GET {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            response = b""
+            while chunk := await stream.receive_some():
+                response += chunk
+        return response.split(b"\r\n", 1)[0]
+
+    with trio.fail_after(TIMEOUT):
+        async with running_bridge() as port:
+            assert await get("/console?session=warm") == b"HTTP/1.1 200 OK"
+            await trio.testing.wait_all_tasks_blocked()
+            tracemalloc.start()
+            try:
+                before = tracemalloc.get_traced_memory()[0]
+                for n in range(20):
+                    assert await get(f"/console?session={n}" + "q" * 10_000) == b"HTTP/1.1 200 OK"
+                    assert await get(f"/console/{n}" + "q" * 10_000) == b"HTTP/1.1 404 Not Found"
+                await trio.testing.wait_all_tasks_blocked()
+                kept = tracemalloc.get_traced_memory()[0] - before
+            finally:
+                tracemalloc.stop()
+            assert kept < 50_000, f"{kept} bytes kept after 40 requests of 10 KB"
             await still_serves(port)
 
 
