@@ -30,6 +30,7 @@ from loopdock.runtime._errors import InvalidSessionIdError, LoopdockError, Subsc
 from loopdock.runtime._ids import check_session_id
 from loopdock.runtime._logging import get_logger
 
+from ._dock_select import MAX_BINDINGS
 from ._dsh_binding import BINDING_RECORD, dsh_binding
 from ._handler import BridgeHandler, Disconnect, HandlerLayer, Peer
 from ._messages import Select, Selection, SessionEvent
@@ -40,6 +41,9 @@ log = get_logger(SERVE_LOGGER)
 
 CONSOLE_CAPABILITY = "console"
 ROW_TYPE = "console/agent"
+#: Selects remembered until their agent is created (a host may select and never create):
+#: as many as the dock's own memory of its decisions.
+MAX_DECIDED = MAX_BINDINGS
 # How much of a text a peer chose (a preset, an agent's source, an error quoting what it
 # sent) goes into a log line.
 _LOGGED_TEXT = 200
@@ -97,7 +101,9 @@ class ConsoleHandler(HandlerLayer):
         super().__init__(inner)
         self.rows: dict[str, AgentRow] = {}
         self._runtime_view = runtime_view or (lambda agent_id: None)
-        self._decided: dict[str, Route] = {}  # session id -> the dock's answer to its select
+        # session id -> the dock's answer to its select, until its agent is created (the
+        # newest MAX_DECIDED)
+        self._decided: dict[str, Route] = {}
         self._inboxes: dict[str, set[str]] = {}
         self._pages: set[Peer] = set()
         self._hosts: dict[str, str] = {}  # DSH agent id -> the connection that announced it
@@ -139,7 +145,10 @@ class ConsoleHandler(HandlerLayer):
             log.info("loop refused", session_id=request.session_id, op=request.op, code=_logged(exc.code),
                      reason=_logged(str(exc)))
             raise
+        self._decided.pop(request.session_id, None)
         self._decided[request.session_id] = Route(selection.loop, selection.driver)
+        if len(self._decided) > MAX_DECIDED:  # selects whose agent never came: the oldest go
+            del self._decided[next(iter(self._decided))]
         log.info("loop decision", session_id=request.session_id, op=request.op, loop=selection.loop,
                  driver=selection.driver, preset=_logged(request.agent_preset))
         for row in self.rows.values():

@@ -12,7 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from loopdock.actors import LiveEvent
-from loopdock.bridge import DockSelectHandler, HostHandler, LimitError, Select, _dock_select, _host_handler
+from loopdock.bridge import DockSelectHandler, HostHandler, LimitError, Select, _console, _dock_select, _host_handler
 from loopdock.bridge._console import ConsoleHandler
 from loopdock.bridge._handler import Disconnect
 from loopdock.bridge._ledger import Ledger
@@ -100,6 +100,17 @@ async def test_the_console_keeps_no_session_id_the_api_refuses_and_logs_little_o
     assert console.rows["a1"].session_id == "a1"  # the agent's own id, as the host handler does
     assert [e["event"] for e in logs] == ["session start", "loop refused", "loop decision"]
     assert all(len(str(value)) <= 200 for entry in logs for value in entry.values()), logs
+
+
+async def test_the_console_remembers_a_bounded_number_of_selects_whose_agent_never_came(rt, monkeypatch):
+    monkeypatch.setattr(_console, "MAX_DECIDED", 4)
+    console = ConsoleHandler(DockSelectHandler(rt.dock))
+    conn = peer("c1")
+    for n in range(10):
+        await console.on_select(conn, Select("create", f"s{n}"))
+    assert list(console._decided) == ["s6", "s7", "s8", "s9"]  # the newest MAX_DECIDED
+    await console.on_live(conn, [created("a9", "s9")])
+    assert console.rows["a9"].loop == "standard" and "s9" not in console._decided
 
 
 # -- the mirror -------------------------------------------------------------------------------------
