@@ -26,9 +26,11 @@ import trio
 
 from loopdock.actors import LiveEvent, Subscription
 from loopdock.actors.dock import Route
-from loopdock.runtime._errors import LoopdockError, SubscriberDroppedError
+from loopdock.runtime._errors import InvalidSessionIdError, LoopdockError, SubscriberDroppedError
+from loopdock.runtime._ids import check_session_id
 from loopdock.runtime._logging import get_logger
 
+from ._dock_select import MAX_BINDINGS
 from ._dsh_binding import BINDING_RECORD, dsh_binding
 from ._handler import BridgeHandler, Disconnect, HandlerLayer, Peer
 from ._messages import Select, Selection, SessionEvent
@@ -39,6 +41,16 @@ log = get_logger(SERVE_LOGGER)
 
 CONSOLE_CAPABILITY = "console"
 ROW_TYPE = "console/agent"
+#: Selects remembered until their agent is created (a host may select and never create):
+#: as many as the dock's own memory of its decisions.
+MAX_DECIDED = MAX_BINDINGS
+# How much of a text a peer chose (a preset, an agent's source, an error quoting what it
+# sent) goes into a log line.
+_LOGGED_TEXT = 200
+
+
+def _logged(value: object) -> object:
+    return value[:_LOGGED_TEXT] if isinstance(value, str) else value
 
 
 @attrs.frozen
@@ -89,7 +101,9 @@ class ConsoleHandler(HandlerLayer):
         super().__init__(inner)
         self.rows: dict[str, AgentRow] = {}
         self._runtime_view = runtime_view or (lambda agent_id: None)
-        self._decided: dict[str, Route] = {}  # session id -> the dock's answer to its select
+        # session id -> the dock's answer to its select, until its agent is created (the
+        # newest MAX_DECIDED)
+        self._decided: dict[str, Route] = {}
         self._inboxes: dict[str, set[str]] = {}
         self._pages: set[Peer] = set()
         self._hosts: dict[str, str] = {}  # DSH agent id -> the connection that announced it
@@ -128,11 +142,15 @@ class ConsoleHandler(HandlerLayer):
         try:
             selection = await super().on_select(conn, request)
         except LoopdockError as exc:
-            log.info("loop refused", session_id=request.session_id, op=request.op, code=exc.code, reason=str(exc))
+            log.info("loop refused", session_id=request.session_id, op=request.op, code=_logged(exc.code),
+                     reason=_logged(str(exc)))
             raise
+        self._decided.pop(request.session_id, None)
         self._decided[request.session_id] = Route(selection.loop, selection.driver)
+        if len(self._decided) > MAX_DECIDED:  # selects whose agent never came: the oldest go
+            del self._decided[next(iter(self._decided))]
         log.info("loop decision", session_id=request.session_id, op=request.op, loop=selection.loop,
-                 driver=selection.driver, preset=request.agent_preset)
+                 driver=selection.driver, preset=_logged(request.agent_preset))
         for row in self.rows.values():
             if row.session_id == request.session_id:
                 row.loop, row.driver = selection.loop, selection.driver
@@ -200,8 +218,11 @@ class ConsoleHandler(HandlerLayer):
             (row.loop, row.driver), row.turns = _route(view.binding), view.turns
             row.last_turn = view.last_turn or row.last_turn  # None: out of memory, not changed
         if item.type == "agent/created":
-            announced = data.get("sessionId")
-            session_id = announced if isinstance(announced, str) else item.agent_id
+            # as the host handler takes it: an id the runtime's API refuses is not kept
+            try:
+                session_id = check_session_id(data.get("sessionId"))
+            except InvalidSessionIdError:
+                session_id = item.agent_id
             decided = self._decided.pop(session_id, None)
             cwd = data.get("cwd")
             row = self.rows[item.agent_id] = AgentRow(
@@ -211,7 +232,7 @@ class ConsoleHandler(HandlerLayer):
             if view is not None:
                 (row.loop, row.driver), row.turns, row.last_turn = _route(view.binding), view.turns, view.last_turn
             self._inboxes[item.agent_id] = set()
-            log.info("session start", origin=origin, session_id=session_id, source=data.get("source"),
+            log.info("session start", origin=origin, session_id=session_id, source=_logged(data.get("source")),
                      loop=row.loop, driver=row.driver)
             self._publish(row)
             return
@@ -244,7 +265,7 @@ class ConsoleHandler(HandlerLayer):
         self._inboxes.pop(row.id, None)
         self._hosts.pop(row.id, None)
         log.info("session end", origin=row.origin, session_id=row.session_id, reason=reason, turns=row.turns,
-                 last_turn=row.last_turn)
+                 last_turn=_logged(row.last_turn))
         self._publish(row, gone=True)
 
     def _apply_event(self, session_id: str, kind: str, data: Mapping[str, Any]) -> None:

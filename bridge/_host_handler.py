@@ -274,15 +274,18 @@ class HostHandler(HandlerLayer):
 
     async def on_live(self, conn: Peer, items: Sequence[LiveEvent]) -> None:
         await super().on_live(conn, items)
-        refused: LimitError | None = None
+        refused: tuple[str, str] | None = None  # (code, message) of the first refusal
         for item in items:
             try:
                 self._apply_live(conn, item)
             except LimitError as exc:
-                refused = refused or exc  # the others are still taken; the first says why
+                # The others are still taken; the first says why. Its text is kept, not the
+                # error: its traceback holds this frame, and so the items, in a reference
+                # cycle that only the cyclic collector would free.
+                refused = refused or (exc.code, str(exc))
         self.poke()
         if refused is not None:
-            raise refused
+            raise LimitError(*refused)
 
     def _new_agent(self, conn: Peer, agent_id: str) -> HostAgent:
         """A new ``HostAgent`` announced by ``conn``, kept if there is room (LimitError if not)."""

@@ -79,13 +79,29 @@ class Welcome:
     connection_id: str
 
 
+#: Longest ``code`` and ``message`` of an ``error`` frame; longer ones are cut. What a
+#: handler says may quote what a peer sent (an unknown loop's name, ...): the answer to a
+#: 100,000-character name must not be as long, nor a line logged from it.
+MAX_ERROR_CODE = 64
+MAX_ERROR_MESSAGE = 1000
+
+
+def _cut_code(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_CODE else text[:MAX_ERROR_CODE]
+
+
+def _cut_message(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_MESSAGE else text[: MAX_ERROR_MESSAGE - 3] + "..."
+
+
 @attrs.frozen
 class ErrorNotice:
     """The ``error`` frame: a code (``ErrorCode`` or a handler's, e.g. ``LOOP_SWITCH``)
-    and a message for people. Unknown keys are tolerated (details may be added)."""
+    and a message for people, cut to ``MAX_ERROR_CODE`` and ``MAX_ERROR_MESSAGE``
+    characters (a peer's too). Unknown keys are tolerated (details may be added)."""
 
-    code: str
-    message: str
+    code: str = attrs.field(converter=_cut_code)
+    message: str = attrs.field(converter=_cut_message)
 
 
 # -- event traffic (batched) ------------------------------------------------------------
@@ -250,7 +266,7 @@ class RunCommand:
     (``/loopx-init``) in the exact live agent ``agent_id``: the runtime carries it out and
     answers ``commandDone``. ``args`` is the rest of the command line."""
 
-    agent_id: str
+    agent_id: SessionId
     name: str
     args: str = ""
 

@@ -222,6 +222,40 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
+def _drop_tracebacks(exc: BaseException) -> None:
+    """Cut every traceback out of cattrs' error tree, so that reference counting frees the
+    frame's text as soon as its error is described.
+
+    A generated structuring function collects its fields' errors in a local list, and each
+    error's traceback holds that function's frame: error -> frame -> list -> error, a cycle
+    that keeps the frame's locals (the decoded JSON, the refused text whole) until the
+    cyclic collector runs. The runtime makes that rare (``runtime._gc``) and freezes what
+    survives a collection (``runtime._gc_governor``): a 100,000-character session id kept
+    its frame's text alive long enough for 300 such frames to leave ``serve`` 31 MB larger.
+    """
+    pending, seen = [exc], set()
+    while pending:
+        error = pending.pop()
+        if id(error) in seen:
+            continue
+        seen.add(id(error))
+        error.__traceback__ = None
+        if isinstance(error, BaseExceptionGroup):
+            pending.extend(error.exceptions)
+        pending.extend(linked for linked in (error.__cause__, error.__context__) if linked is not None)
+
+
+def _structuring_failure(type_name: str, exc: Exception) -> tuple[ErrorCode, str]:
+    """The code and message for ``data`` that does not fit its type (``exc``: cattrs' error tree)."""
+    _drop_tracebacks(exc)
+    code = (
+        ErrorCode.INVALID_SESSION_ID
+        if any(isinstance(leaf, InvalidSessionIdError) for leaf in _leaves(exc))
+        else ErrorCode.BAD_DATA
+    )
+    return code, f"{type_name}: {_describe(exc)}"[:1000]
+
+
 def _describe(exc: BaseException) -> str:
     """cattrs' error tree as ``problem @ data.field`` lines, with wire (camelCase) names."""
     lines = []
@@ -305,13 +339,12 @@ def decode(text: str | bytes) -> Frame:
     try:
         message = _CONVERTER.structure(data, cls)
     except Exception as exc:  # cattrs reports every structuring failure as some exception
-        code = (
-            ErrorCode.INVALID_SESSION_ID
-            if any(isinstance(leaf, InvalidSessionIdError) for leaf in _leaves(exc))
-            else ErrorCode.BAD_DATA
-        )
-        raise ProtocolError(code, f"{type_name}: {_describe(exc)}"[:1000], request_id=request_id) from None
-    return Frame(message, id=request_id, re=raw.get("re"))
+        code, why = _structuring_failure(type_name, exc)
+    else:
+        return Frame(message, id=request_id, re=raw.get("re"))
+    # Raised here, not in the except clause, so that it carries no link to cattrs' errors;
+    # and never held in a local, which its own traceback would make a cycle.
+    raise ProtocolError(code, why, request_id=request_id)
 
 
 def _dumps(value: Any, what: str) -> str:

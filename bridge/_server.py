@@ -108,6 +108,9 @@ ENDPOINTS: Mapping[str, Role] = MappingProxyType({"/dsh": "dsh-host", "/goalbar"
 _BATCH_OVERHEAD = 64
 # How much of a peer's own text (an error it reports) goes into a log line.
 _LOGGED_TEXT = 200
+# Longest request target before its query that is read (an absolute URI's scheme and host
+# included); every endpoint's is far shorter.
+_MAX_TARGET_PATH = 1024
 
 
 class _Waiter:
@@ -151,9 +154,16 @@ def _remote(ws: WebSocketConnection) -> str:
 
 
 def _path(target: str) -> str:
-    """The path of an HTTP request target; "" for one ``urlsplit`` cannot read (``//[``)."""
+    """The path of an HTTP request target; "" for one ``urlsplit`` cannot read (``//[``).
+
+    Only what comes before the query is read, and a long one not at all (no endpoint's is):
+    ``urlsplit`` keeps the last 128 strings it was given (an LRU cache), so a page URL with
+    a 10 KB ``session=`` query stayed in memory after it was answered."""
+    before_query = target.partition("?")[0].partition("#")[0]
+    if len(before_query) > _MAX_TARGET_PATH:
+        return ""
     try:
-        return urlsplit(target).path
+        return urlsplit(before_query).path
     except ValueError:
         return ""
 
@@ -557,9 +567,10 @@ async def serve_bridge(
         if await _serve_page(stream):
             return
         async with trio.open_nursery() as nursery:
-            with trio.move_on_after(HELLO_TIMEOUT) as handshake:
+            request = None
+            with trio.move_on_after(HELLO_TIMEOUT):
                 request = await wrap_server_stream(nursery, stream, max_message_size=max_message_size)
-            if handshake.cancelled_caught:
+            if request is None:  # no handshake in time, or one refused (answered 400)
                 nursery.cancel_scope.cancel()
                 await stream.aclose()
                 return

@@ -5,15 +5,19 @@ with what a connection that ended left behind going first when room is needed.
 The handlers are driven directly, as the server calls them, with small caps patched in.
 """
 
+import gc
 from types import SimpleNamespace
 
 import pytest
+from structlog.testing import capture_logs
 
 from loopdock.actors import LiveEvent
-from loopdock.bridge import DockSelectHandler, HostHandler, LimitError, Select, _dock_select, _host_handler
+from loopdock.bridge import DockSelectHandler, HostHandler, LimitError, Select, _console, _dock_select, _host_handler
+from loopdock.bridge._console import ConsoleHandler
 from loopdock.bridge._handler import Disconnect
 from loopdock.bridge._ledger import Ledger
 from loopdock.bridge._messages import SessionEvent
+from loopdock.runtime._errors import LoopdockError
 from loopdock.runtime._events import Event
 
 GONE = Disconnect("peer-closed", "test")
@@ -81,6 +85,32 @@ async def test_an_announced_session_id_the_api_refuses_is_not_kept(host, bad):
     host.connected(conn)
     await host.on_live(conn, [LiveEvent("agent/created", "a1", {"source": "startup", "sessionId": bad})])
     assert host.agents["a1"].session_id == "a1"  # the agent's own (checked) id instead
+
+
+async def test_the_console_keeps_no_session_id_the_api_refuses_and_logs_little_of_what_a_peer_chose(rt):
+    console = ConsoleHandler(DockSelectHandler(rt.dock))
+    conn = peer("c1")
+    huge = "z" * 100_000
+    with capture_logs() as logs:
+        await console.on_live(conn, [LiveEvent("agent/created", "a1", {"source": huge, "sessionId": huge})])
+        with pytest.raises(LoopdockError) as info:  # the dock's message quotes the name whole
+            await console.on_select(conn, Select("create", "s1", {"loop": huge}))
+        assert info.value.code == "UNKNOWN_LOOP"
+        await console.on_select(conn, Select("create", "s2", agent_preset=huge))
+    assert console.rows["a1"].session_id == "a1"  # the agent's own id, as the host handler does
+    assert [e["event"] for e in logs] == ["session start", "loop refused", "loop decision"]
+    assert all(len(str(value)) <= 200 for entry in logs for value in entry.values()), logs
+
+
+async def test_the_console_remembers_a_bounded_number_of_selects_whose_agent_never_came(rt, monkeypatch):
+    monkeypatch.setattr(_console, "MAX_DECIDED", 4)
+    console = ConsoleHandler(DockSelectHandler(rt.dock))
+    conn = peer("c1")
+    for n in range(10):
+        await console.on_select(conn, Select("create", f"s{n}"))
+    assert list(console._decided) == ["s6", "s7", "s8", "s9"]  # the newest MAX_DECIDED
+    await console.on_live(conn, [created("a9", "s9")])
+    assert console.rows["a9"].loop == "standard" and "s9" not in console._decided
 
 
 # -- the mirror -------------------------------------------------------------------------------------
@@ -178,6 +208,34 @@ async def test_an_inbox_keeps_at_most_its_cap(host, small_caps):
     assert sorted(host.agents["a1"].inbox) == ["m0", "m1"]
     await host.on_live(conn, [LiveEvent("agent/inbox/claimed", "a1", {"message": {"id": "m0"}}), inserted(2)])
     assert sorted(host.agents["a1"].inbox) == ["m1", "m2"]
+
+
+async def test_refused_items_leave_nothing_for_the_cyclic_collector(host, small_caps):
+    # What a refusal keeps must be freed by reference counting, not kept in a cycle until
+    # the (rare, freezing) cyclic collector runs: each refused frame here is 100 KB.
+    conn = peer("c1")
+    host.connected(conn)
+    await host.on_live(conn, [created(f"a{n}") for n in range(3)])
+    await host.on_events(conn, [event(f"a{n}") for n in range(3)])
+    pad = {"pad": "p" * 100_000}
+    gc.collect()
+    gc.disable()
+    try:
+        for n in range(3):
+            for call, code in [
+                (host.on_live(conn, [LiveEvent("agent/status", f"b{n}", {"status": "idle", **pad})]), "TOO_MANY_AGENTS"),
+                (host.on_events(conn, [SessionEvent(f"u{n}", Event("turn/start", 0, 1, pad))]), "TOO_MANY_SESSIONS"),
+            ]:
+                try:  # not pytest.raises: its ExceptionInfo and this frame would make a cycle
+                    await call
+                except LimitError as exc:
+                    assert exc.code == code
+                else:
+                    pytest.fail("taken")
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+    assert sorted(host.agents) == sorted(host.sessions) == ["a0", "a1", "a2"]
 
 
 async def test_only_the_newest_gaps_are_kept(host, small_caps):

@@ -4,6 +4,7 @@ The fuzzing states the codec's two promises: ``decode`` raises nothing but Proto
 whatever it is given, and every frame the codec can write reads back equal.
 """
 
+import gc
 import json
 
 import pytest
@@ -40,6 +41,8 @@ from loopdock.bridge import (
     encode,
 )
 from loopdock.bridge._messages import (
+    MAX_ERROR_CODE,
+    MAX_ERROR_MESSAGE,
     MAX_ID_LENGTH,
     REPLIES,
     REPLY_TYPES,
@@ -307,6 +310,7 @@ EVENT_ITEM = {"type": "t", "seq": 0, "time": 1, "data": {}}
         ("mirrored", lambda sid: {"sessionIds": ["ok", sid]}, "data.sessionIds[1]"),
         ("preStep", lambda sid: {"agentId": sid, "sessionId": "ok", "turn": 1, "step": 0, "messages": []}, "data.agentId"),
         ("preStep", lambda sid: {"agentId": "ok", "sessionId": sid, "turn": 1, "step": 0, "messages": []}, "data.sessionId"),
+        ("command", lambda sid: {"agentId": sid, "name": "loopx-init"}, "data.agentId"),
     ],
 )
 def test_a_session_id_the_api_refuses_is_refused_on_the_wire(bad, type_, data, field):
@@ -320,6 +324,51 @@ def test_a_session_id_the_api_refuses_is_refused_on_the_wire(bad, type_, data, f
 def test_every_session_id_the_api_accepts_passes_the_wire():
     for sid in ("s1", "0", "dsh-session-goalbar-1", "a.b_c:d@e+f-g", "x" * 128, "2f1c4e3a-8b7d-4c2e-9a1f-0b3c5d7e9f11"):
         assert decode(wire("select", {"op": "create", "sessionId": sid}, id="1")).message.session_id == sid
+
+
+PAD = "p" * 100_000
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [
+        (wire("select", {"op": "create", "sessionId": "s" * 100_000}, id="q1"), ErrorCode.INVALID_SESSION_ID),
+        (wire("select", {"op": "create", "sessionId": "bad id", "agentOptions": {"pad": PAD}}, id="q1"), ErrorCode.INVALID_SESSION_ID),
+        (wire("events", {"items": [{"sessionId": "e" * 100_000, "event": EVENT_ITEM}]}), ErrorCode.INVALID_SESSION_ID),
+        (wire("events", {"items": [{"sessionId": "s", "event": {**EVENT_ITEM, "seq": "0", "data": {"pad": PAD}}}]}), ErrorCode.BAD_DATA),
+        (wire("mirrored", {"sessionIds": ["ok", "m" * 100_000]}, id="q1"), ErrorCode.INVALID_SESSION_ID),
+        (wire("live", {"items": [{"type": "agent/status", "agentId": "a" * 100_000, "data": {}}]}), ErrorCode.INVALID_SESSION_ID),
+        (wire("command", {"agentId": "c" * 100_000, "name": "loopx-init", "args": PAD}, id="q1"), ErrorCode.INVALID_SESSION_ID),
+        (wire("ack", {"ok": True, "pad": PAD}, re="q1"), ErrorCode.BAD_DATA),
+        (wire("verdict", {"kind": PAD}, re="q1"), ErrorCode.BAD_DATA),
+    ],
+)
+def test_a_refused_frame_leaves_nothing_for_the_cyclic_collector(text, code):
+    # Reference counting alone must free a refused frame: the runtime collects cycles
+    # rarely and freezes what survives a collection, so every frame kept in a cycle (with
+    # its 100,000 characters) made `loopdock serve` larger (docs/reliability.md).
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(3):
+            try:  # not pytest.raises: its ExceptionInfo and this frame would make a cycle
+                decode(text)
+            except ProtocolError as exc:
+                assert exc.code is code
+            else:
+                pytest.fail("decoded")
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+
+
+def test_an_error_frame_carries_a_bounded_code_and_message():
+    notice = ErrorNotice("C" * 1000, "m" * 100_000)
+    assert (len(notice.code), len(notice.message)) == (MAX_ERROR_CODE, MAX_ERROR_MESSAGE)
+    assert notice.message.endswith("...") and ErrorNotice("X", "m" * MAX_ERROR_MESSAGE).message == "m" * MAX_ERROR_MESSAGE
+    # a peer's too, as it is read
+    peer = decode(wire("error", {"code": "X", "message": "m" * 100_000})).message
+    assert len(peer.message) == MAX_ERROR_MESSAGE
 
 
 def test_unknown_keys_are_tolerated_only_where_a_newer_peer_needs_them():

@@ -17,11 +17,13 @@ Rules (as in trio-websocket's own tests): 127.0.0.1 only, port 0, an absolute
 import functools
 import json
 import os
+import tracemalloc
 from contextlib import asynccontextmanager
 
 import pytest
 import structlog
 import trio
+import trio.testing
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, CloseConnection, Event, RejectConnection, Request, TextMessage
 from wsproto.frame_protocol import Opcode
@@ -239,6 +241,36 @@ async def test_a_request_target_urlsplit_cannot_read_is_refused_not_fatal(target
             await still_serves(port)
 
 
+async def test_a_page_query_is_not_kept_once_answered():
+    # The query is the page's to read (session=...): the server reads no more than the path,
+    # so no URL parser's cache keeps 128 long targets after they were answered.
+    async def get(target):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(f"GET {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            response = b""
+            while chunk := await stream.receive_some():
+                response += chunk
+        return response.split(b"\r\n", 1)[0]
+
+    with trio.fail_after(TIMEOUT):
+        async with running_bridge() as port:
+            assert await get("/console?session=warm") == b"HTTP/1.1 200 OK"
+            await trio.testing.wait_all_tasks_blocked()
+            tracemalloc.start()
+            try:
+                before = tracemalloc.get_traced_memory()[0]
+                for n in range(20):
+                    assert await get(f"/console?session={n}" + "q" * 10_000) == b"HTTP/1.1 200 OK"
+                    assert await get(f"/console/{n}" + "q" * 10_000) == b"HTTP/1.1 404 Not Found"
+                await trio.testing.wait_all_tasks_blocked()
+                kept = tracemalloc.get_traced_memory()[0] - before
+            finally:
+                tracemalloc.stop()
+            assert kept < 50_000, f"{kept} bytes kept after 40 requests of 10 KB"
+            await still_serves(port)
+
+
 async def test_a_peer_that_resets_the_connection_at_once_costs_nothing():
     with trio.fail_after(TIMEOUT):
         async with running_bridge() as port:
@@ -250,3 +282,44 @@ async def test_a_peer_that_resets_the_connection_at_once_costs_nothing():
                 stream.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
                 await stream.aclose()
             await still_serves(port)
+
+
+def connection_tasks():
+    """The server's per-connection tasks still running (those serve_tcp starts)."""
+
+    def tasks(task):
+        yield task
+        for nursery in task.child_nurseries:
+            for child in nursery.child_tasks:
+                yield from tasks(child)
+
+    return [t for t in tasks(trio.lowlevel.current_root_task()) if t.name == "trio._highlevel_serve_listeners._run_handler"]
+
+
+@pytest.mark.parametrize("upgrade", [False, True])
+async def test_a_request_head_the_websocket_layer_refuses_is_let_go_of_at_once(upgrade):
+    # A head over h11's 16 KiB (here a 100 KB page query) is answered 400 by trio-websocket,
+    # which closes the stream; the connection then waited for its hello timeout, holding
+    # the head it had buffered: a burst of them grew the server by 30 KB each, for good.
+    headers = "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+    with trio.fail_after(TIMEOUT):
+        async with running_bridge() as port:
+            for n in range(3):
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                async with stream:
+                    head = f"GET /goalbar?session={n}{'q' * 100_000} HTTP/1.1\r\nHost: x\r\n{headers if upgrade else ''}\r\n"
+                    try:
+                        await stream.send_all(head.encode())
+                    except trio.BrokenResourceError:
+                        pass  # refused before the client had sent it all
+                    response = b""
+                    try:
+                        while chunk := await stream.receive_some():
+                            response += chunk
+                    except trio.BrokenResourceError:
+                        pass  # closed with the rest unread: a reset after the answer
+                    assert response.startswith(b"HTTP/1.1 400 "), response[:100]
+                await trio.testing.wait_all_tasks_blocked()
+                assert connection_tasks() == []
+            await still_serves(port)
+
