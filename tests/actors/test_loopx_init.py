@@ -306,6 +306,7 @@ async def test_a_healthy_cli_is_kept_and_skills_install_and_hot_load(loopx_env, 
     agents = tmp_path / "agents"
     settings = make_settings(agents, child_env(loopx_env, node22_bin, bin_dir), loopx_project, python_bin=str(python))
     catalog = SkillCatalog(None, agents_home=agents)
+    await catalog.refreshed()
     assert catalog.names() == []
 
     with trio.fail_after(REAL_TIMEOUT):
@@ -325,7 +326,9 @@ async def test_a_healthy_cli_is_kept_and_skills_install_and_hot_load(loopx_env, 
     assert not (agents / "runtime").exists()
     assert "2.1.1" in first.summary and "installed or updated" in first.summary
     assert_safe(first.summary, tmp_path, loopx_project)
-    # The same catalog object sees the new skills: hot loading, no restart.
+    # The same catalog object sees the new skills at its next refresh (a model step's):
+    # hot loading, no restart.
+    await catalog.refreshed()
     names = catalog.names()
     assert {"loopx", "loopx-project", "loopx-pr-review", "loopx-self-repair"} <= set(names)
     entry = (agents / "skills" / "loopx" / "SKILL.md").read_text()
@@ -369,10 +372,12 @@ async def test_real_updated_and_legacy_statuses_count_as_changes_and_a_user_file
         entry = skills / "loopx" / "SKILL.md"
         managed = entry.read_text()
         entry.write_text("---\nname: loopx\ndescription: old goal mode\n---\nRun goalmode_cmd.py\n")
+        await catalog.refreshed()
         assert "goalmode_cmd.py" in catalog.get("loopx").body
         legacy = await initialize(settings)
         assert (legacy.ok, legacy.skills_changed) == (True, True)
         assert entry.read_text() == managed
+        await catalog.refreshed()
         assert "goalmode_cmd.py" not in catalog.get("loopx").body  # reloaded without restart
 
         # A user-owned entry is left alone and the install fails closed.
@@ -424,7 +429,9 @@ async def test_missing_and_incompatible_cli_are_repaired_by_one_real_private_ins
         assert version.stdout.splitlines()[0] == "loopx 2.1.1"
         # Generated skill commands use the managed launcher.
         assert str(launcher) in (agents_a / "skills" / "loopx" / "SKILL.md").read_text()
-        assert {"loopx", "loopx-project"} <= set(SkillCatalog(None, agents_home=agents_a).names())
+        fresh = SkillCatalog(None, agents_home=agents_a)
+        await fresh.refreshed()
+        assert {"loopx", "loopx-project"} <= set(fresh.names())
 
         # 2. An old CLI on PATH now, but the managed install is healthy: kept, no pip.
         again = make_settings(agents_a, child_env(loopx_env, node22_bin, old_bin), loopx_project, python_bin=str(python))
