@@ -546,20 +546,22 @@ async def serve_bridge(
         if role is None:
             await _answer(http, 404, f"no bridge endpoint {path[:100]!r}: use /dsh or /goalbar".encode())
             return
-        conn = BridgeConnection(
-            role,
-            token,
-            served,
-            remote=_remote(stream),
-            outbox_size=outbox_size,
-            outbox_bytes=outbox_bytes,
-            budget=budget,
-            max_message_size=max_message_size,
-        )
+        remote = _remote(stream)
         try:
             async with accept_websocket(
                 stream, request, http.trailing_data, max_message_size=max_message_size
             ) as ws:
+                # Only now: its outbox takes a share of the budget until the connection ends.
+                conn = BridgeConnection(
+                    role,
+                    token,
+                    served,
+                    remote=remote,
+                    outbox_size=outbox_size,
+                    outbox_bytes=outbox_bytes,
+                    budget=budget,
+                    max_message_size=max_message_size,
+                )
                 try:
                     await conn._run(ws)
                 finally:
