@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, closing
 from typing import cast, final
 
 import h11
@@ -160,8 +160,11 @@ class WebSocket:
             while True:
                 if data:
                     self._ws.receive_data(data)
-                    for event in self._ws.events():
-                        await self._deal_with(event)
+                    # Closed here also when cancelled mid-way, not by whichever garbage
+                    # collection finds it (its close then runs wherever that started).
+                    with closing(self._ws.events()) as events:
+                        for event in events:
+                            await self._deal_with(event)
                 # Done: the close handshake is over, or the stream is unusable, or wsproto
                 # failed to parse it (RFC 6455 section 7.1.7: process nothing more of it).
                 if self._broken or self._failed or self._ws.state is ConnectionState.CLOSED:
