@@ -10,8 +10,9 @@ It speaks exactly the frames of the DSH plugin (``bridge/dsh_plugin/index.mjs``)
 most 200 items ``{sessionId, event: {type, seq, time, data}}``, and ``preStep`` requests
 (ids ``h<n>``) answered by ``verdict``; and, on a second connection, those of the GoalBar
 page (``hello`` role ``goalbar``, ``goalbarWatch``, pushed ``goalbar`` frames). Frames are
-written and read with the library's own codec (``bridge.encode``/``bridge.decode``).
-Times are ``time.perf_counter()`` in this process.
+written and read with the library's own codec (``bridge.encode``/``bridge.decode``), over a
+websocket client of a few lines on wsproto (``_WebSocket``; the plugin's is the host's
+``WebSocket``). Times are ``time.perf_counter()`` in this process.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
-from trio_websocket import WebSocketConnection, open_websocket
+from wsproto import ConnectionType, WSConnection
+from wsproto import events as ws_events
 
 from loopdock.bridge import Events, Frame, Hello, Ping, PreStep, SessionEvent, decode, encode
 from loopdock.bridge._messages import Goalbar, GoalbarWatch
@@ -74,11 +78,66 @@ def _events_frames(session_id: str, first_seq: int, count: int, batch: int) -> l
     return frames
 
 
+class _WebSocket:
+    """The client side of one websocket connection, as much as the bench needs: text
+    messages both ways, pings answered. One reader (``get_message``); writers take turns."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self._stream = stream
+        self._ws = WSConnection(ConnectionType.CLIENT)
+        self._send_lock = trio.Lock()
+        self._parts: list[str] = []
+        self._messages: deque[str] = deque()
+        self.accepted = False
+
+    async def _send(self, event: ws_events.Event) -> None:
+        async with self._send_lock:
+            await self._stream.send_all(self._ws.send(event))
+
+    async def send_message(self, text: str) -> None:
+        await self._send(ws_events.TextMessage(data=text))
+
+    async def _read(self) -> None:
+        data = await self._stream.receive_some(2**16)
+        if not data:
+            raise ConnectionError("the bridge closed the connection")
+        self._ws.receive_data(data)
+        for event in self._ws.events():
+            if isinstance(event, ws_events.AcceptConnection):
+                self.accepted = True
+            elif isinstance(event, ws_events.TextMessage):
+                self._parts.append(event.data)
+                if event.message_finished:
+                    self._messages.append("".join(self._parts))
+                    self._parts.clear()
+            elif isinstance(event, ws_events.Ping):
+                await self._send(event.response())
+            elif isinstance(event, ws_events.CloseConnection):
+                raise ConnectionError(f"the bridge closed the websocket ({event.code} {event.reason})")
+            else:
+                raise ConnectionError(f"the bridge refused the websocket: {event!r}")
+
+    async def get_message(self) -> str:
+        while not self._messages:
+            await self._read()
+        return self._messages.popleft()
+
+
+@asynccontextmanager
+async def _open_websocket(port: int, path: str) -> AsyncIterator[_WebSocket]:
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        ws = _WebSocket(stream)
+        await ws._send(ws_events.Request(host=f"127.0.0.1:{port}", target=path))
+        while not ws.accepted:
+            await ws._read()
+        yield ws
+
+
 class Peer:
     """One websocket connection with a receiver task: replies wake their waiters,
     everything else goes to ``on_frame(frame, t)``."""
 
-    def __init__(self, ws: WebSocketConnection, prefix: str) -> None:
+    def __init__(self, ws: _WebSocket, prefix: str) -> None:
         self.ws = ws
         self._prefix = prefix
         self._ids = 0
@@ -313,8 +372,7 @@ async def run_client(params: dict[str, Any]) -> dict[str, Any]:
     agents, batch = params["agents"], PLUGIN_BATCH_ITEMS
     result: dict[str, Any] = {}
     steps = 6
-    async with open_websocket("127.0.0.1", port, "/dsh", use_ssl=False) as host_ws, \
-            open_websocket("127.0.0.1", port, "/goalbar", use_ssl=False) as page_ws:
+    async with _open_websocket(port, "/dsh") as host_ws, _open_websocket(port, "/goalbar") as page_ws:
         host, page = Peer(host_ws, "h"), Peer(page_ws, "g")
         await host.hello(token, "dsh-host", HOST_CAPABILITIES)
         await page.hello(token, "goalbar", GOALBAR_CAPABILITIES)

@@ -1,8 +1,8 @@
 """The websocket bridge to DSH hosts and GoalBar clients.
 
 A sans-IO protocol (``decode``/``encode``, the ``Connection`` state machine, the batching
-``Outbox``) and a thin trio-websocket server around it (``serve_bridge``) that hands what
-peers send to a ``BridgeHandler``.
+``Outbox``) and a server around it (``serve_bridge``: h11 and wsproto under thin trio
+adapters) that hands what peers send to a ``BridgeHandler``.
 """
 
 from ._connection import CAPABILITIES as CAPABILITIES

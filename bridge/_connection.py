@@ -60,7 +60,7 @@ from ._protocol import PROTOCOL_VERSION, decode
 CLOSE_PROTOCOL_ERROR = 1002  # the peer speaks another protocol version
 CLOSE_POLICY_VIOLATION = 1008  # no valid hello with the token first
 CLOSE_INVALID_DATA = 1007  # sent by bridge._websocket for a text frame that is not UTF-8
-CLOSE_TOO_LARGE = 1009  # sent by trio-websocket itself for a frame over the size limit
+CLOSE_TOO_LARGE = 1009  # sent by bridge._websocket for a message over the size limit
 
 #: What the runtime offers each role; the welcome lists those the peer also named.
 CAPABILITIES: Mapping[str, tuple[str, ...]] = MappingProxyType(

@@ -40,7 +40,7 @@ DisconnectKind = Literal[
     "peer-closed",  # the peer closed the websocket, or the TCP connection broke
     "unauthorized",  # no hello with the right token and role first (closed 1008)
     "bad-version",  # another protocol version (closed 1002)
-    "too-large",  # a frame over the size limit (closed 1009 by trio-websocket)
+    "too-large",  # a message over the size limit (closed 1009)
     "bad-frame",  # a frame the websocket protocol refuses, e.g. text not UTF-8 (closed 1007 or 1002)
     "slow-peer",  # its outgoing queue filled up: dropped without a close handshake
     "server-closing",  # the server was cancelled

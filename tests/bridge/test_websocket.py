@@ -25,10 +25,10 @@ import structlog
 import trio
 import trio.testing
 from wsproto import ConnectionType, WSConnection
-from wsproto.events import AcceptConnection, CloseConnection, Event, RejectConnection, Request, TextMessage
+from wsproto.events import AcceptConnection, CloseConnection, Event, Ping, Pong, RejectConnection, Request, TextMessage
 from wsproto.frame_protocol import Opcode
 
-from loopdock.bridge import CLOSE_INVALID_DATA, CLOSE_POLICY_VIOLATION, serve_bridge
+from loopdock.bridge import CLOSE_INVALID_DATA, CLOSE_POLICY_VIOLATION, NullHandler, serve_bridge
 
 TOKEN = "test-token-for-the-bridge"
 TIMEOUT = 10
@@ -178,6 +178,63 @@ async def test_many_pings_during_the_close_of_many_connections():
                 for _ in range(20):
                     nursery.start_soon(refused_then, port, [(Opcode.PING, b"p")] * 5)
             await still_serves(port)
+
+
+# -- what is read ahead ---------------------------------------------------------------------
+
+
+async def test_a_message_over_the_limit_is_refused_before_it_is_whole():
+    # Three fragments of 100 bytes against a limit of 250, and no last fragment: the server
+    # closes with 1009 once the third is in, holding no more than the limit meanwhile.
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(functools.partial(serve_bridge, token=TOKEN, max_message_size=250))
+            async with raw_client(port) as client:
+                await client.until(AcceptConnection)
+                await client.send(TextMessage(hello_text()))
+                assert json.loads((await client.until(TextMessage)).data)["type"] == "welcome"
+                await client.send_frame(Opcode.TEXT, b"x" * 100, fin=False)
+                await client.send_frame(Opcode.CONTINUATION, b"x" * 100, fin=False)
+                await client.send_frame(Opcode.CONTINUATION, b"x" * 100, fin=False)
+                close = await client.until(CloseConnection)
+                assert close is not None and close.code == 1009
+                await client.send(close.response())
+                assert await client.next_event() is None
+            await still_serves(port)
+            nursery.cancel_scope.cancel()
+
+
+class BlockingHandler(NullHandler):
+    """Holds every ``events`` frame until released."""
+
+    def __init__(self):
+        self.holding = trio.Event()
+        self.release = trio.Event()
+        self.handled = False
+
+    async def on_events(self, conn, items):
+        self.holding.set()
+        await self.release.wait()
+        self.handled = True
+
+
+async def test_a_ping_is_answered_while_the_message_before_it_is_being_handled():
+    handler = BlockingHandler()
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(functools.partial(serve_bridge, handler, token=TOKEN))
+            async with raw_client(port) as client:
+                await client.until(AcceptConnection)
+                await client.send(TextMessage(hello_text()))
+                assert json.loads((await client.until(TextMessage)).data)["type"] == "welcome"
+                await client.send(TextMessage(json.dumps({"v": 1, "type": "events", "data": {"items": []}})))
+                await handler.holding.wait()
+                await client.send(Ping(b"are you there"))
+                assert (await client.until(Pong)).payload == b"are you there"
+                assert not handler.handled  # the pong did not wait for the events
+                handler.release.set()
+            await still_serves(port)
+            nursery.cancel_scope.cancel()
 
 
 # -- frames the websocket protocol refuses ----------------------------------------------------
