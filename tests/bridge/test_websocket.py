@@ -355,9 +355,9 @@ def connection_tasks():
 
 @pytest.mark.parametrize("upgrade", [False, True])
 async def test_a_request_head_the_websocket_layer_refuses_is_let_go_of_at_once(upgrade):
-    # A head over h11's 16 KiB (here a 100 KB page query) is answered 400 by trio-websocket,
-    # which closes the stream; the connection then waited for its hello timeout, holding
-    # the head it had buffered: a burst of them grew the server by 30 KB each, for good.
+    # A head over 16 KiB (here a 100 KB page query) is answered 431 and the stream closed;
+    # the connection must not then wait for its hello timeout holding the head it had
+    # buffered (it once did: a burst of them grew the server by 30 KB each, for good).
     headers = "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
     with trio.fail_after(TIMEOUT):
         async with running_bridge() as port:
@@ -375,7 +375,7 @@ async def test_a_request_head_the_websocket_layer_refuses_is_let_go_of_at_once(u
                             response += chunk
                     except trio.BrokenResourceError:
                         pass  # closed with the rest unread: a reset after the answer
-                    assert response.startswith(b"HTTP/1.1 400 "), response[:100]
+                    assert response.startswith(b"HTTP/1.1 431 "), response[:100]
                 await trio.testing.wait_all_tasks_blocked()
                 assert connection_tasks() == []
             await still_serves(port)

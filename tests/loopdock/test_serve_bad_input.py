@@ -199,14 +199,14 @@ async def test_oversize_messages_and_absurd_page_queries_leave_serve_no_larger(t
             for n in range(3):
                 assert await oversize(port, token, MAX_MESSAGE_SIZE + n) == 1009
                 assert await page(port, f"/goalbar?session=w{n}") == "200"
-                assert await page(port, f"/goalbar?session=w{n}" + "q" * BIG) == "400"
+                assert await page(port, f"/goalbar?session=w{n}" + "q" * BIG) == "431"
             baseline = vm_rss(proc.pid)
             for n in range(30):  # 30 MiB of frames over the limit
                 assert await oversize(port, token, MAX_MESSAGE_SIZE + n) == 1009
             for n in range(FRAMES):
-                # the head over 16 KiB is refused by the websocket layer; a long one under it
+                # the head over 16 KiB is refused (431); a long one under it
                 # is a page (the query is the page's to read)
-                assert await page(port, f"/goalbar?session={n}" + "q" * BIG) == "400"
+                assert await page(port, f"/goalbar?session={n}" + "q" * BIG) == "431"
                 assert await page(port, f"/console?session={n}" + "q" * (BIG // 10)) == "200"
             async with open_websocket("127.0.0.1", port, "/dsh", use_ssl=False) as ws:  # still serving
                 await ws.send_message(frame("hello", {"token": token, "role": "dsh-host", "protocol": 1, "capabilities": []}))
