@@ -69,6 +69,7 @@ from loopdock.runtime._messages import (
     InvalidMessageError,
     Message,
     ProducerSource,
+    user_message,
 )
 from loopdock.runtime._serde import message_from_wire, message_to_wire
 from loopdock.runtime._waterfall import Waterfall
@@ -214,11 +215,14 @@ class DshAgent:
         self._settle(reservation, "cancelled", "discarded by the host")
         return True
 
-    def followup(self, message: Message) -> Message:
-        """Queue ``message`` for the agent's next turn on the host (an ordinary message,
-        not a reservation: its source kind must be one the bridge does not own, or DSH
-        would ask for a verdict nobody can give). Sent in the background; a host that
+    def followup(self, message: str | Message) -> Message:
+        """Queue ``message`` for the agent's next turn on the host, which wakes it (an
+        ordinary message, not a reservation: its source kind must be one the bridge does
+        not own, or DSH would ask for a verdict nobody can give). Text becomes a user
+        message, as ``AgentActor.followup`` makes it. Sent in the background; a host that
         refuses it is logged, never retried."""
+        if isinstance(message, str):
+            message = user_message(message)
         if isinstance(message.source, ProducerSource) and message.source.kind in self._owned:
             raise InvalidReservationError(f"source kind {message.source.kind!r} is owned: reserve it")
         if self.closed or self._nursery is None:
