@@ -182,6 +182,13 @@ class DshAgent:
         await trio.lowlevel.checkpoint()
         await self._handler.wait_until(lambda: self.closed or self.status_version > since)
 
+    async def wait_closed(self) -> None:
+        """Wait until the agent is gone: its host disposed it or unloaded the plugin (as
+        ``dsh headless`` does once its task is done), or the mirror let go of it. Always
+        a checkpoint."""
+        await trio.lowlevel.checkpoint()
+        await self._handler.wait_until(lambda: self.closed)
+
     # -- what a driver does ----------------------------------------------------------------
 
     def reserve(self, message: Message, placement: Placement = "followup") -> Reservation:

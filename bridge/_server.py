@@ -412,7 +412,7 @@ class BridgeConnection:
             detail = f"close code {code}: {reason.reason if reason else ''}"
             if code in (CLOSE_PROTOCOL_ERROR, CLOSE_INVALID_DATA):
                 return Disconnect("bad-frame", detail), None
-            return Disconnect("peer-closed", detail), None
+            return Disconnect("peer-closed", detail, code), None
         return await self._apply(self._protocol.receive(data))
 
     def _peer_error(self, event: str, code: str, detail: str) -> None:

@@ -41,17 +41,17 @@ def goalbar_project_for(
 ) -> Callable[[str], Path]:
     """The LoopX project of a session: the ``cwd`` of the live agent the runtime owns under
     that id (agent id == session id), else the ``cwd`` a DSH host announced for that
-    session (its header's), else the ``cwd`` of the cluster's live session of that id
-    (``serve --cluster``), else ``project`` (``serve --project``)."""
+    session (its header's; also once its agents ended, while its mirror is kept), else the
+    ``cwd`` of the cluster's live session of that id (``serve --cluster``), else
+    ``project`` (``serve --project``)."""
 
     def project_for(session_id: str) -> Path:
         agent = rt.get_agent(session_id)
         if agent is not None and not agent.closed:
             return agent.cwd
-        if host is not None:
-            for live in list(host.agents.values()):
-                if live.session_id == session_id and live.cwd is not None:
-                    return Path(live.cwd)
+        announced = host.cwds.get(session_id) if host is not None else None
+        if announced is not None:
+            return Path(announced)
         cwd = cluster.cwd_of(session_id) if cluster is not None else None
         return Path(cwd) if cwd is not None else project
 
