@@ -40,6 +40,7 @@ from loopdock.actors.dock import Preset as Preset
 from loopdock.actors.dock import StrategyLoop as StrategyLoop
 from loopdock.actors.dock import read_binding as read_binding
 from loopdock.actors.loopx import LoopxSettings as LoopxSettings
+from loopdock.bridge import DshAgent as DshAgent
 from loopdock.runtime import AgentOptions as AgentOptions
 from loopdock.runtime import Event as Event
 from loopdock.runtime import LoopdockError as LoopdockError
@@ -60,4 +61,5 @@ from loopdock.runtime.tools import ShellPolicy as ShellPolicy
 from loopdock.runtime.tools import Tool as Tool
 from loopdock.runtime.tools import ToolContext as ToolContext
 
+from ._bridge import Bridge as Bridge
 from ._runtime import Runtime as Runtime

@@ -17,7 +17,8 @@ import trio
 from trio_websocket import open_websocket
 
 from loopdock import LoopxSettings, Runtime
-from loopdock._serve import goalbar_project_for, goalbar_service, serve_command
+from loopdock._bridge import goalbar_project_for, goalbar_service
+from loopdock._serve import serve_command
 from loopdock.runtime._errors import InvalidOptionsError
 from loopdock.runtime.loopx import HOST_SURFACE, LoopxClient, LoopxOk
 
