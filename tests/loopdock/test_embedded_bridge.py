@@ -93,3 +93,19 @@ async def test_a_taken_port_is_port_in_use(tmp_path):
                 async with rt.serve_bridge(port=port):
                     pytest.fail("served on a taken port")
             assert refused.value.code == "PORT_IN_USE"
+
+
+async def test_the_console_shows_the_runtime_s_agents_live_before_the_bridge_opened(tmp_path):
+    async with Runtime.open(tmp_path / "home") as rt:
+        await rt.create_agent(session_id="own-1")
+        with trio.fail_after(60):
+            async with rt.serve_bridge(project=tmp_path) as bridge:
+                async with open_websocket("127.0.0.1", bridge.port, "/goalbar", use_ssl=False) as ws:
+                    hello = {"token": bridge.token, "role": "goalbar", "protocol": 1, "capabilities": ["live", "console"]}
+                    await ws.send_message(frame("hello", hello))
+                    assert json.loads(await ws.get_message())["type"] == "welcome"
+                    pushed = json.loads(await ws.get_message())
+                    (row,) = [item["data"] for item in pushed["data"]["items"] if item["agentId"] == "own-1"]
+                    assert (row["origin"], row["sessionId"], row["loop"], row["driver"]) == (
+                        "runtime", "own-1", "standard", "default"
+                    )
