@@ -7,6 +7,7 @@ adapters) that hands what peers send to a ``BridgeHandler``.
 
 from ._connection import CAPABILITIES as CAPABILITIES
 from ._connection import CLOSE_INVALID_DATA as CLOSE_INVALID_DATA
+from ._connection import CLOSE_NORMAL as CLOSE_NORMAL
 from ._connection import CLOSE_POLICY_VIOLATION as CLOSE_POLICY_VIOLATION
 from ._connection import CLOSE_PROTOCOL_ERROR as CLOSE_PROTOCOL_ERROR
 from ._connection import CLOSE_TOO_LARGE as CLOSE_TOO_LARGE

@@ -57,6 +57,7 @@ from ._messages import (
 from ._protocol import PROTOCOL_VERSION, decode
 
 #: Websocket close codes the bridge uses (RFC 6455 section 7.4.1).
+CLOSE_NORMAL = 1000  # a peer that leaves on purpose (the DSH plugin when DSH unloads it)
 CLOSE_PROTOCOL_ERROR = 1002  # the peer speaks another protocol version
 CLOSE_POLICY_VIOLATION = 1008  # no valid hello with the token first
 CLOSE_INVALID_DATA = 1007  # sent by bridge._websocket for a text frame that is not UTF-8

@@ -51,6 +51,9 @@ class DockSelectHandler(HandlerLayer):
     on to ``inner`` (by default a ``NullHandler``: events dropped, every pre-step enters)."""
 
     def __init__(self, dock: LoopDock, inner: BridgeHandler | None = None) -> None:
+        if not isinstance(dock, LoopDock):
+            # Found at the first select otherwise, where DSH only hears INTERNAL_ERROR.
+            raise TypeError(f"the bridge answers select from the runtime's loop dock (rt.dock), not {type(dock).__name__}")
         super().__init__(inner)
         self.dock = dock
         #: session id -> the binding decided for it, or the durable one the host sent on a

@@ -69,6 +69,7 @@ from loopdock.runtime._messages import (
     InvalidMessageError,
     Message,
     ProducerSource,
+    user_message,
 )
 from loopdock.runtime._serde import message_from_wire, message_to_wire
 from loopdock.runtime._waterfall import Waterfall
@@ -185,6 +186,13 @@ class DshAgent:
         await trio.lowlevel.checkpoint()
         await self._handler.wait_until(lambda: self.closed or self.status_version > since)
 
+    async def wait_closed(self) -> None:
+        """Wait until the agent is gone: its host disposed it or unloaded the plugin (as
+        ``dsh headless`` does once its task is done), or the mirror let go of it. Always
+        a checkpoint."""
+        await trio.lowlevel.checkpoint()
+        await self._handler.wait_until(lambda: self.closed)
+
     # -- what a driver does ----------------------------------------------------------------
 
     def reserve(self, message: Message, placement: Placement = "followup") -> Reservation:
@@ -218,11 +226,14 @@ class DshAgent:
         self._settle(reservation, "cancelled", "discarded by the host")
         return True
 
-    def followup(self, message: Message) -> Message:
-        """Queue ``message`` for the agent's next turn on the host (an ordinary message,
-        not a reservation: its source kind must be one the bridge does not own, or DSH
-        would ask for a verdict nobody can give). Sent in the background; a host that
+    def followup(self, message: str | Message) -> Message:
+        """Queue ``message`` for the agent's next turn on the host, which wakes it (an
+        ordinary message, not a reservation: its source kind must be one the bridge does
+        not own, or DSH would ask for a verdict nobody can give). Text becomes a user
+        message, as ``AgentActor.followup`` makes it. Sent in the background; a host that
         refuses it is logged, never retried."""
+        if isinstance(message, str):
+            message = user_message(message)
         if isinstance(message.source, ProducerSource) and message.source.kind in self._owned:
             raise InvalidReservationError(f"source kind {message.source.kind!r} is owned: reserve it")
         if self.closed or self._nursery is None:

@@ -50,10 +50,12 @@ DisconnectKind = Literal[
 
 @attrs.frozen
 class Disconnect:
-    """Why a connection ended: ``kind`` for code, ``detail`` for people."""
+    """Why a connection ended: ``kind`` for code, ``detail`` for people; ``close_code``:
+    the websocket close code the peer sent, when it closed the connection itself."""
 
     kind: DisconnectKind
     detail: str
+    close_code: int | None = None
 
 
 class Peer(Protocol):

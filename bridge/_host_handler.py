@@ -25,9 +25,11 @@ no host is connected; the connection's own ``BridgeClosedError``, ``RequestTimeo
 and ``RemoteError`` pass through).
 
 The plugin does not announce its agents again after a reconnect, so ``agents`` outlives a
-connection; an agent leaves it with ``agent/disposed`` only (a host process that died
-without saying so leaves its agents behind: ``HostAgent.connection_id`` tells which
-connection announced each one).
+connection; an agent leaves it with ``agent/disposed``, or when the connection that
+announced it is closed by the host itself (close code 1000: DSH unloads the plugin, as
+``dsh headless`` does when its task is done, before it disposes its agents). A host
+process that died without saying so leaves its agents behind (``HostAgent.connection_id``
+tells which connection announced each one).
 
 What hosts can make it keep is capped, per connection (what that connection brought in)
 and in all: mirrored sessions (``MAX_SESSIONS_PER_CONNECTION``, ``MAX_SESSIONS``), live
@@ -56,6 +58,7 @@ from loopdock.runtime._errors import InvalidSessionIdError, LoopdockError
 from loopdock.runtime._events import Event
 from loopdock.runtime._ids import check_session_id
 
+from ._connection import CLOSE_NORMAL
 from ._dock_select import DockSelectHandler
 from ._errors import LimitError
 from ._handler import Disconnect, HandlerLayer, Peer
@@ -159,6 +162,9 @@ class HostHandler(HandlerLayer):
         self.agents: dict[str, HostAgent] = {}
         #: session id -> its events, in seq order
         self.sessions: dict[str, list[Event]] = {}
+        #: session id -> its working directory as a host announced it (its header's ``cwd``),
+        #: kept as long as the session's mirror: the session's project after its agents end
+        self.cwds: dict[str, str] = {}
         #: the newest ``RETAINED_GAPS`` seq jumps seen, in arrival order
         self.gaps: list[Gap] = []
         #: events dropped as already mirrored (at or below their session's last seq)
@@ -190,11 +196,18 @@ class HostHandler(HandlerLayer):
 
     def disconnected(self, conn: Peer, reason: Disconnect) -> None:
         super().disconnected(conn, reason)
+        if conn.role == "dsh-host" and reason.kind == "peer-closed" and reason.close_code == CLOSE_NORMAL:
+            # The plugin closes the bridge itself only when DSH unloads it (``dsh headless``
+            # exits after its task, before DSH disposes its agents): it will say nothing
+            # more of the agents it announced, so they are gone, as after agent/disposed.
+            # A host that lost its connection keeps them for its reconnection.
+            for agent_id in [a.id for a in self.agents.values() if a.connection_id == conn.id]:
+                self._drop_agent(agent_id)
         self._session_ledger.release(conn.id)
         self._agent_ledger.release(conn.id)
         if self.host is conn:
             self.host = None
-            self.poke()
+        self.poke()
 
     # -- the mirror -------------------------------------------------------------------------
 
@@ -259,6 +272,7 @@ class HostHandler(HandlerLayer):
 
     def _forget_session(self, session_id: str) -> None:
         """Let go of a session's mirror, and of the agents left behind on it."""
+        self.cwds.pop(session_id, None)
         for agent_id in [agent.id for agent in self.agents.values() if agent.session_id == session_id]:
             del self.agents[agent_id]
             self._agent_ledger.discard(agent_id)
@@ -328,6 +342,8 @@ class HostHandler(HandlerLayer):
             known.session_id = session_id if session_id is not None else item.agent_id
             self._closed_sessions.pop(known.session_id, None)
             known.cwd = cwd if isinstance(cwd, str) and os.path.isabs(cwd) else None
+            if known.cwd is not None:
+                self.cwds[known.session_id] = known.cwd
             valid = isinstance(inherited, int) and not isinstance(inherited, bool) and inherited >= 0
             known.inherited_events = inherited if valid else None
             return

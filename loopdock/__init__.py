@@ -40,6 +40,7 @@ from loopdock.actors.dock import Preset as Preset
 from loopdock.actors.dock import StrategyLoop as StrategyLoop
 from loopdock.actors.dock import read_binding as read_binding
 from loopdock.actors.loopx import LoopxSettings as LoopxSettings
+from loopdock.bridge import DshAgent as DshAgent
 from loopdock.runtime import GC_THRESHOLD as GC_THRESHOLD
 from loopdock.runtime import AgentOptions as AgentOptions
 from loopdock.runtime import Event as Event
@@ -61,4 +62,5 @@ from loopdock.runtime.tools import ShellPolicy as ShellPolicy
 from loopdock.runtime.tools import Tool as Tool
 from loopdock.runtime.tools import ToolContext as ToolContext
 
+from ._bridge import Bridge as Bridge
 from ._runtime import Runtime as Runtime

@@ -70,6 +70,8 @@ from loopdock.runtime.models import AdapterRegistry, ModelAdapter, default_adapt
 from loopdock.runtime.skills import SkillCatalog, expand_skill_invocations, skill_tool
 from loopdock.runtime.tools import ShellPolicy, Tool, ToolRegistry, builtin_tools, shell_tool
 
+from ._bridge import Bridge, open_bridge
+
 if TYPE_CHECKING:  # coredis is only needed with cluster= (pip install 'loopdock[cluster]')
     from ._cluster import ClusterRuntime
 
@@ -486,3 +488,25 @@ class Runtime:
     def subscribe_live(self, max_buffer: int = 1024) -> Subscription[LiveEvent]:
         """Live agent events (``agent/created``, ``agent/status``, ``agent/inbox/*``, ...)."""
         return self._supervisor.live.subscribe(max_buffer)
+
+    # -- DSH hosts -------------------------------------------------------------------------
+
+    def serve_bridge(
+        self, *, port: int = 0, host: str | None = None, project: str | os.PathLike[str] | None = None
+    ) -> AbstractAsyncContextManager[Bridge]:
+        """Serve DSH hosts, the console and the GoalBar from this runtime, exactly as
+        ``loopdock serve`` does, until the ``async with`` block ends:
+
+            async with rt.serve_bridge(port=8765) as bridge:
+                async for agent in bridge.dsh_agents():
+                    agent.followup("hello from the runtime")
+
+        On ``host`` (default 127.0.0.1) and ``port`` (0: any free one; ``bridge.port``
+        says which), with the token of this runtime's home (``<home>/bridge.token``, made
+        on first use), which ``loopdock dsh-patch`` and ``dsh-install`` give DSH when they
+        run on the same home. The dock answers the hosts' ``select``; every live DSH
+        agent is mirrored as a ``DshAgent`` with, when the runtime was opened with
+        ``loopx=``, its LoopX continuation and ``/loopx-init``. ``project``: the LoopX
+        project of a session no agent and no host names a ``cwd`` for (default: the
+        current directory). A taken port raises PortInUseError (``PORT_IN_USE``)."""
+        return open_bridge(self, host=host, port=port, project=project)

@@ -225,6 +225,10 @@ class LoopxContinuation:
 
     @property
     def activation(self) -> Activation:
+        """Whether this exact session invoked the ``loopx`` skill, as its log says now
+        (folded on reading: a skill call in a turn that is still running, or in the last
+        turn of an agent its host disposed at once, counts before any idle checkpoint)."""
+        self._fold()
         return self.history.activation
 
     # -- the actor ----------------------------------------------------------------------

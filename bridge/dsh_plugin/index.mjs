@@ -20,9 +20,10 @@
 //   message;
 // - registers the offline `ping` adapter (config.ping) for tests without an API key: it answers
 //   `pong: <last user text>`; test hooks: HOLD holds the call until the runtime wakes the agent,
-//   WAIT holds it (after streaming `pong: `) until a steer or inject reaches the agent's next step;
-//   both end when the turn is cancelled; a line `call: <tool> <json>` makes it call that tool once
-//   (then it answers as usual); config.runCommands runs DSH commands in created agents once
+//   WAIT holds it (after streaming `pong: `) until a steer or inject reaches the agent's next step,
+//   FOLLOWUP until a followup is queued for its next turn; all end when the turn is cancelled;
+//   a line `call: <tool> <json>` makes it call that tool once (then it answers as usual);
+//   config.runCommands runs DSH commands in created agents once
 //   the runtime welcomed the plugin (as DSH's web UI does when a person types one).
 import { randomUUID } from 'node:crypto'
 import { AgentLoop } from '/snapshot/node/node_modules/@deepseek-ai/dsh-agent-loop/lib/index.js'
@@ -268,7 +269,7 @@ export function apply(ctx, config = {}) {
     clearTimeout(reconnectTimer); reconnectTimer = null
     clearTimeout(flushTimer); flushTimer = null
     for (const h of holds.splice(0)) h()
-    for (const agentId of [...waits.keys()]) releaseWaits(agentId)
+    for (const key of [...waits.keys()]) releaseWaits(key)
     // unloading mid-sync: what the runtime lacks is unknown, so every log goes from seq 0
     if (syncing) { syncing = false; resend(new Map(tracked), {}) }
     failPending('DSH is unloading the bridge plugin')
@@ -562,15 +563,19 @@ export function apply(ctx, config = {}) {
   const holds = []
   let holdsReleased = false
   function releaseHolds() { holdsReleased = true; for (const h of holds.splice(0)) h() }
-  // WAIT steps, per agent: released by input for the agent's next step (steer, inject)
-  const waits = new Map() // agent id -> Set of release functions
-  function releaseWaits(agentId) {
-    const set = waits.get(agentId)
-    waits.delete(agentId)
+  // WAIT and FOLLOWUP steps, per agent and inbox lane: released by input for the agent's next
+  // step (a steer or an inject: `nextStep`) or its next turn (a followup: `nextTurn`)
+  const waits = new Map() // `${lane} ${agent id}` -> Set of release functions
+  function releaseWaits(key) {
+    const set = waits.get(key)
+    waits.delete(key)
     for (const release of set ?? []) release()
   }
   ctx.on('agent/inbox/inserted', (p) => {
-    if (p.agent?.id && waits.has(p.agent.id) && (p.agent.inbox?.nextStep?.length ?? 0) > 0) releaseWaits(p.agent.id)
+    for (const lane of ['nextStep', 'nextTurn']) {
+      const key = `${lane} ${p.agent?.id}`
+      if (p.agent?.id && waits.has(key) && (p.agent.inbox?.[lane]?.length ?? 0) > 0) releaseWaits(key)
+    }
   })
   // `promise`, or a rejection as soon as `signal` aborts (a cancelled turn must not wait on the
   // test hooks: DSH checks its signal only between stream chunks); `forget` undoes the waiting
@@ -615,17 +620,20 @@ export function apply(ctx, config = {}) {
         }
         const text = 'pong: ' + last
         yield { type: 'block-start', index: 0, blockType: 'text' }
-        // test hook: a step whose user text says WAIT streams `pong: ` and then waits for input
-        // to its agent's next step (a steer or an inject), or for the turn to be cancelled
+        // test hooks: a step whose user text says WAIT streams `pong: ` and then waits for input
+        // to its agent's next step (a steer or an inject); FOLLOWUP, for a message queued for its
+        // next turn (a followup); either ends when the turn is cancelled
         const agentId = options.sessionId
-        const nextStep = () => ctx.agents.get(agentId)?.inbox?.nextStep?.length ?? 0
-        if (hooked && last.includes('WAIT') && typeof agentId === 'string' && !disposed && nextStep() === 0) {
+        const lane = last.includes('WAIT') ? 'nextStep' : last.includes('FOLLOWUP') ? 'nextTurn' : undefined
+        const queued = () => ctx.agents.get(agentId)?.inbox?.[lane]?.length ?? 0
+        if (hooked && lane && typeof agentId === 'string' && !disposed && queued() === 0) {
           yield { type: 'text-delta', index: 0, text: 'pong: ' }
           let release
-          const set = waits.get(agentId) ?? new Set()
-          waits.set(agentId, set)
+          const key = `${lane} ${agentId}`
+          const set = waits.get(key) ?? new Set()
+          waits.set(key, set)
           await released(new Promise((resolve) => { release = resolve; set.add(resolve) }), options.signal,
-            () => { set.delete(release); if (set.size === 0 && waits.get(agentId) === set) waits.delete(agentId) })
+            () => { set.delete(release); if (set.size === 0 && waits.get(key) === set) waits.delete(key) })
           yield { type: 'text-delta', index: 0, text: last }
         } else {
           yield { type: 'text-delta', index: 0, text }

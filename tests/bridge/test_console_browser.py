@@ -20,7 +20,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from trio_websocket import open_websocket
 
 from loopdock import LoopxSettings, Runtime
-from loopdock._serve import compose_handlers, goalbar_service
+from loopdock._bridge import compose_handlers, goalbar_service
 from loopdock.bridge._server import serve_bridge
 from loopdock.runtime.loopx import HOST_SURFACE, LoopxOk
 

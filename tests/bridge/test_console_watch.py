@@ -9,7 +9,7 @@ import trio.testing
 from structlog.testing import capture_logs
 
 from loopdock import Runtime
-from loopdock._serve import runtime_view
+from loopdock._bridge import runtime_view
 from loopdock.bridge._console import ConsoleHandler
 
 

@@ -727,3 +727,64 @@ async def test_host_commands_run_for_the_exact_proxy_and_fail_contained(rt, tmp_
             with pytest.raises(DshAgentClosedError):
                 await mirror.on_command(conn, RunCommand("nobody", "loopx-init", ""))
             nursery.cancel_scope.cancel()
+
+
+async def test_a_host_that_unloads_the_plugin_takes_its_agents_along(rt, tmp_path, autojump_clock):
+    """The plugin closes the bridge itself (1000) only when DSH unloads it (`dsh headless`
+    after its task, before DSH disposes its agents): the agents it announced are gone.
+    Any other end of the connection keeps them for the host's reconnection."""
+    handler, conn = await open_host(rt, "a1", "a2")
+    other = FakeHost("c2")
+    handler.connected(other)
+    await live(handler, other, created("b1"))
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            a1, a2, b1 = [await start_proxy(nursery, handler, agent_id, tmp_path) for agent_id in ("a1", "a2", "b1")]
+            handler.disconnected(other, Disconnect("peer-closed", "close code 1006: ", 1006))
+            handler.disconnected(other, Disconnect("server-closing", "the bridge server is shutting down"))
+            assert await still_blocked(b1.wait_closed)
+            handler.disconnected(conn, Disconnect("peer-closed", "close code 1000: dsh unloading", 1000))
+            await a1.wait_closed()
+            await a2.wait_closed()
+            assert set(handler.agents) == {"b1"} and not b1.closed
+            assert [e.type for e in a1.session.events] == []  # (nothing mirrored; the view still reads)
+            nursery.cancel_scope.cancel()
+
+
+async def test_followup_of_text_is_a_person_s_message_as_for_runtime_agents(rt, tmp_path, autojump_clock):
+    handler, conn = await open_host(rt, "a1")
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            proxy = await start_proxy(nursery, handler, "a1", tmp_path)
+            sent = proxy.followup("what next?")
+            await conn.wait_sent(Followup)
+            (followup,) = conn.of(Followup)
+            assert (followup.agent_id, followup.placement) == ("a1", "followup")
+            assert followup.message == message_to_wire(sent)
+            assert (sent.text, sent.source) == ("what next?", UserSource())
+            nursery.cancel_scope.cancel()
+
+
+async def test_the_continuation_s_activation_is_the_log_s_as_it_is_now(rt, tmp_path, autojump_clock):
+    """A DSH model's skill call, as DSH logs it, activates the continuation as soon as it
+    is mirrored: no idle checkpoint needed (a `dsh headless` agent's last turn has none
+    before the host unloads)."""
+    from loopdock.actors.loopx import LoopxContinuation
+    from loopdock.bridge import SessionEvent
+    from loopdock.runtime._events import Event
+
+    handler, conn = await open_host(rt, "a1")
+    call = {"turn": 1, "step": 1, "callId": "c-1", "name": "skill", "arguments": '{"name": "loopx"}'}
+    result = {"turn": 1, "step": 1, "message": {"role": "tool", "source": {"kind": "tool", "callId": "c-1"},
+                                                 "toolCallId": "c-1", "content": [], "isError": False}}
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            proxy = await start_proxy(nursery, handler, "a1", tmp_path)
+            await live(handler, conn, status("a1", "running"))
+            continuation = LoopxContinuation(proxy, lambda: pytest.fail("no LoopX call before an idle checkpoint"))
+            assert not continuation.activation.active
+            await handler.on_events(conn, [SessionEvent("a1", Event("tool/call", 0, 1, call))])
+            assert not continuation.activation.active  # a call without its result is not enough
+            await handler.on_events(conn, [SessionEvent("a1", Event("tool/result", 1, 2, result))])
+            assert continuation.activation.active
+            nursery.cancel_scope.cancel()

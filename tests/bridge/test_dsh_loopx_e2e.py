@@ -40,8 +40,8 @@ import pytest
 import trio
 
 from loopdock import LoopxSettings
+from loopdock._bridge import dsh_loopx_init
 from loopdock._runtime import Runtime
-from loopdock._serve import dsh_loopx_init
 from loopdock.actors import PreStep, Reject
 from loopdock.actors.loopx import INIT_COMMAND_NAME, INIT_SOURCE_KIND
 from loopdock.actors.loopx._continuation import continuation_message

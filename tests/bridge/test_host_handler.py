@@ -151,3 +151,18 @@ async def test_a_host_asks_how_far_the_mirror_reaches_over_the_wire(tmp_path):
                 assert await ask(behind, sent) == {"a": 2, "b": 0}
                 assert await ask(GoalBarHandler(None, lambda session_id: None, nursery)) == {}
             assert await ask(NullHandler(), sent) == {}
+
+
+async def test_the_handler_refuses_anything_but_the_runtime_s_dock(tmp_path):
+    """``HostHandler(rt)`` (the runtime, not its dock) used to be taken, and every DSH
+    ``select`` then failed as INTERNAL_ERROR ('Runtime' object has no attribute 'decide'):
+    now it is refused where it is written."""
+    from loopdock.bridge import DockSelectHandler
+
+    async with Runtime.open(tmp_path / "runtime") as rt:
+        for wrong in (rt, None, "standard"):
+            with pytest.raises(TypeError, match=r"the runtime's loop dock \(rt\.dock\)"):
+                HostHandler(wrong)
+            with pytest.raises(TypeError, match=r"rt\.dock"):
+                DockSelectHandler(wrong)
+        assert HostHandler(rt.dock).inner.dock is rt.dock

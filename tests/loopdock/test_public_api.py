@@ -9,8 +9,8 @@ import loopdock
 ROOT = Path(__file__).resolve().parents[2]
 
 PUBLIC = {
-    "AgentActor", "AgentContext", "AgentHandle", "AgentOptions", "Command", "CommandContext",
-    "CommandResult", "CreateAgentOptions", "DockConfig", "DockError", "Driver", "DriverLoop",
+    "AgentActor", "AgentContext", "AgentHandle", "AgentOptions", "Bridge", "Command", "CommandContext",
+    "CommandResult", "CreateAgentOptions", "DockConfig", "DockError", "Driver", "DriverLoop", "DshAgent",
     "ENTER", "Enter", "Event", "FakeDriver", "GC_THRESHOLD", "LiveEvent", "LoopInfo", "LoopdockError",
     "LoopxSettings", "Message", "ModelAdapter", "ModelRequest", "PreStep", "Preset",
     "ProducerSource", "ReactDriver", "Reject", "Reply", "Reservation", "ResumeAgentOptions",

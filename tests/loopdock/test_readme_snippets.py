@@ -1,37 +1,38 @@
-"""Every Python block of README.md runs as pasted: each in a fresh directory holding the
-files the README shows (a block after ``<!-- file: NAME -->`` is written to NAME), as a
-new interpreter, offline. The LoopX block runs with the real loopx CLI and Node 22 on
-PATH, as the README's Install says."""
+"""Every Python block of README.md runs as pasted: each alone in a new empty directory, as a
+new interpreter, offline. The LoopX block runs with the real loopx CLI and Node 22 on PATH,
+as the README's Install says; the embedded bridge block needs a DSH host and runs in
+test_readme_embedded_bridge_e2e.py (``readme_blocks.runner`` gives every block exactly one
+of the three)."""
 
 from __future__ import annotations
 
+import ast
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from readme_blocks import README, blocks, blocks_for, python_blocks, runner
 
-ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
-BLOCKS = re.findall(r"^```python\n(.*?)^```", README, flags=re.S | re.M)
-FILES = dict(re.findall(r"^<!-- file: (\S+) -->\n```\w*\n(.*?)^```", README, flags=re.S | re.M))
-OFFLINE = [b for b in BLOCKS if "LoopxSettings" not in b]
-LOOPX = [b for b in BLOCKS if "LoopxSettings" in b]
+from loopdock import DockConfig
+from loopdock.actors.dock import load_config, parse_config
+
+OFFLINE = blocks_for("offline")
+LOOPX = blocks_for("loopx")
 
 
-def run_block(block: str, tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    for name, text in FILES.items():
-        (tmp_path / name).write_text(text)
-    (tmp_path / "block.py").write_text(block)
-    return subprocess.run([sys.executable, "block.py"], cwd=tmp_path, capture_output=True, text=True, timeout=240,
+def run_block(block: str, folder: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    assert not any(folder.iterdir()), "a block runs in an empty directory"
+    (folder / "block.py").write_text(block)
+    return subprocess.run([sys.executable, "block.py"], cwd=folder, capture_output=True, text=True, timeout=240,
                           env={**env})
 
 
-def test_the_readme_has_the_blocks_this_test_runs():
-    assert len(OFFLINE) >= 4 and len(LOOPX) == 1
-    assert "agents.yml" in FILES and "config=\"agents.yml\"" in README
+def test_every_python_block_is_run_by_one_test():
+    kinds = [runner(block) for block in python_blocks()]
+    assert kinds.count("dsh") == 1 and kinds.count("loopx") == 1 and kinds.count("offline") >= 4, kinds
+    assert len(OFFLINE) + len(LOOPX) + len(blocks_for("dsh")) == len(python_blocks())
 
 
 @pytest.mark.parametrize("block", OFFLINE, ids=[f"block{i}" for i in range(len(OFFLINE))])
@@ -55,6 +56,22 @@ def test_the_readme_blocks_print_what_their_comments_say(tmp_path):
     lines = set(dock.splitlines())
     assert {"a1 standard default", "a2 loop2.reviewer loop2", "a3 minimal-first loop2",
             "flash standard default", "pro minimal-first default"} <= lines, dock
+
+
+def test_the_dock_blocks_config_is_the_agents_yml_the_readme_shows(tmp_path):
+    """The dock block carries its config inline (it runs in an empty directory); the YAML
+    file the README shows next to it, for ``config="agents.yml"`` and ``--config``, must say
+    the same."""
+    (dock,) = [block for block in OFFLINE if "config=CONFIG" in block]
+    (assign,) = [node for node in ast.parse(dock).body
+                 if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "CONFIG"]
+    inline = ast.literal_eval(assign.value)
+    text = next(b for b in blocks("yaml", "## The loop dock") if "defaultLoop" in b)
+    (tmp_path / "agents.yml").write_text(text)
+    from_file = load_config(tmp_path / "agents.yml")
+    assert isinstance(from_file, DockConfig) and from_file.agents
+    assert from_file == parse_config(inline)
+    assert 'config="agents.yml"' in README
 
 
 def test_the_loopx_block_runs_with_loopx_and_node_22(tmp_path, loopx_env):

@@ -17,7 +17,8 @@ import trio
 from trio_websocket import open_websocket
 
 from loopdock import LoopxSettings, Runtime
-from loopdock._serve import goalbar_project_for, goalbar_service, serve_command
+from loopdock._bridge import goalbar_project_for, goalbar_service
+from loopdock._serve import serve_command
 from loopdock.runtime._errors import InvalidOptionsError
 from loopdock.runtime.loopx import HOST_SURFACE, LoopxClient, LoopxOk
 
@@ -223,6 +224,10 @@ async def test_the_goalbar_project_of_a_dsh_session_is_the_cwd_its_host_announce
     assert (host.agents["a2"].cwd, host.agents["a2"].inherited_events) == (None, None)  # not trusted
     assert project_for("dsh-1") == Path("/srv/repo")
     assert project_for("dsh-2") == tmp_path / "serve-project"
+    # once its agent ended (dsh headless after its task), while its mirror is kept: where
+    # `goal bind` bound it, as the README's walkthrough does
+    await host.on_live(Conn(), [LiveEvent("agent/disposed", "a1", {})])
+    assert "a1" not in host.agents and project_for("dsh-1") == Path("/srv/repo")
 
 
 async def test_serve_refuses_a_project_that_is_not_a_directory(tmp_path):
