@@ -431,7 +431,7 @@ class BridgeConnection:
             detail = f"close code {exc.code}: {exc.reason}"
             if exc.code in (CLOSE_PROTOCOL_ERROR, CLOSE_INVALID_DATA):
                 return Disconnect("bad-frame", detail), None
-            return Disconnect("peer-closed", detail, code), None
+            return Disconnect("peer-closed", detail, exc.code), None
         return await self._apply(self._protocol.receive(data))
 
     def _peer_error(self, event: str, code: str, detail: str) -> None:

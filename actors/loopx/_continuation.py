@@ -46,7 +46,7 @@ import attrs
 import trio
 
 from loopdock.runtime._changes import Changes
-from loopdock.runtime._errors import safe_message
+from loopdock.runtime._errors import EventsTrimmedError, safe_message
 from loopdock.runtime._events import Event
 from loopdock.runtime._logging import get_logger
 from loopdock.runtime._messages import Message, ProducerSource, TextBlock, is_human
@@ -109,6 +109,9 @@ class ContinuedSession(Protocol):
     def header(self) -> ContinuedHeader: ...
 
     async def read_events(self, start: int) -> Sequence[Event]: ...
+
+    def events_since(self, index: int) -> Sequence[Event]:
+        """From memory; raises EventsTrimmedError for what is only in the store."""
 
 
 class ContinuedAgent(Protocol):
@@ -227,8 +230,9 @@ class LoopxContinuation:
     def activation(self) -> Activation:
         """Whether this exact session invoked the ``loopx`` skill, as its log says now
         (folded on reading: a skill call in a turn that is still running, or in the last
-        turn of an agent its host disposed at once, counts before any idle checkpoint)."""
-        self._fold()
+        turn of an agent its host disposed at once, counts before any idle checkpoint).
+        Only what the session holds in memory is folded here; the evaluation reads the rest."""
+        self._fold_from_memory()
         return self.history.activation
 
     # -- the actor ----------------------------------------------------------------------
@@ -308,6 +312,15 @@ class LoopxContinuation:
             self._evaluating = None
             self._served = target
             self._checked.notify()
+
+    def _fold_from_memory(self) -> None:
+        try:
+            events = self.agent.session.events_since(self._folded)
+        except EventsTrimmedError:  # behind a trim: the next evaluation's fold reads the store
+            return
+        self._folded += len(events)
+        for event in events:
+            self.history.feed(event)
 
     async def _fold(self) -> None:
         start = self._folded
