@@ -32,7 +32,7 @@ from typing import Any, TextIO
 
 import trio
 
-from loopdock import GC_THRESHOLD, Runtime
+from loopdock import GC_THRESHOLD, Runtime, open_cluster
 
 from ._common import machine, process_cpu_seconds, summary_ms
 from ._redis import RedisServer
@@ -154,7 +154,7 @@ async def _clustered(server: RedisServer, cfg: dict[str, Any], scratch: Path, wo
         for i in range(workers):
             group.start(f"w{workers}-{i}")
         latencies: list[float] = []
-        async with Runtime.open(cluster=server.url) as rt:
+        async with open_cluster(server.url) as rt:
             with trio.fail_after(60):
                 await _balanced(rt, workers, cfg["shards"])
             agents = [(await rt.create_agent(session_id=f"c{i}", loop="standard")).agent for i in range(cfg["n"])]
@@ -186,7 +186,7 @@ async def _sequential(server: RedisServer, cfg: dict[str, Any], scratch: Path) -
     group = _Workers(server.url, scratch, cfg["ttl"], cfg["shards"])
     try:
         group.start("seq")
-        async with Runtime.open(cluster=server.url) as client:
+        async with open_cluster(server.url) as client:
             with trio.fail_after(60):
                 await _balanced(client, 1, cfg["shards"])
             agent = (await client.create_agent(session_id="one", loop="standard")).agent
@@ -207,7 +207,7 @@ async def _failover(server: RedisServer, cfg: dict[str, Any], scratch: Path) -> 
     try:
         victim = group.start("f-a")
         group.start("f-b")
-        async with Runtime.open(cluster=server.url) as rt:
+        async with open_cluster(server.url) as rt:
             with trio.fail_after(60):
                 await _balanced(rt, 2, cfg["shards"])
             agents = [(await rt.create_agent(session_id=f"f{i}", loop="standard")).agent for i in range(cfg["n"])]

@@ -4,7 +4,8 @@ Everything a user imports comes from here:
 
     from loopdock import Runtime, StrategyLoop, DriverLoop, Reject
 
-``Runtime.open(...)`` is the embedded entry point; the ``loopdock`` command (``demo``,
+``Runtime.open(...)`` is the embedded entry point, ``open_cluster(url)`` the entry to
+the agents of a Redis cluster; the ``loopdock`` command (``demo``,
 ``run``, ``serve``, ``dsh-patch``, ``bench``) is ``loopdock._cli:main``. The layers below
 (``actors``, ``bridge``, ``runtime``) hold the implementation.
 """
@@ -48,6 +49,7 @@ from loopdock.runtime import LoopdockError as LoopdockError
 from loopdock.runtime import Message as Message
 from loopdock.runtime import ProducerSource as ProducerSource
 from loopdock.runtime import SessionHeader as SessionHeader
+from loopdock.runtime import SessionLog as SessionLog
 from loopdock.runtime import TextBlock as TextBlock
 from loopdock.runtime import UserSource as UserSource
 from loopdock.runtime import configure_logging as configure_logging
@@ -63,4 +65,5 @@ from loopdock.runtime.tools import Tool as Tool
 from loopdock.runtime.tools import ToolContext as ToolContext
 
 from ._bridge import Bridge as Bridge
+from ._open_cluster import open_cluster as open_cluster
 from ._runtime import Runtime as Runtime

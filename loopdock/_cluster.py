@@ -1,6 +1,6 @@
 """ClusterRuntime: a harness process's view of agents anywhere in a cluster.
 
-    async with Runtime.open(cluster="redis://127.0.0.1:6379/0") as rt:
+    async with loopdock.open_cluster("redis://127.0.0.1:6379/0") as rt:
         handle = await rt.create_agent(session_id="a1", loop="minimal-first")
         handle.agent.followup("hello")
         await handle.agent.wait_idle()

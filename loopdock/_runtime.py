@@ -17,7 +17,7 @@ import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any
 
 import trio
 
@@ -72,9 +72,6 @@ from loopdock.runtime.tools import ShellPolicy, Tool, ToolRegistry, builtin_tool
 
 from ._bridge import Bridge, open_bridge
 
-if TYPE_CHECKING:  # coredis is only needed with cluster= (pip install 'loopdock[cluster]')
-    from ._cluster import ClusterRuntime
-
 log = get_logger(__name__)
 
 
@@ -106,31 +103,7 @@ class Runtime:
         #: set when this runtime governs the collector (see ``runtime._gc_governor``)
         self.gc_governor: GcGovernor | None = None
 
-    @overload
     @classmethod
-    def open(
-        cls,
-        home: str | os.PathLike[str] | None = None,
-        *,
-        config: DockConfig | Mapping[str, Any] | str | os.PathLike[str] | None = None,
-        shell: ShellPolicy | None = None,
-        env: Mapping[str, str] | None = None,
-        skills: SkillCatalog | None = None,
-        loopx: LoopxSettings | None = None,
-        gc_threshold: tuple[int, int, int] | None = None,
-        hide_environment: bool = False,
-        automatic_slots: int = AUTOMATIC_SLOTS,
-        warm_history_bytes: int = WARM_HISTORY_BYTES,
-        persist: bool = True,
-        _store: SessionLog | None = None,
-        cluster: None = None,
-    ) -> AbstractAsyncContextManager[Runtime]: ...
-
-    @overload
-    @classmethod
-    def open(cls, home: None = None, *, cluster: str) -> AbstractAsyncContextManager[ClusterRuntime]: ...
-
-    @classmethod  # type: ignore[misc]  # (the context manager yields either, by ``cluster``)
     @asynccontextmanager
     async def open(
         cls,
@@ -146,9 +119,8 @@ class Runtime:
         automatic_slots: int = AUTOMATIC_SLOTS,
         warm_history_bytes: int = WARM_HISTORY_BYTES,
         persist: bool = True,
-        _store: SessionLog | None = None,
-        cluster: str | None = None,
-    ) -> AsyncIterator[Runtime | ClusterRuntime]:
+        store: SessionLog | None = None,
+    ) -> AsyncIterator[Runtime]:
         """Open the runtime on ``home`` (else ``$LOOPDOCK_HOME``, else
         ``$XDG_DATA_HOME/loopdock``, i.e. ``~/.local/share/loopdock``).
 
@@ -196,26 +168,14 @@ class Runtime:
         their next turn; see ``actors.HistoryCache``).
         ``persist=False`` writes nothing: sessions keep their whole log in memory and
         vanish with the runtime (for measuring the runtime without its store).
-        ``_store`` (internal: a cluster worker's Redis store) replaces the home's SQLite
-        store; the runtime does not close it.
+        ``store`` is where sessions are kept (a ``SessionLog``): by default the home's
+        SQLite store (``sessions.db``), which the runtime opens and closes; a store given
+        here is the caller's, open before and after the runtime (a cluster worker passes
+        its Redis store).
 
-        ``cluster="redis://HOST:PORT/DB"`` opens a ClusterRuntime instead: the same
-        agent API (create/resume, followup, steer, cancel, wait_idle, events) for agents
-        run by the cluster's workers (``loopdock worker --cluster``); see docs/cluster.md.
+        Agents that the workers of a Redis cluster run are reached with
+        ``loopdock.open_cluster(url)`` instead (docs/cluster.md).
         """
-        if cluster is not None:
-            try:
-                from ._cluster import ClusterRuntime
-            except ModuleNotFoundError as exc:  # installed without the extra
-                if exc.name != "coredis":
-                    raise
-                raise ModuleNotFoundError(
-                    "Runtime.open(cluster=...) needs coredis: pip install 'loopdock[cluster]'", name="coredis"
-                ) from exc
-
-            async with ClusterRuntime.open(cluster) as client:
-                yield client
-            return
         if hide_environment:
             hide_environment_block()
         admission = AdmissionGate(automatic_slots)
@@ -228,7 +188,7 @@ class Runtime:
         # Held until the store is closed; see runtime/_home_lock.py for why it fails at once.
         with await trio.to_thread.run_sync(acquire_home, path), governed(gc_threshold) as governor:
             async with cls._open(
-                path, dock_config, environ, catalog, shell, loopx, admission, history, governor, persist, _store
+                path, dock_config, environ, catalog, shell, loopx, admission, history, governor, persist, store
             ) as rt:
                 yield rt
 

@@ -23,6 +23,7 @@ from loopdock.runtime._logging import get_logger
 from loopdock.runtime.tools import ShellPolicy
 
 from ._bridge import PortInUseError, open_bridge, page_urls
+from ._open_cluster import open_cluster
 from ._runtime import Runtime
 
 if TYPE_CHECKING:
@@ -49,17 +50,16 @@ def check_port(host: str, port: int) -> None:
 
 
 @asynccontextmanager
-async def open_cluster(url: str | None, rt: Runtime) -> AsyncIterator[tuple[ClusterFollower | None, int]]:
+async def follow_cluster(url: str | None, rt: Runtime) -> AsyncIterator[tuple[ClusterFollower | None, int]]:
     """With a cluster URL: the follower of its agents for the console, and how many
     workers are live; its workers must offer this serve's loops and drivers."""
     if url is None:
         yield None, 0
         return
     # Here, not at the top: the cluster needs coredis (pip install 'loopdock[cluster]').
-    from ._cluster import ClusterRuntime
     from ._serve_cluster import ClusterFollower, check_registry
 
-    async with ClusterRuntime.open(url) as cluster:
+    async with open_cluster(url) as cluster:
         workers = await check_registry(cluster, rt.dock)
         if not workers:
             log.warning("no worker is live in the cluster yet; its agents show once workers run them")
@@ -101,13 +101,13 @@ async def serve_command(
     # A bad file: one line, now.
     dock_config = await trio.to_thread.run_sync(load_config, config) if config is not None else None
     if cluster is not None:
-        from loopdock.runtime.cluster import check_url, redact  # needs coredis, as open_cluster
+        from loopdock.runtime.cluster import check_url, redact  # needs coredis, as follow_cluster
 
         check_url(cluster)
         if dock_config is not None and dock_config.agents:
             raise InvalidOptionsError(
                 "--config names agents, which would run in this serve process, outside the cluster: "
-                "create them on the cluster instead (Runtime.open(cluster=...).create_agent)"
+                "create them on the cluster instead (loopdock.open_cluster(url), then create_agent)"
             )
     check_port(host, port)
     # The LoopX integration is on for serve: start-up initialises the CLI and the skills
@@ -120,7 +120,7 @@ async def serve_command(
     ) as rt:
         live = rt.subscribe_live()  # before any checkpoint: the configured agents start at the first one
         async with (
-            open_cluster(cluster, rt) as (follower, workers),
+            follow_cluster(cluster, rt) as (follower, workers),
             open_bridge(rt, host=host, port=port, project=project_dir, live=live, cluster=follower) as bridge,
         ):
             # SIGTERM too: a supervisor stopping us should get the same clean close as ^C.

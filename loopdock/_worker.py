@@ -111,7 +111,7 @@ async def run_worker(
     if dock_config.agents:
         raise ClusterConfigError(
             "the worker's config names agents; every worker would start them outside its shards: "
-            "create them on the cluster instead (Runtime.open(cluster=...).create_agent)"
+            "create them on the cluster instead (loopdock.open_cluster(url), then create_agent)"
         )
     name = worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
     worker_home = Path(home) if home is not None else resolve_home(None) / "workers" / name
@@ -123,7 +123,7 @@ async def run_worker(
             store = RedisSessionStore(redis, ownership, retry_for=lease_ttl)
             # A worker owns its process, as serve does (see loopdock._serve).
             async with Runtime.open(
-                worker_home, config=dock_config, shell=shell, _store=store, hide_environment=True,
+                worker_home, config=dock_config, shell=shell, store=store, hide_environment=True,
                 gc_threshold=GC_THRESHOLD,
             ) as rt:
                 host = ShardHost(redis, store, rt.supervisor, rt.dock, ttl=lease_ttl)

@@ -15,4 +15,5 @@ from ._messages import ToolSource as ToolSource
 from ._messages import UserSource as UserSource
 from ._messages import user_message as user_message
 from ._options import AgentOptions as AgentOptions
+from ._session_log import SessionLog as SessionLog
 

@@ -11,7 +11,7 @@ import pytest
 import trio
 from cluster_workers import start_worker, until_event
 
-from loopdock import Runtime
+from loopdock import open_cluster
 from loopdock._worker import run_worker
 
 
@@ -23,7 +23,7 @@ async def worker(redis_server, tmp_path, nursery):
 
 async def test_an_agent_created_through_the_cluster_answers_and_its_log_is_in_redis(redis_server, worker):
     with trio.fail_after(30):
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="a1", loop="minimal-first")
             sent = handle.agent.followup("hello there")
             await handle.agent.wait_idle()
@@ -48,7 +48,7 @@ async def test_a_second_worker_gets_its_fair_share_and_agents_go_on_on_either(re
         while len(second.ownership.tokens) < shards // 2:  # the first hands shards over, one per tick
             await trio.sleep(0.05)
         assert not set(first.ownership.tokens) & set(second.ownership.tokens)
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handles = [await rt.create_agent(session_id=f"s{i}", loop="minimal-first") for i in range(8)]
             for handle in handles:
                 handle.agent.followup("hi")
@@ -82,7 +82,7 @@ async def test_creating_on_an_unknown_loop_is_the_workers_refusal(redis_server, 
     from loopdock._cluster import ClusterRequestError
 
     with trio.fail_after(30):
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             with pytest.raises(ClusterRequestError) as caught:
                 await rt.create_agent(session_id="u1", loop="no-such-loop")
             assert caught.value.code == "UNKNOWN_LOOP"
@@ -126,7 +126,7 @@ async def test_cancel_ends_the_running_turn_aborted_and_resume_keeps_the_bound_l
         run_worker, redis_server.url, home=tmp_path / "w", shards=4, lease_ttl=2.0, worker_id="w",
         shell=ShellPolicy(allow=frozenset({"sleep"}))))
     with trio.fail_after(30):
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="c1", loop="minimal-first")
             handle.agent.followup('call: shell {"command": "sleep 30"}')
             await until_event(handle.agent, lambda e: e.type == "tool/call")
@@ -147,7 +147,7 @@ async def test_an_error_in_the_clients_body_comes_out_as_itself(redis_server, wo
     from loopdock._cluster import ClusterRequestError
 
     with trio.fail_after(30), pytest.raises(ClusterRequestError, match="no-such-loop"):
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             await rt.create_agent(session_id="x1", loop="no-such-loop")
 
 
@@ -187,7 +187,7 @@ async def test_a_lease_lost_and_taken_again_delivers_the_queued_message_once(red
         run_worker, redis_server.url, home=tmp_path / "w", shards=4, lease_ttl=1.0, worker_id="w",
         shell=ShellPolicy(allow=frozenset({"sleep"}))))
     with trio.fail_after(60):
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="q1", loop="minimal-first")
             handle.agent.followup('call: shell {"command": "sleep 30"}')
             await until_event(handle.agent, lambda e: e.type == "tool/call")
@@ -219,13 +219,13 @@ async def test_an_unreachable_cluster_is_one_clear_error_for_a_worker_and_a_clie
         with pytest.raises(ClusterUnreachableError, match="cannot reach the cluster's Redis"):
             await run_worker(url, home=tmp_path / "w", worker_id="w")
         with pytest.raises(ClusterUnreachableError):
-            async with Runtime.open(cluster=url):
+            async with open_cluster(url):
                 raise AssertionError("the body must not run")
 
 
 async def test_a_create_cancelled_after_the_call_is_still_carried_out(redis_server, worker):
     with trio.fail_after(30):
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             with trio.move_on_after(0) as scope:  # cancelled at its first wait: the request is queued by then
                 await rt.create_agent(session_id="late", loop="minimal-first")
             assert scope.cancelled_caught
@@ -241,10 +241,10 @@ async def test_a_create_cancelled_after_the_call_is_still_carried_out(redis_serv
 
 async def test_closing_the_client_writes_what_followup_queued(redis_server, worker):
     with trio.fail_after(30):
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="f1", loop="minimal-first")
             sent = handle.agent.followup("last words")  # returns before the message is in Redis
-        async with Runtime.open(cluster=redis_server.url) as again:
+        async with open_cluster(redis_server.url) as again:
             event = await until_event(again.get_agent("f1"), lambda e: e.type == "user/message")
     assert event.data["id"] == sent.id
 
@@ -273,7 +273,7 @@ async def test_a_message_vetoed_at_pre_step_on_a_worker_is_settled_once(redis_se
     with trio.fail_after(30):
         worker = await nursery.start(functools.partial(
             run_worker, redis_server.url, home=tmp_path / "w", config=config, shards=4, worker_id="w"))
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="v1", loop="gated")
             vetoed = handle.agent.followup("work over the weekend")
             await handle.agent.wait_idle()  # the veto settles the message: nothing left to wait for
@@ -292,7 +292,7 @@ async def test_fork_from_a_client_copies_whole_turns_and_the_fork_lives_on_its_o
     from loopdock._cluster import ClusterRequestError
 
     with trio.fail_after(30):
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="src", loop="minimal-first")
             for text in ("first", "second"):
                 handle.agent.followup(text)
@@ -333,7 +333,7 @@ async def test_fork_of_a_session_live_on_another_worker_copies_its_durable_turns
             await trio.sleep(0.05)
         on_a = next(f"s{i}" for i in range(100) if shard_of(f"s{i}", 4) in a.ownership.tokens)
         on_b = next(f"f{i}" for i in range(100) if shard_of(f"f{i}", 4) in b.ownership.tokens)
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id=on_a, loop="minimal-first")
             handle.agent.followup("on a")
             await handle.agent.wait_idle()
@@ -349,7 +349,7 @@ async def test_fork_of_a_session_live_on_another_worker_copies_its_durable_turns
 
 async def test_wait_idle_reads_the_log_only_when_nothing_is_outstanding(redis_server, worker, monkeypatch):
     with trio.fail_after(30):
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="r1", loop="minimal-first")
             read = rt.store.aload_events
             reads: list[str] = []
@@ -378,7 +378,7 @@ async def test_a_message_settled_while_its_batch_was_checked_is_not_handled_agai
     from loopdock.runtime.cluster import InboxMessage
 
     with trio.fail_after(30):
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="d1", loop="minimal-first")
             first = handle.agent.followup("once")
             await handle.agent.wait_idle()
@@ -408,7 +408,7 @@ async def test_a_resume_read_with_messages_to_its_session_still_checks_the_loop(
     from loopdock.runtime.cluster import _keys as keys
 
     with trio.fail_after(30):
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="v1", loop="minimal-first")
             await handle.dispose()
             resume = InboxMessage(MESSAGE_IDS.new(), "resume", "v1", {"loop": "standard"})

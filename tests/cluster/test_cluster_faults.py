@@ -8,7 +8,7 @@ import signal
 import trio
 from cluster_workers import start_worker, until_event
 
-from loopdock import Runtime
+from loopdock import open_cluster
 from loopdock.runtime._messages import ProducerSource, user_message
 
 SLEEP_CALL = 'call: shell {"command": "sleep 30"}'
@@ -17,7 +17,7 @@ SLEEP_CALL = 'call: shell {"command": "sleep 30"}'
 async def test_kill_9_mid_turn_moves_the_shard_and_the_turn_ends_interrupted(redis_server, tmp_path, nursery):
     with trio.fail_after(90):
         a = await start_worker(nursery, redis_server.url, tmp_path / "a", "a")
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="k1", loop="minimal-first")
             first = handle.agent.followup(SLEEP_CALL)
             await until_event(handle.agent, lambda e: e.type == "tool/call")
@@ -39,7 +39,7 @@ async def test_kill_9_mid_turn_moves_the_shard_and_the_turn_ends_interrupted(red
 async def test_a_worker_paused_past_its_lease_cannot_write_after_it_resumes(redis_server, tmp_path, nursery):
     with trio.fail_after(90):
         a = await start_worker(nursery, redis_server.url, tmp_path / "a", "a")
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="p1", loop="minimal-first")
             handle.agent.followup('call: shell {"command": "sleep 2"}')
             await until_event(handle.agent, lambda e: e.type == "tool/call")
@@ -67,7 +67,7 @@ async def test_workers_reconnect_after_redis_restarts_and_nothing_acknowledged_i
 ):
     with trio.fail_after(90):
         a = await start_worker(nursery, redis_server.url, tmp_path / "a", "a", ttl=3.0)
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="r1", loop="minimal-first")
             handle.agent.followup("before the restart")
             await handle.agent.wait_idle()
@@ -86,7 +86,7 @@ async def test_workers_reconnect_after_redis_restarts_and_nothing_acknowledged_i
 async def test_human_input_is_taken_before_automatic_input_after_a_takeover(redis_server, tmp_path, nursery):
     with trio.fail_after(90):
         a = await start_worker(nursery, redis_server.url, tmp_path / "a", "a")
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="h1", loop="minimal-first")
             await a.stop()  # the shard has no owner now: messages wait in its inbox
             automatic = ProducerSource(kind="test-producer")
@@ -109,7 +109,7 @@ async def test_a_message_sent_twice_is_processed_once(redis_server, tmp_path, nu
 
     with trio.fail_after(60):
         a = await start_worker(nursery, redis_server.url, tmp_path / "a", "a")
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             await rt.create_agent(session_id="d1", loop="minimal-first")
             message = user_message("once only")
             wire = InboxMessage(message.id, "followup", "d1", {"message": message_to_wire(message)})
@@ -134,7 +134,7 @@ async def test_a_garbage_inbox_entry_is_dropped_and_the_worker_goes_on(redis_ser
 
     with trio.fail_after(60):
         a = await start_worker(nursery, redis_server.url, tmp_path / "a", "a")
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="g1", loop="minimal-first")
             stream = keys.inbox(keys.shard_of("g1", rt.shards), "human")
             for fields in ({"x": "y"}, {"id": "1", "kind": "explode", "session": "g1", "body": "{}"},

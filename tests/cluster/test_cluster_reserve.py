@@ -13,7 +13,7 @@ import pytest
 import trio
 from cluster_workers import until_event
 
-from loopdock import Runtime
+from loopdock import open_cluster
 from loopdock._worker import run_worker
 from loopdock.actors import InvalidReservationError
 from loopdock.runtime._messages import ProducerSource, user_message
@@ -55,7 +55,7 @@ async def _written_in_one_read(rt, monkeypatch, *, human_first=False):
 
 async def test_a_reservation_on_an_idle_agent_is_admitted(redis_server, worker):
     with trio.fail_after(30):
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="r1", loop="gated")
             reservation = handle.agent.reserve(user_message("automatic work", source=PRODUCER))
             assert reservation.state == "pending"
@@ -68,7 +68,7 @@ async def test_a_reservation_on_an_idle_agent_is_admitted(redis_server, worker):
 
 async def test_a_vetoed_reservation_is_rejected_with_the_listeners_reason(redis_server, worker):
     with trio.fail_after(30):
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="r2", loop="gated")
             reservation = handle.agent.reserve(user_message("work over the weekend", source=PRODUCER))
             assert await reservation.wait() == "rejected"
@@ -78,7 +78,7 @@ async def test_a_vetoed_reservation_is_rejected_with_the_listeners_reason(redis_
 
 async def test_a_persons_message_cancels_a_reservation_not_yet_admitted(redis_server, worker):
     with trio.fail_after(30):
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="r3", loop="gated")
             await _busy(handle.agent)
             reservation = handle.agent.reserve(user_message("automatic work", source=PRODUCER))
@@ -98,7 +98,7 @@ async def test_only_a_producer_reserves_and_a_bad_placement_is_dropped(redis_ser
     from loopdock.runtime.cluster import InboxMessage
 
     with trio.fail_after(30):
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="r4", loop="gated")
             with pytest.raises(InvalidReservationError):
                 handle.agent.reserve(user_message("a person's words"))
@@ -121,7 +121,7 @@ async def test_a_reservation_queued_on_a_worker_killed_mid_turn_is_settled_by_th
 
     with trio.fail_after(90):
         a = await start_worker(nursery, redis_server.url, tmp_path / "a", "a")
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="k1", loop="minimal-first")
             handle.agent.followup('call: shell {"command": "sleep 30"}')
             await until_event(handle.agent, lambda e: e.type == "tool/call")
@@ -141,7 +141,7 @@ async def test_a_reservation_queued_on_a_worker_killed_mid_turn_is_settled_by_th
 
 async def test_a_reservation_withdrawn_right_after_it_was_sent_is_cancelled_and_never_runs(redis_server, worker):
     with trio.fail_after(30):
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="w1", loop="gated")
             await _busy(handle.agent)
             reservation = handle.agent.reserve(user_message("automatic work", source=PRODUCER))
@@ -160,7 +160,7 @@ async def test_a_reservation_withdrawn_right_after_it_was_sent_is_cancelled_and_
 
 async def test_withdrawing_an_admitted_reservation_changes_nothing(redis_server, worker):
     with trio.fail_after(30):
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="w2", loop="gated")
             first = handle.agent.reserve(user_message("automatic work", source=PRODUCER))
             assert await first.wait() == "admitted"
@@ -180,7 +180,7 @@ async def test_a_withdrawal_is_never_handled_before_the_reservation_it_withdraws
     redis_server, worker, monkeypatch
 ):
     with trio.fail_after(30):
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="w3", loop="gated")
             await _busy(handle.agent)
             # People's lane first, each lane in order, as a worker takes them: the test
@@ -200,7 +200,7 @@ async def test_a_withdrawal_sent_while_the_worker_is_dead_settles_the_reservatio
 
     with trio.fail_after(90):
         a = await start_worker(nursery, redis_server.url, tmp_path / "a", "a")
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="k2", loop="minimal-first")
             handle.agent.followup('call: shell {"command": "sleep 30"}')
             await until_event(handle.agent, lambda e: e.type == "tool/call")
@@ -231,7 +231,7 @@ async def test_a_reservation_and_its_withdrawal_read_together_reach_the_agent_to
     redis_server, worker, monkeypatch
 ):
     with trio.fail_after(30):
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="w4", loop="gated")  # idle: it would run at once
             # The worker hands the whole batch to the agents before any of them runs, so
             # the withdrawal finds the reservation still queued (handled one at a time,
@@ -254,7 +254,7 @@ async def test_nothing_a_batch_awaits_lets_an_agent_admit_a_reservation_withdraw
     from loopdock.runtime.cluster import InboxMessage
 
     with trio.fail_after(30):
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             a = await rt.create_agent(session_id="w5", loop="gated")  # idle: it would run at once
             earlier = a.agent.followup(user_message("earlier", source=PRODUCER))
             await a.agent.wait_idle()

@@ -7,7 +7,7 @@ import functools
 
 import trio
 
-from loopdock import Runtime
+from loopdock import open_cluster
 from loopdock._worker import run_worker
 
 
@@ -71,7 +71,7 @@ async def test_a_stalled_worker_never_shares_a_shard_and_its_agents_continue_onc
         nursery.start_soon(watch)
         while len(b.ownership.tokens) < 2:
             await trio.sleep(0.02)
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handles = [await rt.create_agent(session_id=f"s{i}", loop="minimal-first") for i in range(8)]
             on_a = [h for h in handles if h.agent.id in a.host.handles]
             assert on_a, "some agents live on the worker that will stall"

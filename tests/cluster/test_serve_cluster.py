@@ -18,7 +18,7 @@ from line_reader import Lines
 from structlog.testing import capture_logs
 from trio_websocket import open_websocket
 
-from loopdock import Runtime
+from loopdock import Runtime, open_cluster
 from loopdock._serve import serve_command
 from loopdock._serve_cluster import ClusterFollower
 from loopdock._worker import run_worker
@@ -61,7 +61,7 @@ async def serve_dock(tmp_path):
 async def test_the_console_shows_a_cluster_agent_its_turns_and_its_disposal(redis_server, worker, tmp_path, serve_dock):
     console = ConsoleHandler()
     with trio.fail_after(30):
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             follower = ClusterFollower(rt, serve_dock)
             handle = await rt.create_agent(session_id="c1", loop="minimal-first", cwd=str(tmp_path))
             with capture_logs() as logs:
@@ -98,7 +98,7 @@ async def test_a_turn_open_in_the_log_shows_running_with_the_inbox_and_a_dead_wo
     console = ConsoleHandler()
     with trio.fail_after(60):
         a = await start_worker(nursery, redis_server.url, tmp_path / "a", "a")
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             follower = ClusterFollower(rt, serve_dock)
             handle = await rt.create_agent(session_id="r1", loop="minimal-first")
             handle.agent.followup('call: shell {"command": "sleep 30"}')
@@ -164,7 +164,7 @@ async def test_serve_with_a_cluster_shows_its_agents_to_a_console_page(redis_ser
             match = READY.match(await out.until(r"^loopdock serve: "))
             port, token = int(match[1]), Path(match[2]).read_text().strip()
             assert (await out.until(r"cluster: ")).strip() == f"cluster: {redis_server.url} (1 live worker)"
-            async with Runtime.open(cluster=redis_server.url) as rt:
+            async with open_cluster(redis_server.url) as rt:
                 handle = await rt.create_agent(session_id="p1", loop="minimal-first")
                 handle.agent.followup("hello")
                 await handle.agent.wait_idle()
@@ -194,7 +194,7 @@ async def test_the_follower_outlives_failed_looks_and_a_redis_restart(
 ):
     console = ConsoleHandler()
     with trio.fail_after(60):
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="g1", loop="minimal-first")
             real = rt.live_sessions
             failures = [ConnectionError("injected"), RuntimeError("injected")]
@@ -225,7 +225,7 @@ async def test_a_worker_that_joins_later_with_other_loops_is_reported_until_it_l
 
     console = ConsoleHandler()
     with trio.fail_after(60):
-        async with Runtime.open(cluster=redis_server.url) as rt:
+        async with open_cluster(redis_server.url) as rt:
             follower = ClusterFollower(rt, serve_dock)
             same = trio.CancelScope()
 

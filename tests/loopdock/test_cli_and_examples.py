@@ -161,13 +161,13 @@ def test_the_cluster_without_coredis_says_what_to_install(command, monkeypatch, 
 
 
 async def test_a_cluster_client_without_coredis_is_told_what_to_install(monkeypatch):
-    from loopdock import Runtime
+    from loopdock import open_cluster
 
     for name in [m for m in sys.modules if m.split(".")[0] == "coredis" or ".cluster" in m or m.endswith("_cluster")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "coredis", None)
-    with pytest.raises(ModuleNotFoundError, match=r"^Runtime.open\(cluster=...\) needs coredis: "
+    with pytest.raises(ModuleNotFoundError, match=r"^open_cluster\(url\) needs coredis: "
                                                   r"pip install 'loopdock\[cluster\]'$") as caught:
-        async with Runtime.open(cluster="redis://127.0.0.1:1/0"):
+        async with open_cluster("redis://127.0.0.1:1/0"):
             pass
     assert caught.value.name == "coredis"  # as the CLI's handler expects

@@ -580,17 +580,17 @@ async def test_the_cluster_commands_without_the_extra_say_what_to_install(plain_
         assert (done.code, done.out, done.err) == (2, "", NEEDS_CLUSTER + "\n"), command
     done = await user.run(plain_venv.python("-c", CLIENT, redis_server.url))
     assert done.code == 1
-    assert done.err.splitlines()[-1] == ("ModuleNotFoundError: Runtime.open(cluster=...) needs coredis: "
+    assert done.err.splitlines()[-1] == ("ModuleNotFoundError: open_cluster(url) needs coredis: "
                                          "pip install 'loopdock[cluster]'")
 
 
 CLIENT = """
 import sys
 import trio
-from loopdock import Runtime
+from loopdock import open_cluster
 
 async def main():
-    async with Runtime.open(cluster=sys.argv[1]) as rt:
+    async with open_cluster(sys.argv[1]) as rt:
         handle = await rt.create_agent(session_id="smoke-cluster", loop="minimal-first")
         handle.agent.followup("hello from a cluster client")
         await handle.agent.wait_idle()

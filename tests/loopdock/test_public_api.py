@@ -14,10 +14,10 @@ PUBLIC = {
     "ENTER", "Enter", "Event", "FakeDriver", "GC_THRESHOLD", "LiveEvent", "LoopInfo", "LoopdockError",
     "LoopxSettings", "Message", "ModelAdapter", "ModelRequest", "PreStep", "Preset",
     "ProducerSource", "ReactDriver", "Reject", "Reply", "Reservation", "ResumeAgentOptions",
-    "Runtime", "ScriptedAdapter", "SessionHeader", "Setup", "ShellPolicy", "SkillCatalog",
+    "Runtime", "ScriptedAdapter", "SessionHeader", "SessionLog", "Setup", "ShellPolicy", "SkillCatalog",
     "StrategyLoop", "TextBlock", "Tool", "ToolCall", "ToolContext", "Turn", "TurnBody",
     "UserSource", "Verdict", "configure_logging", "create_with_body", "read_binding",
-    "resume_with_body", "user_message",
+    "resume_with_body", "user_message", "open_cluster",
 }
 
 

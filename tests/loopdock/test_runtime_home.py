@@ -84,6 +84,27 @@ async def test_a_failed_open_lets_go_of_the_home(tmp_path):
                     pass
 
 
+async def test_a_store_given_to_open_keeps_the_sessions_and_stays_the_callers(tmp_path):
+    from loopdock import SessionLog
+    from loopdock.runtime._store import SessionStore
+
+    home = tmp_path / "home"
+    store = await trio.to_thread.run_sync(SessionStore.open, tmp_path / "elsewhere.db")
+    try:
+        given: SessionLog = store
+        with trio.fail_after(TIMEOUT):
+            async with Runtime.open(home, store=given) as rt:
+                handle = await rt.create_agent(session_id="s1")
+                handle.agent.followup("kept elsewhere")
+                await handle.agent.wait_idle()
+        # still open once the runtime closed: the caller's to close
+        events = await trio.to_thread.run_sync(store.load_events, "s1")
+    finally:
+        store.close()
+    assert [e.type for e in events].count("turn/end") == 1
+    assert not (home / "sessions.db").exists()
+
+
 def test_the_lock_is_released_once_and_names_an_unknown_holder_without_a_pid(tmp_path):
     home = tmp_path / "home"
     lock = acquire_home(home)
