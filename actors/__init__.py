@@ -17,6 +17,8 @@ from ._commands import InvalidCommandError as InvalidCommandError
 from ._commands import UnknownAgentError as UnknownAgentError
 from ._commands import UnknownCommandError as UnknownCommandError
 from ._commands import run_command as run_command
+from ._contract import Agent as Agent
+from ._contract import AgentReservation as AgentReservation
 from ._driver import AgentHandle as AgentHandle
 from ._driver import CreateAgentOptions as CreateAgentOptions
 from ._driver import Driver as Driver

@@ -32,6 +32,7 @@ from loopdock.runtime.models import ModelRequest
 from loopdock.runtime.tools import AgentTools
 
 from ._admission import Slot
+from ._contract import AgentReservation
 from ._faults import record_fault
 from ._history_cache import ITEM_BYTES
 from ._inbox import Entry, Inbox, InvalidReservationError, Placement, Reservation
@@ -60,6 +61,10 @@ def fold_transcript(events: Sequence[Event]) -> list[Message]:
 
 
 class AgentActor:
+    """An agent of this process (``Runtime.create_agent``); it keeps the ``Agent``
+    contract (actors._contract), and does everything at once: nothing it is sent is
+    refused later."""
+
     def __init__(
         self,
         owner: AgentOwner,
@@ -171,7 +176,7 @@ class AgentActor:
         self._queue(message, placement, reservation)
         return reservation
 
-    def withdraw(self, reservation: Reservation | str, reason: str = "withdrawn") -> bool:
+    def withdraw(self, reservation: AgentReservation | str, reason: str = "withdrawn") -> bool:
         """Cancel a reservation that has not been admitted (given as itself, or as its
         message's id); True if it was still queued."""
         for entry in self._inbox.entries():

@@ -11,9 +11,11 @@ the agents of a Redis cluster; the ``loopdock`` command (``demo``,
 """
 
 from loopdock.actors import ENTER as ENTER
+from loopdock.actors import Agent as Agent
 from loopdock.actors import AgentActor as AgentActor
 from loopdock.actors import AgentContext as AgentContext
 from loopdock.actors import AgentHandle as AgentHandle
+from loopdock.actors import AgentReservation as AgentReservation
 from loopdock.actors import Command as Command
 from loopdock.actors import CommandContext as CommandContext
 from loopdock.actors import CommandResult as CommandResult
@@ -47,6 +49,7 @@ from loopdock.runtime import AgentOptions as AgentOptions
 from loopdock.runtime import Event as Event
 from loopdock.runtime import LoopdockError as LoopdockError
 from loopdock.runtime import Message as Message
+from loopdock.runtime import MessageRefusedError as MessageRefusedError
 from loopdock.runtime import ProducerSource as ProducerSource
 from loopdock.runtime import SessionHeader as SessionHeader
 from loopdock.runtime import SessionLog as SessionLog

@@ -93,6 +93,23 @@ class AgentClosedError(LoopdockError):
     code = "AGENT_CLOSED"
 
 
+class MessageRefusedError(LoopdockError):
+    """Raised by an agent's ``wait_idle`` when a message sent through that agent (a
+    followup, steer or inject) was refused by the host that runs the agent, a cluster
+    worker or a DSH host: it never entered the agent's inbox. ``message_id`` names the
+    message; ``host_code`` and ``reason`` are the host's (e.g. ``SESSION_NOT_FOUND``).
+    Each refusal is raised once, by the next ``wait_idle`` after it is known, oldest first.
+    (A refused reservation is not raised: it settles ``cancelled`` with the reason.)"""
+
+    code = "MESSAGE_REFUSED"
+
+    def __init__(self, message_id: str, host_code: str, reason: str) -> None:
+        super().__init__(f"message {message_id} was refused by its host: {host_code}: {reason}")
+        self.message_id = message_id
+        self.host_code = host_code
+        self.reason = reason
+
+
 class EventsTrimmedError(LoopdockError):
     """Raised by ``session.events_since(i)`` when events from ``i`` on were trimmed from
     memory: they are in the store, and ``await session.read_events(i)`` reads them."""

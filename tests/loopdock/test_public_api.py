@@ -9,10 +9,11 @@ import loopdock
 ROOT = Path(__file__).resolve().parents[2]
 
 PUBLIC = {
-    "AgentActor", "AgentContext", "AgentHandle", "AgentOptions", "Bridge", "Command", "CommandContext",
-    "CommandResult", "CreateAgentOptions", "DockConfig", "DockError", "Driver", "DriverLoop", "DshAgent",
+    "Agent", "AgentActor", "AgentContext", "AgentHandle", "AgentOptions", "AgentReservation", "Bridge",
+    "Command", "CommandContext", "CommandResult", "CreateAgentOptions", "DockConfig", "DockError", "Driver",
+    "DriverLoop", "DshAgent",
     "ENTER", "Enter", "Event", "FakeDriver", "GC_THRESHOLD", "LiveEvent", "LoopInfo", "LoopdockError",
-    "LoopxSettings", "Message", "ModelAdapter", "ModelRequest", "PreStep", "Preset",
+    "LoopxSettings", "Message", "MessageRefusedError", "ModelAdapter", "ModelRequest", "PreStep", "Preset",
     "ProducerSource", "ReactDriver", "Reject", "Reply", "Reservation", "ResumeAgentOptions",
     "Runtime", "ScriptedAdapter", "SessionHeader", "SessionLog", "Setup", "ShellPolicy", "SkillCatalog",
     "StrategyLoop", "TextBlock", "Tool", "ToolCall", "ToolContext", "Turn", "TurnBody",
