@@ -10,14 +10,16 @@
 Messages go to the agent's shard as inbox entries (``followup`` returns at once, like the
 embedded agent's; a sender task writes them in order; ``reserve`` returns a reservation
 whose settlement ``wait()`` reads from the log), and events are read from the
-session's log in Redis, so any process can watch any agent. Nothing here runs agents:
-``loopdock worker --cluster`` does.
+session's log in Redis, so any process can watch any agent. A message the agent's worker
+refuses is told to this client on its own stream (``refused:<client>``), which the log
+watcher reads with the logs. Nothing here runs agents: ``loopdock worker --cluster`` does.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import secrets
 from collections.abc import AsyncIterator, Collection, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,12 +28,12 @@ import attrs
 import coredis
 import trio
 
-from loopdock.actors import InvalidReservationError, Placement, ReservationState
-from loopdock.runtime._errors import LoopdockError
+from loopdock.actors import AgentReservation, InvalidReservationError, Placement, ReservationState
+from loopdock.runtime._errors import LoopdockError, MessageRefusedError
 from loopdock.runtime._events import Event, SessionHeader
 from loopdock.runtime._ids import MESSAGE_IDS, check_session_id
 from loopdock.runtime._logging import get_logger
-from loopdock.runtime._messages import Message, ProducerSource, user_message
+from loopdock.runtime._messages import Message, ProducerSource, is_human, user_message
 from loopdock.runtime._serde import message_to_wire
 from loopdock.runtime.cluster import (
     RETRYABLE,
@@ -83,6 +85,15 @@ class _Outgoing:
     sent: trio.Event = attrs.field(factory=trio.Event)
 
 
+@attrs.frozen
+class Refusal:
+    """A worker refused a message for an agent: its code and reason."""
+
+    session_id: str
+    code: str
+    reason: str
+
+
 @attrs.define(eq=False)
 class _Waiter:
     cursor: int
@@ -94,12 +105,18 @@ class _Waiter:
 
 class LogWatcher:
     """One task that follows every session some caller waits on, with one blocking
-    ``XREAD`` over all their logs (not one connection and one read per waiting agent)."""
+    ``XREAD`` over all their logs (not one connection and one read per waiting agent),
+    and, with ``refused`` (a client's refusal stream), the refusals workers tell the
+    client: each is kept in ``refusals`` (message id -> Refusal, until its sender takes
+    it) and wakes the waiters of its session."""
 
-    def __init__(self, redis: coredis.Redis[str]) -> None:
+    def __init__(self, redis: coredis.Redis[str], refused: str | None = None) -> None:
         self._redis = redis
         self._waiters: dict[str, list[_Waiter]] = {}
         self._added = trio.Event()
+        self._refused = refused
+        self._refused_cursor = "0-0"
+        self.refusals: dict[str, Refusal] = {}
 
     async def follow(
         self, session_id: str, cursor: int, types: Collection[str] | None = None
@@ -138,6 +155,8 @@ class LogWatcher:
                 keys.log(session_id): keys.log_id(low - 1) if (low := min(w.cursor for w in waiters)) else "0-0"
                 for session_id, waiters in self._waiters.items()
             }
+            if self._refused is not None:
+                streams[self._refused] = self._refused_cursor
             try:
                 reply = await self._redis.xread(streams, block=_WATCH_BLOCK_MS)
             except RETRYABLE as exc:  # Redis restarting: the waiters wait a little longer
@@ -146,7 +165,11 @@ class LogWatcher:
                 delay = min(delay * 2, 1.0)
                 continue
             delay = 0.05
+            refused: set[str] = set()
             for stream, entries in (reply or {}).items():
+                if stream == self._refused:
+                    refused.update(self._take_refusals(entries))
+                    continue
                 session_id = keys.session_of_log(str(stream))
                 read = [(keys.seq_of(str(e.identifier)), e.field_values) for e in entries]
                 for waiter in list(self._waiters.get(session_id, [])):
@@ -160,18 +183,40 @@ class LogWatcher:
                         # Out of the watch at once: left in until its task runs, it
                         # would make the next XREAD return these entries again at once.
                         self._forget(session_id, waiter)
+            for session_id in refused:  # nothing new in the log: the waiters look again
+                for waiter in list(self._waiters.get(session_id, [])):
+                    waiter.next_cursor = waiter.cursor
+                    waiter.ready.set()
+                    self._forget(session_id, waiter)
+
+    def _take_refusals(self, entries: Any) -> set[str]:
+        """Keep the refusals of the stream's ``entries``; the sessions they are for."""
+        sessions = set()
+        for entry in entries:
+            fields = _fields(entry.field_values)
+            message_id, session_id = fields.get("id"), fields.get("session")
+            if message_id and session_id:
+                self.refusals[message_id] = Refusal(session_id, fields.get("code", "ERROR"), fields.get("reason", ""))
+                sessions.add(session_id)
+            self._refused_cursor = str(entry.identifier)
+        return sessions
 
 
 class ClusterRuntime:
+    """A client of the cluster (``loopdock.open_cluster``): it creates, resumes and forks
+    sessions on the workers and hands out ``RemoteAgent`` objects; it runs no agent."""
+
     def __init__(self, redis: coredis.Redis[str], shards: int, nursery: trio.Nursery) -> None:
         self._redis = redis
         self.shards = shards
+        #: names this client to the workers, which tell it the messages they refuse
+        self.client_id = secrets.token_hex(8)
         # Reads only: a client owns no shard, so it can never append to a log.
         self.store = RedisSessionStore(redis, Ownership("client", shards))
         self._send, receive = trio.open_memory_channel[_Outgoing](math.inf)
         self._last_sent = trio.Event()
         self._last_sent.set()
-        self.watcher = LogWatcher(redis)
+        self.watcher = LogWatcher(redis, keys.refused(self.client_id))
         nursery.start_soon(self._sender, receive)
         nursery.start_soon(self.watcher.run)
 
@@ -322,41 +367,49 @@ class RemoteHandle:
 
 
 class RemoteAgent:
-    """The embedded AgentActor's messaging API, for an agent on some worker."""
+    """An agent some worker runs, as this client reaches it; it keeps the ``Agent``
+    contract (``loopdock.Agent``). Every operation returns at once and is carried out by
+    the agent's worker; ``wait_idle`` and ``reservation.wait()`` read from the session's
+    log how it went, and learn from the worker the messages it refused. Each object
+    follows what was sent through it (``get_agent`` gives a new one each time)."""
 
     def __init__(self, rt: ClusterRuntime, session_id: str) -> None:
         self.id = session_id
         self._rt = rt
-        self._outstanding: set[str] = set()
+        self._outstanding: dict[str, None] = {}  # sent, not yet in the log nor refused; oldest first
+        self._reservations: dict[str, RemoteReservation] = {}  # message id -> unsettled reservation
+        self._refused: list[MessageRefusedError] = []  # not raised yet, oldest first
         self._cursor = 0  # the next seq of the log not folded yet
         self._open_turn = False
         self._sent = trio.Event()
         self._sent.set()
 
     def followup(self, message: str | Message) -> Message:
+        """Queue for the next turn and wake the agent."""
         return self._queue("followup", message)
 
     def steer(self, message: str | Message) -> Message:
+        """Queue for the next step and wake the agent."""
         return self._queue("steer", message)
 
     def inject(self, message: str | Message) -> Message:
-        """Automatic input (the ``auto`` lane, drained after people's)."""
-        if isinstance(message, str):
-            message = user_message(message, source=ProducerSource(kind="cluster"))
+        """Queue for the next step without waking an idle agent."""
         return self._queue("inject", message)
 
     def reserve(self, message: Message, placement: Placement = "followup") -> RemoteReservation:
         """Queue an automatic message and return its reservation, as the embedded agent's
         ``reserve``: admitted when it enters a model step, rejected at pre-step, or
-        cancelled (a person's input came first, a cancel, a withdrawal). Only producer
-        sources reserve. Its state is read from the session's log (``await wait()``)."""
+        cancelled (a person's input came first, a cancel, a withdrawal, the worker refused
+        it). Only producer sources reserve. Its state is read from the session's log
+        (``await wait()``)."""
         if not isinstance(message.source, ProducerSource):
             raise InvalidReservationError(f"only producer-owned sources reserve; got {message.source!r}")
         cursor = self._cursor  # its id is new: nothing before this point of the log names it
         self._queue("reserve", message, placement)
-        return RemoteReservation(message, placement, self, cursor)
+        reservation = self._reservations[message.id] = RemoteReservation(message, placement, self, cursor)
+        return reservation
 
-    def withdraw(self, reservation: RemoteReservation, reason: str = "withdrawn") -> None:
+    def withdraw(self, reservation: AgentReservation, reason: str = "withdrawn") -> None:
         """Cancel ``reservation`` if it is still queued when the agent's worker gets to
         this (after the reservation itself: both travel on the ``auto`` lane). Unlike the
         embedded ``withdraw`` this cannot tell at once whether it was still queued:
@@ -365,13 +418,19 @@ class RemoteAgent:
         body = {"message_id": reservation.message.id, "reason": reason}
         self._sent = self._rt.post(InboxMessage(MESSAGE_IDS.new(), "withdraw", self.id, body, "auto"))
 
-    def cancel(self, *, keep_inbox: bool = True) -> None:
-        self._sent = self._rt.post(InboxMessage(MESSAGE_IDS.new(), "cancel", self.id, {"keep_inbox": keep_inbox}))
+    def cancel(self, cause: str = "cancelled", *, keep_inbox: bool = True) -> None:
+        """End the running turn ``aborted`` with ``cause`` when the worker gets to this;
+        with ``keep_inbox=False`` also discard what is queued by then."""
+        body = {"cause": cause, "keep_inbox": keep_inbox}
+        self._sent = self._rt.post(InboxMessage(MESSAGE_IDS.new(), "cancel", self.id, body))
 
     async def wait_idle(self) -> None:
-        """Wait until every message sent through this object has been processed (it
-        entered the log, or was discarded) and the agent's last turn has ended."""
+        """Wait until every message sent through this object has been taken (it entered
+        the log, was discarded, or, an inject, was queued: it wakes nobody) or refused,
+        and the agent's last turn has ended; then raise MessageRefusedError for the
+        oldest refusal not raised yet."""
         await self._sent.wait()
+        self._take_refusals()
         # With a message outstanding there is something to wait for: the watcher's read
         # brings every event from the cursor on, so a catch-up read first would only
         # read them twice. Otherwise the log may have moved on (a turn someone else
@@ -385,9 +444,12 @@ class RemoteAgent:
             for event in events:
                 self._fold(event)
             self._cursor = cursor
+            self._take_refusals()
             if not self._outstanding and not self._open_turn:
-                return
+                break
             events, cursor = await self._rt.watcher.follow(self.id, self._cursor, _IDLE_TYPES)
+        if self._refused:
+            raise self._refused.pop(0)
 
     async def events(self, start: int = 0) -> AsyncIterator[Event]:
         """The session's events from seq ``start`` on, then each new one as it is durable."""
@@ -402,9 +464,10 @@ class RemoteAgent:
     def _queue(self, kind: str, message: str | Message, placement: Placement | None = None) -> Message:
         if isinstance(message, str):
             message = user_message(message)
-        self._outstanding.add(message.id)
-        lane = "auto" if kind == "inject" or isinstance(message.source, ProducerSource) else "human"
-        body: dict[str, Any] = {"message": message_to_wire(message)}
+        self._outstanding[message.id] = None
+        # People's input on its own lane, taken first; everything else is a program's.
+        lane = "human" if message.source is not None and is_human(message.source) else "auto"
+        body: dict[str, Any] = {"message": message_to_wire(message), "client": self._rt.client_id}
         if placement is not None:
             body["placement"] = placement
         wire = InboxMessage(message.id, kind, self.id, body, lane)  # type: ignore[arg-type]
@@ -416,15 +479,39 @@ class RemoteAgent:
             self._open_turn = True
         elif event.type == "turn/end":
             self._open_turn = False
-        self._outstanding.difference_update(consumed_ids([event]))
+        elif event.type == "agent/inbox/spliced" and event.data.get("op") == "insert" \
+                and event.data.get("placement") == "inject":
+            # Queued, and it wakes nobody: nothing more to wait for (in a running turn,
+            # the open turn is).
+            self._outstanding.pop(str(event.data.get("messageId")), None)
+        for message_id in consumed_ids([event]):
+            self._outstanding.pop(message_id, None)
+            reservation = self._reservations.pop(message_id, None)
+            if reservation is not None:
+                reservation._settle(event)
+
+    def _take_refusals(self) -> None:
+        """Take the refusals of messages sent through this object from the watcher."""
+        refusals = self._rt.watcher.refusals
+        if not refusals:
+            return
+        for message_id in [m for m in self._outstanding if m in refusals]:
+            refusal = refusals.pop(message_id)
+            del self._outstanding[message_id]
+            reservation = self._reservations.pop(message_id, None)
+            if reservation is not None:
+                reservation._refuse(refusal)
+            else:
+                self._refused.append(MessageRefusedError(message_id, refusal.code, refusal.reason))
 
 
 @attrs.define(eq=False)
 class RemoteReservation:
     """A reservation on an agent some worker runs. ``state`` and ``reason`` are the
-    embedded ``Reservation``'s, known once ``wait()`` has read them from the log: its
-    ``user/message`` (admitted), the ``blocked`` ``turn/end`` naming it (rejected, with
-    the listener's reason), or its discard from the inbox (cancelled, with why)."""
+    embedded ``Reservation``'s, known once ``wait()`` (or the agent's ``wait_idle``) has
+    read them from the log: its ``user/message`` (admitted), the ``blocked``
+    ``turn/end`` naming it (rejected, with the listener's reason), or its discard from the
+    inbox (cancelled, with why); or from the worker's refusal (cancelled)."""
 
     message: Message
     placement: Placement
@@ -435,15 +522,21 @@ class RemoteReservation:
 
     async def wait(self) -> ReservationState:
         """Wait until the reservation is settled; its final state."""
-        rt, session_id = self._agent._rt, self._agent.id
+        agent = self._agent
+        rt, session_id = agent._rt, agent.id
+        agent._take_refusals()
+        if self.state != "pending":
+            return self.state
         events = await rt.store.aload_events(session_id, self._cursor)
         cursor = events[-1].seq + 1 if events else self._cursor
         while self.state == "pending":
             for event in events:
                 self._settle(event)
             self._cursor = cursor
+            agent._take_refusals()
             if self.state == "pending":
                 events, cursor = await rt.watcher.follow(session_id, self._cursor, CONSUMING_TYPES)
+        agent._reservations.pop(self.message.id, None)
         return self.state
 
     def _settle(self, event: Event) -> None:
@@ -456,3 +549,7 @@ class RemoteReservation:
         else:
             reason = event.data.get("reason")
             self.state, self.reason = "cancelled", reason if isinstance(reason, str) else None
+
+    def _refuse(self, refusal: Refusal) -> None:
+        if self.state == "pending":
+            self.state, self.reason = "cancelled", f"the host did not take it: {refusal.code}: {refusal.reason}"

@@ -22,11 +22,18 @@ Delivery is at least once; processing is once per message id: an id the session 
 recorded as done (``done``), or one already handed to a live agent, is dropped. A
 followup/steer/inject is acknowledged by the commit that makes its ``user/message`` (or
 its discard) durable, a control message once its effect is (see runtime.cluster).
+
+A message for an agent that cannot be handed over (its session cannot be activated, the
+message is malformed) is refused: recorded as done, and told to its sender, whose
+``wait_idle`` reads it (the client names itself in the message: ``client``), in the
+same script, so a refusal is told exactly when the message is done (never for a message
+a next owner still processes). Create/resume/fork/dispose are answered on their reply key.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, cast, get_args
 
@@ -63,6 +70,12 @@ REPLY_TTL_MS = 60_000
 _TO_AGENTS = frozenset({"followup", "steer", "inject", "reserve"})
 #: The kinds that make a session live or not themselves.
 _CONTROLS_ACTIVATION = frozenset({"create", "resume", "fork", "dispose"})
+#: How long a client's refusal stream waits in Redis for it to read it, and how many
+#: refusals it keeps (about: trimmed with ``MAXLEN ~``).
+REFUSAL_TTL_MS = 24 * 3600 * 1000
+REFUSALS_KEPT = 10_000
+#: What a client id may be (it is part of a key).
+_CLIENT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class ShardHost:
@@ -305,10 +318,11 @@ class ShardHost:
         try:
             await self._dispatch(message, token, lane, entry_id)
         except Exception as exc:
-            # One bad message never stops the shard: it is answered (if asked) and dropped.
+            # One bad message never stops the shard: it is answered (if asked) or its
+            # refusal told to its sender, and dropped.
             log.warning("inbox message failed", kind=message.kind, session=message.session, error=repr(exc))
             await self._reply(message, exc)
-            await self._settled(token, shard, message, stream, entry_id)
+            await self._settled(token, shard, message, stream, entry_id, refused=exc)
 
     async def _dispatch(self, message: InboxMessage, token: str, lane: str, entry_id: str) -> None:
         shard = self.ownership.shard(message.session)
@@ -372,8 +386,10 @@ class ShardHost:
             )
         elif message.kind == "cancel":
             live = self.handles.get(message.session)
+            cause = body.get("cause")
+            cause = cause[:500] if isinstance(cause, str) and cause else "cancelled"
             if live is not None:
-                live.agent.cancel(keep_inbox=bool(body.get("keep_inbox", True)))
+                live.agent.cancel(cause, keep_inbox=bool(body.get("keep_inbox", True)))
             await self._settled(token, shard, message, stream, entry_id)
         elif message.kind == "dispose":
             await self._dispose(message.session)
@@ -421,12 +437,24 @@ class ShardHost:
         return resumed.agent
 
     async def _settled(
-        self, token: str, shard: int, message: InboxMessage, stream: str, entry_id: str, live: str = ""
+        self, token: str, shard: int, message: InboxMessage, stream: str, entry_id: str, live: str = "",
+        refused: BaseException | None = None,
     ) -> None:
-        answer: Any = await self._settle(
-            keys=[keys.lease(shard), keys.done(message.session), stream, keys.live(shard)],
-            args=[token, message.id, keys.GROUP, entry_id, live, message.session],
-        )
+        """Record ``message`` as done and acknowledge it (with ``refused``: a message for
+        an agent that failed, told to its sender)."""
+        settle_keys = [keys.lease(shard), keys.done(message.session), stream, keys.live(shard)]
+        args: list[str | int] = [token, message.id, keys.GROUP, entry_id, live, message.session]
+        client = message.body.get("client")
+        if refused is not None and message.kind in _TO_AGENTS and isinstance(client, str) \
+                and _CLIENT_ID.fullmatch(client):
+            settle_keys.append(keys.refused(client))
+            # Only our own errors' text: another's may carry paths or secrets.
+            if isinstance(refused, LoopdockError):
+                code, reason = refused.code, str(refused)
+            else:
+                code, reason = "ERROR", type(refused).__name__
+            args += [code, reason[:2000], REFUSAL_TTL_MS, REFUSALS_KEPT]
+        answer: Any = await self._settle(keys=settle_keys, args=args)
         if answer != "OK":
             log.warning("inbox message not settled: the shard moved", shard=shard, answer=str(answer))
         else:

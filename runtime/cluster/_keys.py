@@ -6,7 +6,9 @@ fencing counter (``epoch:n``), the two inbox streams (``inbox:n:human``,
 to resume them). Per session ``s``: its header (``s:s:header``), its log as a stream
 whose entry ids are ``0-<seq + 1>`` (``s:s:log``), and the ids of the messages it has
 processed (``s:s:done``). Cluster-wide: ``meta`` (shard count), ``workers`` (a sorted
-set of live workers by lease expiry) and ``sessions`` (every session id by creation).
+set of live workers by lease expiry) and ``sessions`` (every session id by creation). Per
+client ``c``: the replies to its requests (``reply:<message id>``) and the stream of its
+messages that workers refused (``refused:c``).
 """
 
 from __future__ import annotations
@@ -63,6 +65,11 @@ def done(session_id: str) -> str:
 
 def reply(message_id: str) -> str:
     return f"{PREFIX}reply:{message_id}"
+
+
+def refused(client_id: str) -> str:
+    """The stream of a client's messages that workers refused (read by its ``wait_idle``)."""
+    return f"{PREFIX}refused:{client_id}"
 
 
 def log_id(seq: int) -> str:

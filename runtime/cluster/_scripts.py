@@ -131,14 +131,22 @@ end
 return 'OK'
 """
 
-#: A control message is done: KEYS lease, done, inbox stream, live set.
-#: ARGV: token, message id, group, entry id, live-set op ('add', 'remove' or ''), session id.
-#: FENCED, or OK after recording the id, updating the live set and acknowledging.
+#: A control message is done, or a message refused: KEYS lease, done, inbox stream, live
+#: set, and for a refusal the sender's refusal stream.
+#: ARGV: token, message id, group, entry id, live-set op ('add', 'remove' or ''), session
+#: id; for a refusal also its code, its reason, the stream's ttl in ms and its length cap.
+#: FENCED, or OK after recording the id, updating the live set, telling the sender of a
+#: refusal and acknowledging: a refusal is told exactly when the message is done.
 SETTLE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 'FENCED' end
 if ARGV[2] ~= '' then redis.call('SADD', KEYS[2], ARGV[2]) end
 if ARGV[5] == 'add' then redis.call('SADD', KEYS[4], ARGV[6]) end
 if ARGV[5] == 'remove' then redis.call('SREM', KEYS[4], ARGV[6]) end
+if #KEYS > 4 then
+  redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[10], '*', 'id', ARGV[2], 'session', ARGV[6], 'code', ARGV[7],
+             'reason', ARGV[8])
+  redis.call('PEXPIRE', KEYS[5], ARGV[9])
+end
 if ARGV[4] ~= '' then redis.call('XACK', KEYS[3], ARGV[3], ARGV[4]) end
 return 'OK'
 """
