@@ -218,6 +218,12 @@ class AgentActor:
         disposed). Always a checkpoint, as trio's conventions ask."""
         await self._changes.wait_until(self._quiescent)
 
+    async def wait_quiescent(self) -> None:
+        """``wait_idle`` for an observer (a driver watching for idle checkpoints). The
+        same here: nothing sent to an agent of this process is on its way or refused
+        later, as it may be for a remote one (``DshAgent.wait_quiescent``)."""
+        await self._changes.wait_until(self._quiescent)
+
     def has_pending_human_input(self) -> bool:
         return self._inbox.has_human()
 

@@ -1,14 +1,23 @@
 """A proxy actor for each live DSH agent, so runtime drivers run against DSH agents unchanged.
 
-``DshAgent`` offers the part of ``actors.AgentActor`` a driver uses (the LoopX
-continuation driver in particular) and carries it out on the real agent over the bridge:
+``DshAgent`` keeps the ``Agent`` contract (``loopdock.Agent``) and the part of
+``actors.AgentActor`` a driver uses (the LoopX continuation driver in particular), and
+carries them out on the real agent over the bridge:
 
 - ``id``, ``cwd``, ``session`` (``events_since``, ``header.forked_events``): the session
   events the host mirrored into ``HostHandler.sessions``;
-- ``status``, ``status_version``, ``wait_idle``, ``wait_status_change``, ``closed``: the
-  host's ``agent/status`` and ``agent/disposed``;
+- ``status``, ``status_version``, ``wait_quiescent``, ``wait_status_change``, ``closed``:
+  the host's ``agent/status`` and ``agent/disposed``;
 - ``has_pending_human_input``, ``inbox_size``: the host's live inbox (plus reservations
   sent and not yet settled);
+- ``followup``, ``steer``, ``inject``: an ordinary message (a ``str`` is a person's) sent
+  with the host's ``followup`` command at that placement, no reservation (e.g. the
+  ``/loopx-init`` start and result messages). A message the host refuses (it answers an
+  error, or no host is connected) is recorded: the proxy's next ``wait_idle`` raises
+  MessageRefusedError. ``wait_idle`` also waits for every command still unanswered;
+- ``cancel``: the host's ``cancel`` command, with its cause (a refusal is logged); what
+  it kept in the inbox goes on once the cancelled turn has ended (DSH would leave it
+  stalled until a wake, as after a reject);
 - ``reserve``: a ``followup`` command with the message's producer-owned source. The
   reservation settles at DSH's ``agent/pre-step``: the proxy answers the host's verdict
   request with its own ``pre_step`` waterfall (``admitted`` on enter, ``rejected`` on
@@ -17,11 +26,14 @@ continuation driver in particular) and carries it out on the real agent over the
   a pre-step it is rejected there (it never enters a model step); DSH discarding the
   message from the agent's inbox (a cancel that drops the inbox, a replaced session)
   settles it ``cancelled`` too (``discarded``), so its driver goes on;
-- ``followup``: an ordinary message the runtime queues for the agent's next turn (e.g.
-  the ``/loopx-init`` start and result messages), no reservation;
 - ``pre_step``: a waterfall like the agent's; a verdict request for messages of an owned
   kind that are not this proxy's pending reservations is rejected before it runs;
 - ``start_companion``: an actor that lives exactly as long as the proxy.
+
+The plugin acknowledges a command only after it sent the live items the command caused
+(a message inserted into the inbox), so once a command is answered the proxy's view of
+the inbox shows its effect. DSH does not say which list an inbox message is in: a
+message this proxy injected (or reserved to inject) is known not to wake the agent.
 
 After a reject DSH leaves the agent idle with its inbox stalled: the proxy wakes it once
 the blocked turn has ended, if anything is still queued. Nothing here is durable: DSH's session log is the record, and
@@ -37,6 +49,7 @@ the runtime's behalf (``command``: ``/loopx-init``, which the plugin registers i
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,6 +60,7 @@ import trio
 from loopdock.actors import (
     COMPANION_POLICY,
     Action,
+    AgentReservation,
     CommandResult,
     Enter,
     InvalidReservationError,
@@ -61,7 +75,7 @@ from loopdock.actors import (
     supervised,
 )
 from loopdock.runtime._changes import Changes
-from loopdock.runtime._errors import LoopdockError, safe_message
+from loopdock.runtime._errors import AgentClosedError, LoopdockError, MessageRefusedError, safe_message
 from loopdock.runtime._events import Event
 from loopdock.runtime._logging import get_logger
 from loopdock.runtime._messages import (
@@ -142,6 +156,12 @@ class DshAgent:
         self._handler = handler
         self._owned = owned_kinds
         self._reservations: dict[str, Reservation] = {}  # message id -> pending reservation
+        self._unanswered: set[str] = set()  # ids of messages whose command is not answered yet
+        self._cancels = 0  # cancel commands not answered yet
+        self._injected: set[str] = set()  # ids of messages this proxy queued not to wake the agent
+        self._refused: list[MessageRefusedError] = []  # not raised yet, oldest first
+        # Commands go out one at a time, in the order they were made (see ``_sender``).
+        self._commands, self._queued = trio.open_memory_channel[Callable[[], Awaitable[None]]](math.inf)
         self._nursery: trio.Nursery | None = None
         self._stopped = False
 
@@ -177,9 +197,25 @@ class DshAgent:
         return any(_is_human(m) for m in self.live.inbox.values())
 
     async def wait_idle(self) -> None:
-        """Wait until the agent is idle with an empty inbox (or gone). Always a checkpoint."""
+        """Wait until every command sent through this proxy has been answered and the
+        agent is idle with nothing queued that would wake it (or it is gone); then raise
+        MessageRefusedError for the oldest message the host refused that was not raised
+        yet. Always a checkpoint."""
         await trio.lowlevel.checkpoint()
-        await self._handler.wait_until(lambda: self.closed or (self.status == "idle" and not self.live.inbox))
+        await self._handler.wait_until(lambda: self.closed or (
+            not self._unanswered and not self._cancels and self._quiescent()))
+        if self._refused:
+            raise self._refused.pop(0)
+
+    async def wait_quiescent(self) -> None:
+        """Wait until the agent is idle with nothing queued that would wake it (or it is
+        gone), whatever is still on its way to it, and raise nothing: an observer's wait
+        (the continuation driver's idle checkpoint). Always a checkpoint."""
+        await trio.lowlevel.checkpoint()
+        await self._handler.wait_until(lambda: self.closed or self._quiescent())
+
+    def _quiescent(self) -> bool:
+        return self.status == "idle" and all(m in self._injected for m in self.live.inbox)
 
     async def wait_status_change(self, since: int) -> None:
         """Wait until the status changed after version ``since``, or the agent is gone."""
@@ -207,10 +243,11 @@ class DshAgent:
             raise DshAgentClosedError(f"DSH agent {self.id} is not live")
         reservation = Reservation(message, placement)
         self._reservations[message.id] = reservation
-        self._nursery.start_soon(self._send, reservation)
+        self._sending(message, placement)
+        self._commands.send_nowait(functools.partial(self._send, reservation))
         return reservation
 
-    def withdraw(self, reservation: Reservation, reason: str = "withdrawn") -> bool:
+    def withdraw(self, reservation: AgentReservation, reason: str = "withdrawn") -> bool:
         """Settle a pending reservation ``cancelled``; True if it was pending."""
         if self._reservations.get(reservation.message.id) is not reservation:
             return False
@@ -227,19 +264,51 @@ class DshAgent:
         return True
 
     def followup(self, message: str | Message) -> Message:
-        """Queue ``message`` for the agent's next turn on the host, which wakes it (an
-        ordinary message, not a reservation: its source kind must be one the bridge does
-        not own, or DSH would ask for a verdict nobody can give). Text becomes a user
-        message, as ``AgentActor.followup`` makes it. Sent in the background; a host that
-        refuses it is logged, never retried."""
+        """Queue ``message`` for the agent's next turn on the host and wake it (see
+        ``_post``)."""
+        return self._post(message, "followup")
+
+    def steer(self, message: str | Message) -> Message:
+        """Queue ``message`` for the agent's next step on the host and wake it."""
+        return self._post(message, "steer")
+
+    def inject(self, message: str | Message) -> Message:
+        """Queue ``message`` for the agent's next step on the host without waking it."""
+        return self._post(message, "inject")
+
+    def cancel(self, cause: str = "cancelled", *, keep_inbox: bool = True) -> None:
+        """End the agent's running turn ``aborted`` with ``cause`` (DSH logs it as a
+        hook's cause); with ``keep_inbox=False`` DSH also discards what is queued (its
+        reservations settle ``cancelled``). Sent in the background; a proxy whose agent
+        is gone does nothing, and a host that refuses it is logged."""
+        if self.closed or self._nursery is None:
+            return
+        self._cancels += 1
+        # The turn it ends, if one runs: DSH leaves what it kept stalled after it.
+        running = self.status_version if self.status == "running" else None
+        self._commands.send_nowait(functools.partial(self._send_cancel, cause, keep_inbox, running))
+
+    def _post(self, message: str | Message, placement: Placement) -> Message:
+        """Send an ordinary message (not a reservation: its source kind must be one the
+        bridge does not own, or DSH would ask for a verdict nobody can give; a ``str`` is
+        a person's message) in the background. A host that refuses it is recorded for
+        ``wait_idle``, never retried."""
         if isinstance(message, str):
             message = user_message(message)
         if isinstance(message.source, ProducerSource) and message.source.kind in self._owned:
             raise InvalidReservationError(f"source kind {message.source.kind!r} is owned: reserve it")
         if self.closed or self._nursery is None:
             raise DshAgentClosedError(f"DSH agent {self.id} is not live")
-        self._nursery.start_soon(self._send_plain, message)
+        self._sending(message, placement)
+        self._commands.send_nowait(functools.partial(self._send_plain, message, placement))
         return message
+
+    def _sending(self, message: Message, placement: Placement) -> None:
+        self._unanswered.add(message.id)
+        if placement == "inject":
+            # Only what the host still has (or is yet to get) stays known.
+            self._injected = {m for m in self._injected if m in self.live.inbox or m in self._unanswered}
+            self._injected.add(message.id)
 
     async def start_companion(
         self, actor: Callable[..., Awaitable[Any]], *args: Any, name: str = "companion"
@@ -264,6 +333,7 @@ class DshAgent:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                nursery.start_soon(self._sender)
                 task_status.started()
                 await self._handler.wait_until(lambda: self.closed)
                 nursery.cancel_scope.cancel()
@@ -274,18 +344,46 @@ class DshAgent:
                 reservation.settle("cancelled", "agent gone")
             self._reservations.clear()
 
+    async def _sender(self) -> None:
+        """Send the commands in order, each once the one before was answered: the host
+        then carries them out in the order they were made (a followup before the steer
+        made after it), as an agent of this process would."""
+        async for command in self._queued:
+            await command()
+
     async def _send(self, reservation: Reservation) -> None:
+        message = reservation.message
         try:
-            await self._handler.followup(self.id, message_to_wire(reservation.message), reservation.placement)
+            await self._handler.followup(self.id, message_to_wire(message), reservation.placement)
         except LoopdockError as exc:
             self._settle(reservation, "cancelled", f"the host did not take it: {exc.code}")
             self.log.info("reservation not sent", code=exc.code)
+        finally:
+            self._answered(message.id)
 
-    async def _send_plain(self, message: Message) -> None:
+    async def _send_plain(self, message: Message, placement: Placement) -> None:
         try:
-            await self._handler.followup(self.id, message_to_wire(message))
+            await self._handler.followup(self.id, message_to_wire(message), placement)
         except LoopdockError as exc:
-            self.log.info("followup not taken by the host", code=exc.code)
+            self._refused.append(MessageRefusedError(message.id, exc.code, str(exc)))
+            self.log.info("message not taken by the host", placement=placement, code=exc.code)
+        finally:
+            self._answered(message.id)
+
+    async def _send_cancel(self, cause: str, keep_inbox: bool, running: int | None) -> None:
+        try:
+            await self._handler.cancel(self.id, cause, keep_inbox=keep_inbox)
+            if keep_inbox and running is not None:
+                self._wake_later(running)
+        except LoopdockError as exc:
+            self.log.info("cancel not taken by the host", code=exc.code)
+        finally:
+            self._cancels -= 1
+            self._handler.poke()
+
+    def _answered(self, message_id: str) -> None:
+        self._unanswered.discard(message_id)
+        self._handler.poke()  # wait_idle looks again
 
     def _settle(self, reservation: Reservation, state: ReservationState, reason: str | None = None) -> None:
         if self._reservations.get(reservation.message.id) is reservation:
@@ -327,17 +425,19 @@ class DshAgent:
         self._wake_later()
         return wire.Verdict("reject", verdict.reason)
 
-    def _wake_later(self) -> None:
-        """After any reject (ours, or the host failing closed) the inbox stalls."""
+    def _wake_later(self, seen: int | None = None) -> None:
+        """After any reject (ours, or the host failing closed), and after a cancel that
+        kept the inbox, the inbox stalls: wake the agent once the turn running at version
+        ``seen`` (default: now) has ended."""
         if self._nursery is not None and not self.closed:
-            self._nursery.start_soon(self._wake_after_blocked_turn, self.status_version)
+            self._nursery.start_soon(self._wake_after_turn, self.status_version if seen is None else seen)
 
-    async def _wake_after_blocked_turn(self, seen: int) -> None:
-        """DSH ends the turn ``blocked`` and leaves the rest of the inbox stalled: wake the
-        agent once it is idle again so that the queue goes on."""
+    async def _wake_after_turn(self, seen: int) -> None:
+        """DSH ends a turn it blocked or that was cancelled and leaves the rest of the
+        inbox stalled: wake the agent once it is idle again so that the queue goes on."""
         await self._handler.wait_until(lambda: self.closed or (self.status_version > seen and self.status == "idle"))
-        if self.closed or not self.live.inbox:
-            return  # nothing stalled (a wake would open an empty turn)
+        if self.closed or self._quiescent():
+            return  # nothing stalled that would wake it (a wake would open an empty turn)
         try:
             await self._handler.wake(self.id)
         except LoopdockError as exc:
@@ -346,10 +446,9 @@ class DshAgent:
 
 
 
-class DshAgentClosedError(LoopdockError):
-    """Raised when reserving on, or starting a companion of, a DSH agent that is gone."""
-
-    code = "AGENT_CLOSED"
+class DshAgentClosedError(AgentClosedError):
+    """Raised when sending to, reserving on, or starting a companion of, a DSH agent that
+    is gone (an AgentClosedError, as for an agent of this process)."""
 
 
 #: How long a command waits for the proxy of an agent the host just announced.

@@ -144,7 +144,8 @@ class ContinuedAgent(Protocol):
 
     def has_pending_human_input(self) -> bool: ...
 
-    async def wait_idle(self) -> None: ...
+    async def wait_quiescent(self) -> None:
+        """Idle with nothing queued that wakes it (an observer's wait: raises nothing)."""
 
     async def wait_status_change(self, since: int) -> None: ...
 
@@ -246,7 +247,7 @@ class LoopxContinuation:
                 nursery.start_soon(self._evaluator)
                 task_status.started()
                 while not self.agent.closed:
-                    await self.agent.wait_idle()
+                    await self.agent.wait_quiescent()
                     self._changed()  # the agent's status is shown with ours
                     seen = self.agent.status_version
                     await self.checkpoint()
@@ -274,7 +275,7 @@ class LoopxContinuation:
         """Wait until the agent is idle and this continuation has evaluated that very idle
         checkpoint (a continuation it queued has run, too). For observers and tests."""
         while not self._closed:
-            await self.agent.wait_idle()
+            await self.agent.wait_quiescent()
             version = self.agent.status_version
             await self._checked.wait_until(lambda: self._idle_seen >= version or self._closed)
             if self.agent.status_version == version and self.agent.status == "idle":

@@ -7,7 +7,7 @@
 //   (`mirrored`) and sends each session's log from the next seq on (from 0 if the runtime
 //   cannot say: an older runtime answers UNKNOWN_TYPE), holding its queue until then;
 // - executes the runtime's commands (followup, wake, cancel) on the exact live agent and answers
-//   only the requests the runtime made;
+//   only the requests the runtime made (an ack after the live items the command caused);
 // - at agent/pre-step asks the runtime for a verdict on messages of the kinds it owns
 //   (config.ownedKinds), with a deadline, failing closed; other messages are never delayed;
 // - dock mode (config.dock): takes DSH's agent-factory slot, re-hosts the official AgentLoop as
@@ -191,6 +191,7 @@ export function apply(ctx, config = {}) {
   let syncing = false // after a welcome, until the runtime said how far its mirror reaches
   let welcomes = 0 // counts welcomes: a sync goes on only on its own connection
   const deferredPongs = [] // pings that came while syncing: answered once the queue is sent
+  const deferredAcks = [] // commands carried out while syncing: acknowledged once the queue is sent
   let welcomed = null // resolves once, on the first welcome
   const firstWelcome = new Promise((resolve) => { welcomed = resolve })
   const pending = new Map() // our request id -> {resolve, reject, timer}
@@ -250,6 +251,7 @@ export function apply(ctx, config = {}) {
       ws = null
       syncing = false
       deferredPongs.length = 0
+      deferredAcks.length = 0
       failPending(`connection closed (${ev.code})`)
       if (disposed) return
       if (wasOpen || ev.code !== 1006) log(`bridge closed (${ev.code}${ev.reason ? ' ' + ev.reason : ''}); reconnecting`)
@@ -315,10 +317,12 @@ export function apply(ctx, config = {}) {
         return
       case 'followup': case 'wake': case 'cancel':
         if (!id) { replyError(undefined, 'BAD_ENVELOPE', `${type} is a request: it needs an id`); return }
-        try { command(type, data ?? {}); reply(id, 'ack', { ok: true }) } catch (e) {
+        try { command(type, data ?? {}) } catch (e) {
           if (e instanceof BridgeError && e.code === 'BAD_DATA') replyError(id, 'BAD_DATA', e.message)
           else reply(id, 'ack', { ok: false, error: { code: e?.code ?? 'COMMAND_FAILED', message: String(e?.message ?? e).slice(0, 1000) } })
+          return
         }
+        acknowledge(id)
         return
       default:
         if (id) replyError(id, 'UNKNOWN_TYPE', `the DSH host does not serve ${String(type).slice(0, 100)}`)
@@ -455,12 +459,20 @@ export function apply(ctx, config = {}) {
     }
     release()
   }
-  // the end of a sync: send what is queued, then the pongs that waited for it
+  // the end of a sync: send what is queued, then the pongs and acks that waited for it
   function release() {
     if (!open) return
     if (ws) flush(ws)
     for (const id of deferredPongs.splice(0)) reply(id, 'pong', {})
+    for (const id of deferredAcks.splice(0)) reply(id, 'ack', { ok: true })
     schedule(0)
+  }
+  // a command's ack goes out after the live items its effect queued (the message it put into
+  // an inbox, ...), as a pong does: once the runtime reads the ack, its mirror shows the effect
+  function acknowledge(id) {
+    if (syncing) { deferredAcks.push(id); return }
+    if (ws) flush(ws)
+    reply(id, 'ack', { ok: true })
   }
   function backfill(session) {
     if (!session || typeof session.seq !== 'number' || session.seq === 0) return

@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 import trio
 
+from loopdock import MessageRefusedError
 from loopdock.actors import CommandResult, LiveEvent, PreStep, Reject
 from loopdock.actors._agent import InvalidReservationError
 from loopdock.bridge import (
     Ack,
+    Cancel,
     CommandDone,
     DshAgent,
     DshAgentMirror,
@@ -25,6 +27,7 @@ from loopdock.bridge import (
     Followup,
     HostHandler,
     NotServedError,
+    RemoteError,
     RunCommand,
     Verdict,
     Wake,
@@ -32,6 +35,7 @@ from loopdock.bridge import (
 from loopdock.bridge import PreStep as WirePreStep
 from loopdock.bridge._dsh_agent import DshAgentClosedError
 from loopdock.bridge._handler import Disconnect
+from loopdock.runtime import AgentClosedError
 from loopdock.runtime._messages import (
     Message,
     ProducerSource,
@@ -48,7 +52,8 @@ NOT_PENDING = "not a pending reservation of this runtime"
 
 class FakeHost:
     """A DSH-host connection: records every command, answers with ``replies[type]`` (an
-    ``Ack``, or an exception to raise), ``Ack(True)`` by default."""
+    ``Ack``, or an exception to raise), ``Ack(True)`` by default; while ``held`` is set
+    to an unset event, answers wait for it."""
 
     role = "dsh-host"
 
@@ -57,12 +62,15 @@ class FakeHost:
         self.closed = None
         self.sent: list = []
         self.replies: dict[type, object] = {}
+        self.held: trio.Event | None = None
         self._changed = trio.Event()
 
     async def request(self, message, timeout=10.0):
         self.sent.append(message)
         self._changed.set()
         self._changed = trio.Event()
+        if self.held is not None:
+            await self.held.wait()
         reply = self.replies.get(type(message), Ack(True))
         if isinstance(reply, BaseException):
             raise reply
@@ -301,6 +309,161 @@ async def test_a_refused_or_unsendable_reservation_settles_cancelled(rt, tmp_pat
             assert await unsent.wait() == "cancelled"
             assert "NO_HOST" in unsent.reason
             assert proxy.inbox_size == 0 and len(conn.of(Followup)) == 1
+            nursery.cancel_scope.cancel()
+
+
+# -- messages: the Agent contract ----------------------------------------------------------
+
+
+def _wire_of(message: Message) -> dict:
+    return message_to_wire(message)
+
+
+async def test_followup_steer_and_inject_send_a_persons_text_at_their_placement(rt, tmp_path, autojump_clock):
+    handler, conn = await open_host(rt, "a1")
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            proxy = await start_proxy(nursery, handler, "a1", tmp_path)
+            sent = [proxy.followup("next turn"), proxy.steer("next step"), proxy.inject("quietly")]
+            await conn.wait_sent(Followup, 3)
+            assert conn.of(Followup) == [
+                Followup("a1", _wire_of(sent[0]), "followup"),
+                Followup("a1", _wire_of(sent[1]), "steer"),
+                Followup("a1", _wire_of(sent[2]), "inject"),
+            ]
+            assert all(m.source == UserSource() for m in sent)
+            assert [m.text for m in sent] == ["next turn", "next step", "quietly"]
+            with pytest.raises(InvalidReservationError):  # an owned kind is only ever reserved
+                proxy.steer(continuation("t1"))
+            nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("reply", "code"),
+    [
+        (Ack(False, ErrorNotice("NOT_LIVE", "no live agent a1")), "NOT_LIVE"),
+        (RemoteError("BAD_DATA", "followup needs a message with a source kind"), "BAD_DATA"),
+    ],
+    ids=["negative-ack", "error-frame"],
+)
+async def test_a_message_the_host_refuses_is_raised_by_the_next_wait_idle(rt, tmp_path, autojump_clock, reply, code):
+    handler, conn = await open_host(rt, "a1")
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            proxy = await start_proxy(nursery, handler, "a1", tmp_path)
+            conn.replies[Followup] = reply
+            refused = proxy.followup("are you there?")
+            with pytest.raises(MessageRefusedError) as caught:
+                await proxy.wait_idle()
+            await proxy.wait_idle()  # raised once
+            del conn.replies[Followup]
+            taken = proxy.inject("this one is taken")
+            await live(handler, conn, inbox("inserted", "a1", _wire_of(taken)))
+            await proxy.wait_idle()
+            nursery.cancel_scope.cancel()
+    error = caught.value
+    assert (error.code, error.message_id, error.host_code) == ("MESSAGE_REFUSED", refused.id, code)
+    assert isinstance(error.reason, str) and error.reason
+
+
+async def test_a_message_sent_with_no_host_connected_is_refused(rt, tmp_path, autojump_clock):
+    handler, conn = await open_host(rt, "a1")
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            proxy = await start_proxy(nursery, handler, "a1", tmp_path)
+            handler.disconnected(conn, Disconnect("peer-closed", "bye"))
+            first, second = proxy.steer("one"), proxy.followup("two")
+            with pytest.raises(MessageRefusedError) as one:
+                await proxy.wait_idle()
+            with pytest.raises(MessageRefusedError) as two:
+                await proxy.wait_idle()
+            nursery.cancel_scope.cancel()
+    assert [(e.value.message_id, e.value.host_code) for e in (one, two)] == [(first.id, "NO_HOST"), (second.id, "NO_HOST")]
+    assert conn.sent == []
+
+
+async def test_wait_idle_waits_for_the_answer_and_for_what_wakes_the_agent_not_for_an_inject(
+    rt, tmp_path, autojump_clock
+):
+    handler, conn = await open_host(rt, "a1")
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            proxy = await start_proxy(nursery, handler, "a1", tmp_path)
+            await live(handler, conn, status("a1", "idle"))
+            conn.held = trio.Event()
+            message = proxy.followup("wake up")
+            await conn.wait_sent(Followup)
+            assert await still_blocked(proxy.wait_idle)  # not answered yet
+            await proxy.wait_quiescent()  # an observer's wait does not wait for it
+            # answered: the plugin sent the inbox insert before its ack
+            await live(handler, conn, inbox("inserted", "a1", _wire_of(message)))
+            conn.held.set()
+            assert await still_blocked(proxy.wait_idle)  # queued, and it wakes the agent
+            await live(handler, conn, status("a1", "running"), inbox("claimed", "a1", _wire_of(message)))
+            assert await still_blocked(proxy.wait_idle)
+            await live(handler, conn, status("a1", "idle"))
+            await proxy.wait_idle()
+
+            quiet = proxy.inject("for later")
+            await live(handler, conn, inbox("inserted", "a1", _wire_of(quiet)))
+            await proxy.wait_idle()  # an injected message wakes nobody
+            await proxy.wait_quiescent()
+            # a person's message in the host's inbox is not this proxy's inject: it wakes
+            await live(handler, conn, inbox("inserted", "a1", human("h1")))
+            assert await still_blocked(proxy.wait_idle)
+            assert await still_blocked(proxy.wait_quiescent)
+            nursery.cancel_scope.cancel()
+
+
+async def test_cancel_sends_its_cause_and_keep_inbox_and_a_refusal_is_not_raised(rt, tmp_path, autojump_clock):
+    handler, conn = await open_host(rt, "a1")
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            proxy = await start_proxy(nursery, handler, "a1", tmp_path)
+            proxy.cancel("the person changed their mind", keep_inbox=False)
+            proxy.cancel()
+            await conn.wait_sent(Cancel, 2)
+            assert conn.of(Cancel) == [Cancel("a1", "the person changed their mind", False), Cancel("a1", "cancelled", True)]
+            conn.replies[Cancel] = Ack(False, ErrorNotice("NOT_LIVE", "no live agent a1"))
+            proxy.cancel("again")
+            await proxy.wait_idle()  # a cancel is not a message: its refusal is only logged
+            await live(handler, conn, ("agent/disposed", "a1", {}))
+            await proxy.wait_idle()
+            proxy.cancel()  # gone: nothing to cancel, nothing sent
+            with pytest.raises(AgentClosedError):  # what an agent of this process raises too
+                proxy.followup("too late")
+            assert len(conn.of(Cancel)) == 3
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_cancel_that_keeps_the_inbox_wakes_the_agent_once_the_cancelled_turn_ended(
+    rt, tmp_path, autojump_clock
+):
+    handler, conn = await open_host(rt, "a1")
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            proxy = await start_proxy(nursery, handler, "a1", tmp_path)
+            await live(handler, conn, status("a1", "running"), inbox("inserted", "a1", human("h1")))
+            proxy.cancel("stop this turn")
+            await conn.wait_sent(Cancel)
+            assert await still_blocked(conn.wait_sent, Wake)  # not before the turn has ended
+            await live(handler, conn, status("a1", "idle"))
+            await conn.wait_sent(Wake)  # DSH would leave the person's message stalled
+            await live(handler, conn, status("a1", "running"), inbox("claimed", "a1", human("h1")))
+
+            # only what this proxy injected is left: it wakes nobody
+            quiet = proxy.inject("for the next turn")
+            await live(handler, conn, inbox("inserted", "a1", _wire_of(quiet)))
+            proxy.cancel("stop again")
+            await conn.wait_sent(Cancel, 2)
+            await live(handler, conn, status("a1", "idle"))
+            # dropping the inbox leaves nothing to wake for either
+            await live(handler, conn, status("a1", "running"), inbox("inserted", "a1", human("h2")))
+            proxy.cancel("drop it all", keep_inbox=False)
+            await conn.wait_sent(Cancel, 3)
+            await live(handler, conn, inbox("discarded", "a1", human("h2")), status("a1", "idle"))
+            assert await still_blocked(conn.wait_sent, Wake, 2)
+            await proxy.wait_idle()
             nursery.cancel_scope.cancel()
 
 
