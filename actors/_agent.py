@@ -18,16 +18,22 @@ from typing import Any, Literal
 
 import trio
 
-from loopdock.runtime._cancellation import split_cancellation
-from loopdock.runtime._changes import Changes
-from loopdock.runtime._errors import AgentClosedError, TranscriptNotInMemoryError, safe_message
-from loopdock.runtime._events import Event
-from loopdock.runtime._logging import get_logger
-from loopdock.runtime._messages import Message, ProducerSource, user_message
-from loopdock.runtime._options import AgentOptions
-from loopdock.runtime._serde import message_from_wire
-from loopdock.runtime._transcript import Transcript
-from loopdock.runtime._waterfall import Waterfall
+from loopdock.runtime import (
+    AgentClosedError,
+    AgentOptions,
+    Changes,
+    Event,
+    Message,
+    ProducerSource,
+    Transcript,
+    TranscriptNotInMemoryError,
+    Waterfall,
+    get_logger,
+    message_from_wire,
+    safe_message,
+    split_cancellation,
+    user_message,
+)
 from loopdock.runtime.models import ModelRequest
 from loopdock.runtime.tools import AgentTools
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from loopdock.runtime._errors import LoopdockError
-from loopdock.runtime._options import AgentOptions
+from loopdock.runtime import AgentOptions, LoopdockError
 from loopdock.runtime.tools import AgentTools, Tool
 
 from ._agent import AgentActor

@@ -18,9 +18,7 @@ from typing import Any
 import attrs
 import trio
 
-from loopdock.runtime._cancellation import is_cancellation
-from loopdock.runtime._errors import LoopdockError, safe_message
-from loopdock.runtime._logging import get_logger
+from loopdock.runtime import LoopdockError, get_logger, is_cancellation, safe_message
 
 from ._agent import AgentActor
 from ._session import SessionClosedError

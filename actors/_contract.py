@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from loopdock.runtime._messages import Message
+from loopdock.runtime import Message
 
 from ._inbox import Placement, ReservationState
 

@@ -12,8 +12,7 @@ from typing import Any, Protocol, Union
 
 import attrs
 
-from loopdock.runtime._ids import check_session_id
-from loopdock.runtime._options import AgentOptions
+from loopdock.runtime import AgentOptions, check_session_id
 
 from ._agent import AgentActor
 from ._agent_context import AgentContext

@@ -6,7 +6,7 @@ agent loop in demos and in tests of the loop dock (the "fake factory" of the doc
 
 from __future__ import annotations
 
-from loopdock.runtime._messages import Message, TextBlock
+from loopdock.runtime import Message, TextBlock
 
 from ._driver import AgentHandle, CreateAgentOptions, ResumeAgentOptions
 from ._publication import create_with_body, resume_with_body

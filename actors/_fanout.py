@@ -11,8 +11,7 @@ from typing import Generic, TypeVar
 
 import trio
 
-from loopdock.runtime._errors import SubscriberDroppedError
-from loopdock.runtime._logging import get_logger
+from loopdock.runtime import SubscriberDroppedError, get_logger
 
 T = TypeVar("T")
 

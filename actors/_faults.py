@@ -12,10 +12,7 @@ console and the GoalBar do.
 
 from __future__ import annotations
 
-from loopdock.runtime._errors import safe_message
-from loopdock.runtime._logging import get_logger
-from loopdock.runtime._messages import Message, ProducerSource, TextBlock
-from loopdock.runtime._serde import message_to_wire
+from loopdock.runtime import Message, ProducerSource, TextBlock, get_logger, message_to_wire, safe_message
 
 from ._session import SessionActor, SessionClosedError
 

@@ -19,8 +19,7 @@ from typing import Literal
 import attrs
 import trio
 
-from loopdock.runtime._errors import LoopdockError
-from loopdock.runtime._messages import Message, is_human
+from loopdock.runtime import LoopdockError, Message, is_human
 
 Placement = Literal["followup", "steer", "inject"]
 PLACEMENTS: tuple[Placement, ...] = ("followup", "steer", "inject")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from loopdock.runtime._messages import Message
+from loopdock.runtime import Message
 from loopdock.runtime.models import AdapterRegistry
 from loopdock.runtime.tools import ToolRegistry
 

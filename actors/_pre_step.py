@@ -6,7 +6,7 @@ from typing import Literal
 
 import attrs
 
-from loopdock.runtime._messages import Message
+from loopdock.runtime import Message
 
 
 @attrs.frozen

@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-from loopdock.runtime._errors import LoopdockError, SetupError
+from loopdock.runtime import LoopdockError, SetupError
 
 from ._agent import AgentActor
 from ._agent_context import AgentContext

@@ -12,16 +12,16 @@ from collections.abc import AsyncIterator, Sequence
 
 import trio
 
-from loopdock.runtime._errors import ToolError
-from loopdock.runtime._logging import get_logger
-from loopdock.runtime._messages import (
+from loopdock.runtime import (
     Block,
     Message,
     ReasoningBlock,
     TextBlock,
     ToolCallBlock,
+    ToolError,
     ToolResultBlock,
     ToolSource,
+    get_logger,
 )
 from loopdock.runtime.models import (
     Chunk,

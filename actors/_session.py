@@ -25,17 +25,18 @@ from typing import Any
 
 import trio
 
-from loopdock.runtime._changes import Changes
-from loopdock.runtime._errors import EventsTrimmedError, LoopdockError
-from loopdock.runtime._events import (
+from loopdock.runtime import (
     KNOWN_EVENT_TYPES,
+    Changes,
     Event,
+    EventsTrimmedError,
+    LoopdockError,
     SessionHeader,
+    Write,
     check_event_type,
+    get_logger,
     new_event,
 )
-from loopdock.runtime._logging import get_logger
-from loopdock.runtime._store import Write
 
 from ._fanout import SUBSCRIBER_BUFFER, Fanout, Subscription
 from ._store_writer import StoreWriter

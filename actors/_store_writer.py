@@ -27,9 +27,7 @@ from typing import Protocol
 
 import trio
 
-from loopdock.runtime._logging import get_logger
-from loopdock.runtime._session_log import SessionLog
-from loopdock.runtime._store import StoreError, Write
+from loopdock.runtime import SessionLog, StoreError, Write, get_logger
 
 log = get_logger(__name__)
 

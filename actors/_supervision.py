@@ -33,7 +33,7 @@ from typing import Any, Literal
 import attrs
 import trio
 
-from loopdock.runtime._logging import get_logger
+from loopdock.runtime import get_logger
 
 log = get_logger(__name__)
 

@@ -14,18 +14,19 @@ from typing import Any
 
 import trio
 
-from loopdock.runtime._errors import (
+from loopdock.runtime import (
     AgentBusyError,
+    Event,
     LoopdockError,
+    Message,
     SessionExistsError,
+    SessionHeader,
+    SessionLog,
     SessionNotFoundError,
+    check_session_id,
+    get_logger,
     safe_message,
 )
-from loopdock.runtime._events import Event, SessionHeader
-from loopdock.runtime._ids import check_session_id
-from loopdock.runtime._logging import get_logger
-from loopdock.runtime._messages import Message
-from loopdock.runtime._session_log import SessionLog
 from loopdock.runtime.models import AdapterRegistry
 from loopdock.runtime.tools import ToolRegistry
 

@@ -13,12 +13,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from loopdock.runtime._events import Event
-from loopdock.runtime._messages import Message
-from loopdock.runtime._options import AgentOptions
-from loopdock.runtime._serde import message_to_wire
-from loopdock.runtime._transcript import Transcript
-from loopdock.runtime._waterfall import Waterfall
+from loopdock.runtime import AgentOptions, Event, Message, Transcript, Waterfall, message_to_wire
 from loopdock.runtime.models import ModelRequest, RetryNotice, Usage
 from loopdock.runtime.tools import AgentTools
 

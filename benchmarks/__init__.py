@@ -3,3 +3,5 @@ against the bare trio channel floor and the autogen-core peer. See benchmarks/RE
 
 Entry point: ``benchmarks._run.run(mode, out_dir)`` (kept out of this module so that the
 autogen-core worker process never imports trio or loopdock)."""
+from ._run import add_arguments as add_arguments
+from ._run import run_from_args as run_from_args

@@ -40,7 +40,7 @@ import trio
 
 from loopdock import GC_THRESHOLD, DriverLoop, Message, ProducerSource, Runtime, TextBlock
 from loopdock.actors import FakeDriver, ReactDriver
-from loopdock.runtime._serde import header_to_wire
+from loopdock.runtime import header_to_wire
 from loopdock.runtime.models import Chunk, Finish, ModelRequest, TextDelta, ToolCallChunk, Usage
 from loopdock.runtime.tools import Tool
 
@@ -459,7 +459,7 @@ def _seed(db: Path, template: str, prefix: str, n: int) -> None:
     try:
         # Benchmark data, not a user's: no fsync while copying it.
         conn.execute("PRAGMA synchronous=OFF")
-        from loopdock.runtime._serde import header_from_wire
+        from loopdock.runtime import header_from_wire
 
         header = header_from_wire(json.loads(conn.execute("SELECT header FROM sessions WHERE id = ?", (template,)).fetchone()[0]))
         conn.execute("BEGIN IMMEDIATE")

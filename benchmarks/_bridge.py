@@ -39,13 +39,14 @@ from loopdock import GC_THRESHOLD, Runtime
 from loopdock.bridge import (
     BridgeConnection,
     Disconnect,
+    GoalBarHandler,
+    GoalBarService,
+    HostHandler,
     PreStep,
     SessionEvent,
     Verdict,
     serve_bridge,
 )
-from loopdock.bridge._goalbar import GoalBarHandler, GoalBarService
-from loopdock.bridge._host_handler import HostHandler
 from loopdock.runtime.loopx import (
     LifecycleResult,
     LoopxClient,

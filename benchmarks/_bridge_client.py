@@ -29,9 +29,8 @@ import trio
 from wsproto import ConnectionType, WSConnection
 from wsproto import events as ws_events
 
-from loopdock.bridge import Events, Frame, Hello, Ping, PreStep, SessionEvent, decode, encode
-from loopdock.bridge._messages import Goalbar, GoalbarWatch
-from loopdock.runtime._events import Event
+from loopdock.bridge import Events, Frame, Goalbar, GoalbarWatch, Hello, Ping, PreStep, SessionEvent, decode, encode
+from loopdock.runtime import Event
 
 from ._common import PROGRESS_PREFIX, percentile, summary_ms
 

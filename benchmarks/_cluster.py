@@ -132,7 +132,7 @@ class _Workers:
 
 async def _balanced(rt: Any, workers: int, shards: int) -> None:
     """Wait until ``workers`` workers hold every shard between them, evenly."""
-    from loopdock.runtime.cluster import _keys as keys
+    from loopdock.runtime.cluster import keys
 
     share = -(-shards // workers)
     while True:
@@ -198,8 +198,7 @@ async def _sequential(server: RedisServer, cfg: dict[str, Any], scratch: Path) -
 
 
 async def _failover(server: RedisServer, cfg: dict[str, Any], scratch: Path) -> dict[str, Any]:
-    from loopdock.runtime.cluster import _keys as keys
-    from loopdock.runtime.cluster import connect
+    from loopdock.runtime.cluster import connect, keys
 
     async with connect(server.url) as redis:
         await redis.flushall()

@@ -71,7 +71,7 @@ class Writer:
         self.wakeup.set()
 
     async def run(self) -> None:
-        from loopdock.runtime._store import Write
+        from loopdock.runtime import Write
 
         while True:
             await self.wakeup.wait()
@@ -95,7 +95,7 @@ def _classes(writer: Writer) -> tuple[type, type]:
     )
     from autogen_core.tools import FunctionTool
 
-    from loopdock.runtime._events import new_event
+    from loopdock.runtime import new_event
 
     async def bench_echo(text: str) -> str:
         return f"echo: {text}"
@@ -189,7 +189,7 @@ def _classes(writer: Writer) -> tuple[type, type]:
 
 
 def _header(session_id: str) -> Any:
-    from loopdock.runtime._events import SessionHeader
+    from loopdock.runtime import SessionHeader
 
     return SessionHeader(id=session_id, created_at=time.time_ns() // 1_000_000, cwd="/tmp")
 
@@ -200,7 +200,7 @@ TASK = 'call: bench_echo {"text": "hi"}'
 async def _run(kind: str, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
     from autogen_core import AgentId, SingleThreadedAgentRuntime
 
-    from loopdock.runtime._store import SessionStore
+    from loopdock.runtime import SessionStore
 
     n, k = params["n"], params["k"]
     scratch = Path(tempfile.mkdtemp(prefix="loopdock-bench-peer-"))

@@ -18,9 +18,19 @@ from ._connection import ConnectionState as ConnectionState
 from ._connection import Opened as Opened
 from ._connection import Received as Received
 from ._connection import SendFrame as SendFrame
+from ._console import SERVE_LOGGER as SERVE_LOGGER
+from ._console import ConsoleHandler as ConsoleHandler
+from ._console import RuntimeView as RuntimeView
 from ._dock_select import DockSelectHandler as DockSelectHandler
 from ._dsh_agent import DshAgent as DshAgent
+from ._dsh_agent import DshAgentClosedError as DshAgentClosedError
 from ._dsh_agent import DshAgentMirror as DshAgentMirror
+from ._dsh_agent import HostCommand as HostCommand
+from ._dsh_binding import dsh_binding as dsh_binding
+from ._dsh_binding import migrate_dsh_home as migrate_dsh_home
+from ._dsh_files import SESSION_FILE as SESSION_FILE
+from ._dsh_files import logged_message as logged_message
+from ._dsh_files import session_log as session_log
 from ._errors import BridgeClosedError as BridgeClosedError
 from ._errors import ErrorCode as ErrorCode
 from ._errors import LimitError as LimitError
@@ -29,6 +39,8 @@ from ._errors import ProtocolError as ProtocolError
 from ._errors import RemoteError as RemoteError
 from ._errors import RequestTimeoutError as RequestTimeoutError
 from ._errors import TokenFileError as TokenFileError
+from ._goalbar import GoalBarHandler as GoalBarHandler
+from ._goalbar import GoalBarService as GoalBarService
 from ._handler import BridgeHandler as BridgeHandler
 from ._handler import Disconnect as Disconnect
 from ._handler import HandlerLayer as HandlerLayer
@@ -46,6 +58,8 @@ from ._messages import ErrorNotice as ErrorNotice
 from ._messages import Events as Events
 from ._messages import Followup as Followup
 from ._messages import Frame as Frame
+from ._messages import Goalbar as Goalbar
+from ._messages import GoalbarWatch as GoalbarWatch
 from ._messages import Hello as Hello
 from ._messages import Live as Live
 from ._messages import Ping as Ping
@@ -67,6 +81,12 @@ from ._outbox import OUTBOX_BYTES as OUTBOX_BYTES
 from ._outbox import OUTBOX_SIZE as OUTBOX_SIZE
 from ._outbox import Outbox as Outbox
 from ._outbox import OutboxBudget as OutboxBudget
+from ._patch import DEFAULT_OWNED_KINDS as DEFAULT_OWNED_KINDS
+from ._patch import PLUGIN_DIR as PLUGIN_DIR
+from ._patch import PLUGIN_ID as PLUGIN_ID
+from ._patch import dsh_patch_command as dsh_patch_command
+from ._patch import patch_rows as patch_rows
+from ._patch import stable_plugin as stable_plugin
 from ._protocol import PROTOCOL_VERSION as PROTOCOL_VERSION
 from ._protocol import decode as decode
 from ._protocol import encode as encode
@@ -76,4 +96,5 @@ from ._server import MAX_MESSAGE_SIZE as MAX_MESSAGE_SIZE
 from ._server import REQUEST_TIMEOUT as REQUEST_TIMEOUT
 from ._server import BridgeConnection as BridgeConnection
 from ._server import serve_bridge as serve_bridge
+from ._token import TOKEN_FILE as TOKEN_FILE
 from ._token import load_or_create_token as load_or_create_token

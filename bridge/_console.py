@@ -26,9 +26,7 @@ import trio
 
 from loopdock.actors import LiveEvent, Subscription
 from loopdock.actors.dock import Route
-from loopdock.runtime._errors import InvalidSessionIdError, LoopdockError, SubscriberDroppedError
-from loopdock.runtime._ids import check_session_id
-from loopdock.runtime._logging import get_logger
+from loopdock.runtime import InvalidSessionIdError, LoopdockError, SubscriberDroppedError, check_session_id, get_logger
 
 from ._dock_select import MAX_BINDINGS
 from ._dsh_binding import BINDING_RECORD, dsh_binding

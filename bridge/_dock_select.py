@@ -25,10 +25,8 @@ from typing import Any
 
 import attrs
 
-from loopdock.actors.dock import LoopDock, Route
-from loopdock.actors.dock._selection import parse_binding
-from loopdock.runtime._names import snake
-from loopdock.runtime._options import AgentOptions
+from loopdock.actors.dock import LoopDock, Route, parse_binding
+from loopdock.runtime import AgentOptions, snake
 
 from ._handler import BridgeHandler, Disconnect, HandlerLayer, Peer
 from ._ledger import Ledger

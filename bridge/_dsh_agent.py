@@ -74,19 +74,23 @@ from loopdock.actors import (
     enter,
     supervised,
 )
-from loopdock.runtime._changes import Changes
-from loopdock.runtime._errors import AgentClosedError, LoopdockError, MessageRefusedError, safe_message
-from loopdock.runtime._events import Event
-from loopdock.runtime._logging import get_logger
-from loopdock.runtime._messages import (
+from loopdock.runtime import (
     HUMAN_SOURCE_KINDS,
+    AgentClosedError,
+    Changes,
+    Event,
     InvalidMessageError,
+    LoopdockError,
     Message,
+    MessageRefusedError,
     ProducerSource,
+    Waterfall,
+    get_logger,
+    message_from_wire,
+    message_to_wire,
+    safe_message,
     user_message,
 )
-from loopdock.runtime._serde import message_from_wire, message_to_wire
-from loopdock.runtime._waterfall import Waterfall
 
 from . import _messages as wire
 from ._errors import NotServedError

@@ -35,8 +35,7 @@ from typing import Any
 
 import attrs
 
-from loopdock.actors.dock import Route
-from loopdock.actors.dock._selection import BINDING_EVENT, BINDING_KEY, parse_binding
+from loopdock.actors.dock import BINDING_EVENT, BINDING_KEY, Route, parse_binding
 
 from ._dsh_files import SESSION_FILE, DshLogError
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-from loopdock.runtime._errors import LoopdockError
+from loopdock.runtime import LoopdockError
 
 SESSION_FILE = "session.v4.jsonl.zstd"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 
-from loopdock.runtime._errors import LoopdockError
+from loopdock.runtime import InvalidSessionIdError, LoopdockError
 
 
 class ErrorCode(enum.StrEnum):
@@ -22,7 +22,7 @@ class ErrorCode(enum.StrEnum):
     UNAUTHORIZED = "UNAUTHORIZED"  # anything but a hello with the right token and role first
     TOO_LARGE = "TOO_LARGE"  # an item too large for any frame the peer accepts
     # a session (or agent) id the runtime's API refuses too (runtime._ids.check_session_id)
-    INVALID_SESSION_ID = "INVALID_SESSION_ID"
+    INVALID_SESSION_ID = InvalidSessionIdError.code
 
 
 class ProtocolError(LoopdockError):

@@ -91,9 +91,7 @@ import attrs
 import trio
 
 from loopdock.actors.loopx import LoopxContinuation, LoopxIntegration
-from loopdock.runtime._changes import Changes
-from loopdock.runtime._errors import safe_message
-from loopdock.runtime._logging import get_logger
+from loopdock.runtime import Changes, get_logger, safe_message
 from loopdock.runtime.loopx import (
     LifecycleResult,
     LoopxClient,

@@ -13,7 +13,7 @@ from typing import Literal, Protocol
 import attrs
 
 from loopdock.actors import LiveEvent
-from loopdock.runtime._events import Event
+from loopdock.runtime import Event
 
 from ._errors import NotServedError
 from ._messages import (

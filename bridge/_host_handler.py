@@ -53,10 +53,7 @@ import attrs
 
 from loopdock.actors import LiveEvent, Placement
 from loopdock.actors.dock import LoopDock
-from loopdock.runtime._changes import Changes
-from loopdock.runtime._errors import InvalidSessionIdError, LoopdockError
-from loopdock.runtime._events import Event
-from loopdock.runtime._ids import check_session_id
+from loopdock.runtime import Changes, Event, InvalidSessionIdError, LoopdockError, check_session_id
 
 from ._connection import CLOSE_NORMAL
 from ._dock_select import DockSelectHandler

@@ -41,7 +41,7 @@ from typing import Annotated, Any, Literal
 import attrs
 
 from loopdock.actors import LiveEvent, Placement
-from loopdock.runtime._events import Event
+from loopdock.runtime import Event
 
 from ._errors import ErrorCode, ProtocolError
 

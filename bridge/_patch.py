@@ -21,8 +21,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from loopdock.runtime._home import resolve_home
-from loopdock.runtime._logging import get_logger
+from loopdock.runtime import get_logger, resolve_home
 
 from ._token import load_or_create_token
 

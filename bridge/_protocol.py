@@ -25,10 +25,7 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, overrid
 from cattrs.v import format_exception, transform_error
 
 from loopdock.actors import LiveEvent
-from loopdock.runtime._errors import InvalidSessionIdError
-from loopdock.runtime._events import Event
-from loopdock.runtime._ids import check_session_id
-from loopdock.runtime._names import camel
+from loopdock.runtime import Event, InvalidSessionIdError, camel, check_session_id
 
 from ._errors import ErrorCode, ProtocolError
 from ._messages import (

@@ -52,9 +52,7 @@ import h11
 import trio
 
 from loopdock.actors import LiveEvent
-from loopdock.runtime._errors import LoopdockError
-from loopdock.runtime._events import Event
-from loopdock.runtime._logging import get_logger
+from loopdock.runtime import Event, LoopdockError, get_logger
 
 from ._connection import (
     CLOSE_INVALID_DATA,

@@ -11,7 +11,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from loopdock.runtime._private import FILE_MODE, private_dir
+from loopdock.runtime import FILE_MODE, private_dir
 
 from ._errors import TokenFileError
 

@@ -27,14 +27,23 @@ import trio
 from loopdock.actors import AgentActor, CommandResult, LiveEvent, Subscription
 from loopdock.actors.dock import BINDING_EVENT, LoopDock, read_binding
 from loopdock.actors.loopx import INIT_COMMAND_NAME, LoopxIntegration
-from loopdock.bridge import DshAgent, DshAgentMirror, HostHandler, load_or_create_token, serve_bridge
-from loopdock.bridge._console import ConsoleHandler, RuntimeView
-from loopdock.bridge._dsh_agent import HostCommand
-from loopdock.bridge._goalbar import GoalBarHandler, GoalBarService
-from loopdock.bridge._patch import DEFAULT_OWNED_KINDS, PLUGIN_DIR, stable_plugin
-from loopdock.bridge._server import DEFAULT_HOST
-from loopdock.runtime._changes import Changes
-from loopdock.runtime._errors import InvalidOptionsError, LoopdockError
+from loopdock.bridge import (
+    DEFAULT_HOST,
+    DEFAULT_OWNED_KINDS,
+    PLUGIN_DIR,
+    ConsoleHandler,
+    DshAgent,
+    DshAgentMirror,
+    GoalBarHandler,
+    GoalBarService,
+    HostCommand,
+    HostHandler,
+    RuntimeView,
+    load_or_create_token,
+    serve_bridge,
+    stable_plugin,
+)
+from loopdock.runtime import Changes, InvalidOptionsError, PortInUseError
 
 
 class ServedRuntime(Protocol):
@@ -63,11 +72,6 @@ class ClusterFollower(Protocol):
 
     async def run(self, console: ConsoleHandler) -> None: ...
 
-
-class PortInUseError(LoopdockError):
-    """Raised when the bridge's port is taken (another ``serve``, or any program)."""
-
-    code = "PORT_IN_USE"
 
 
 def goalbar_project_for(

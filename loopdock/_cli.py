@@ -18,14 +18,10 @@ import trio
 
 from loopdock.actors import AgentHandle
 from loopdock.actors.dock import read_binding
-from loopdock.benchmarks._run import add_arguments as add_bench_arguments
-from loopdock.benchmarks._run import run_from_args as run_bench
-from loopdock.bridge._console import SERVE_LOGGER
-from loopdock.bridge._patch import dsh_patch_command
-from loopdock.runtime._errors import LoopdockError
-from loopdock.runtime._events import Event
-from loopdock.runtime._home import resolve_home
-from loopdock.runtime._logging import configure_logging
+from loopdock.benchmarks import add_arguments as add_bench_arguments
+from loopdock.benchmarks import run_from_args as run_bench
+from loopdock.bridge import SERVE_LOGGER, dsh_patch_command
+from loopdock.runtime import Event, LoopdockError, configure_logging, resolve_home
 from loopdock.runtime.tools import ShellPolicy
 
 from . import _goal, _install, _sessions

@@ -29,13 +29,23 @@ import coredis
 import trio
 
 from loopdock.actors import AgentReservation, InvalidReservationError, Placement, ReservationState
-from loopdock.runtime._errors import LoopdockError, MessageRefusedError
-from loopdock.runtime._events import Event, SessionHeader
-from loopdock.runtime._ids import MESSAGE_IDS, check_session_id
-from loopdock.runtime._logging import get_logger
-from loopdock.runtime._messages import Message, ProducerSource, is_human, user_message
-from loopdock.runtime._serde import message_to_wire
+from loopdock.runtime import (
+    MESSAGE_IDS,
+    ClusterRequestError,
+    Event,
+    Message,
+    MessageRefusedError,
+    NoWorkerError,
+    ProducerSource,
+    SessionHeader,
+    check_session_id,
+    get_logger,
+    is_human,
+    message_to_wire,
+    user_message,
+)
 from loopdock.runtime.cluster import (
+    CONSUMING_TYPES,
     RETRYABLE,
     ClusterUnreachableError,
     InboxMessage,
@@ -43,10 +53,11 @@ from loopdock.runtime.cluster import (
     RedisSessionStore,
     cluster_shards,
     connect,
+    consumed_ids,
+    decode_event,
+    keys,
     live_workers,
 )
-from loopdock.runtime.cluster import _keys as keys
-from loopdock.runtime.cluster._store import CONSUMING_TYPES, consumed_ids, decode_event
 
 log = get_logger(__name__)
 
@@ -64,18 +75,6 @@ def _fields(values: Mapping[Any, Any]) -> dict[str, str]:
     return {str(k): str(v) for k, v in values.items()}
 
 
-class ClusterRequestError(LoopdockError):
-    """A worker refused a request (its code is the worker's, e.g. UNKNOWN_LOOP)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class NoWorkerError(LoopdockError):
-    """No worker answered in time (is ``loopdock worker --cluster`` running?)."""
-
-    code = "NO_WORKER"
 
 
 @attrs.define(eq=False)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from loopdock.runtime._errors import InvalidOptionsError, LoopdockError
+from loopdock.runtime import InvalidOptionsError, LoopdockError
 from loopdock.runtime.loopx import HOST_SURFACE, LoopxClient, LoopxOk, check_thread_id
 
 

@@ -22,11 +22,8 @@ from typing import Any, TextIO
 
 import yaml
 
-from loopdock.bridge._dsh_binding import migrate_dsh_home
-from loopdock.bridge._patch import PLUGIN_ID, patch_rows, stable_plugin
-from loopdock.bridge._token import load_or_create_token
-from loopdock.runtime._errors import InvalidOptionsError, LoopdockError
-from loopdock.runtime._home import resolve_home
+from loopdock.bridge import PLUGIN_ID, load_or_create_token, migrate_dsh_home, patch_rows, stable_plugin
+from loopdock.runtime import InvalidOptionsError, LoopdockError, resolve_home
 
 PATCH_LAYER = "cordis.patch.yml"
 DEFAULT_URL = "ws://127.0.0.1:8765"

@@ -56,16 +56,20 @@ from loopdock.actors.dock import (
     parse_config,
 )
 from loopdock.actors.loopx import LoopxIntegration, LoopxSettings
-from loopdock.runtime._environ_block import hide_environment_block
-from loopdock.runtime._errors import StoreUnusableError, safe_message
-from loopdock.runtime._events import SessionHeader
-from loopdock.runtime._gc_governor import GcGovernor, governed
-from loopdock.runtime._home import resolve_home
-from loopdock.runtime._home_lock import acquire_home
-from loopdock.runtime._logging import get_logger
-from loopdock.runtime._options import AgentOptions
-from loopdock.runtime._session_log import SessionLog
-from loopdock.runtime._store import SessionStore
+from loopdock.runtime import (
+    AgentOptions,
+    GcGovernor,
+    SessionHeader,
+    SessionLog,
+    SessionStore,
+    StoreUnusableError,
+    acquire_home,
+    get_logger,
+    governed,
+    hide_environment_block,
+    resolve_home,
+    safe_message,
+)
 from loopdock.runtime.models import AdapterRegistry, ModelAdapter, default_adapters
 from loopdock.runtime.skills import SkillCatalog, expand_skill_invocations, skill_tool
 from loopdock.runtime.tools import ShellPolicy, Tool, ToolRegistry, builtin_tools, shell_tool

@@ -14,15 +14,11 @@ import trio
 
 from loopdock.actors.dock import load_config
 from loopdock.actors.loopx import LoopxSettings
-from loopdock.bridge._server import DEFAULT_HOST
-from loopdock.bridge._token import TOKEN_FILE
-from loopdock.runtime import GC_THRESHOLD
-from loopdock.runtime._errors import InvalidOptionsError
-from loopdock.runtime._home import resolve_home
-from loopdock.runtime._logging import get_logger
+from loopdock.bridge import DEFAULT_HOST, TOKEN_FILE
+from loopdock.runtime import GC_THRESHOLD, InvalidOptionsError, PortInUseError, get_logger, resolve_home
 from loopdock.runtime.tools import ShellPolicy
 
-from ._bridge import PortInUseError, open_bridge, page_urls
+from ._bridge import open_bridge, page_urls
 from ._open_cluster import open_cluster
 from ._runtime import Runtime
 

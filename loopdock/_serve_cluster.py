@@ -26,12 +26,9 @@ import attrs
 import trio
 
 from loopdock.actors import LiveEvent
-from loopdock.actors.cluster import RegistryMismatchError
 from loopdock.actors.dock import BINDING_EVENT, LoopDock, Route, read_binding
-from loopdock.bridge._console import ConsoleHandler, RuntimeView
-from loopdock.runtime._events import Event
-from loopdock.runtime._logging import get_logger
-from loopdock.runtime._store import StoreError
+from loopdock.bridge import ConsoleHandler, RuntimeView
+from loopdock.runtime import Event, RegistryMismatchError, StoreError, get_logger
 from loopdock.runtime.cluster import RETRYABLE
 
 from ._cluster import ClusterRuntime

@@ -21,21 +21,12 @@ from typing import Any, TextIO
 import attrs
 
 from loopdock.actors.dock import Route, read_binding
-from loopdock.bridge._dsh_binding import dsh_binding
-from loopdock.bridge._dsh_files import SESSION_FILE, logged_message, session_log
-from loopdock.runtime._errors import LoopdockError
-from loopdock.runtime._events import Event
-from loopdock.runtime._serde import event_from_wire
+from loopdock.bridge import SESSION_FILE, dsh_binding, logged_message, session_log
+from loopdock.runtime import Event, SessionNotFoundError, event_from_wire
 
 STORE_FILE = "sessions.db"
 #: Seconds between two looks at a followed session (``tail``).
 TAIL_INTERVAL = 0.5
-
-
-class SessionLookupError(LoopdockError):
-    """Raised when ``show``/``tail`` name a session neither the runtime nor DSH holds."""
-
-    code = "SESSION_NOT_FOUND"
 
 
 @attrs.frozen
@@ -213,7 +204,7 @@ def _events_of(home: Path, dsh_home: Path | None, session_id: str) -> tuple[str,
     if found is not None:
         return "dsh", found
     where = f"{home / STORE_FILE}" + (f" or under {dsh_home}" if dsh_home else " (and no DSH_HOME to look in)")
-    raise SessionLookupError(f"no session {session_id[:128]!r} in {where}")
+    raise SessionNotFoundError(f"no session {session_id[:128]!r} in {where}")
 
 
 def show(home: Path, dsh_home: Path | None, session_id: str, out: TextIO) -> None:

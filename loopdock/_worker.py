@@ -22,12 +22,9 @@ import attrs
 import trio
 
 from loopdock.actors import WATCHER_POLICY, Action, supervised
-from loopdock.actors.cluster import LeaseKeeper, RegistryMismatchError, ShardHost
+from loopdock.actors.cluster import LeaseKeeper, ShardHost
 from loopdock.actors.dock import LoopDock
-from loopdock.runtime import GC_THRESHOLD
-from loopdock.runtime._errors import LoopdockError
-from loopdock.runtime._home import resolve_home
-from loopdock.runtime._logging import get_logger
+from loopdock.runtime import GC_THRESHOLD, LoopdockError, RegistryMismatchError, get_logger, resolve_home
 from loopdock.runtime.cluster import (
     ClusterConfigError,
     ClusterUnreachableError,

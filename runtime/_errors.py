@@ -157,3 +157,52 @@ def safe_message(exc: BaseException) -> str:
     if isinstance(exc, BaseExceptionGroup):
         return f"{type(exc).__name__}({', '.join(safe_message(e) for e in exc.exceptions)})"[:500]
     return type(exc).__name__
+
+
+# -- past one process (the cluster) and the bridge's port: defined here, where nothing
+# needs coredis or a socket, so that every error a user may catch imports from loopdock.
+
+
+class ClusterUrlError(LoopdockError):
+    """The cluster URL is not ``redis://HOST:PORT/DB``."""
+
+    code = "BAD_CLUSTER_URL"
+
+
+class ClusterConfigError(LoopdockError):
+    """A worker's settings disagree with the cluster's (shard count, lease ttl)."""
+
+    code = "CLUSTER_CONFIG"
+
+
+class ClusterUnreachableError(LoopdockError):
+    """The cluster's Redis did not answer a process joining it (a wrong host or port, or
+    Redis not running)."""
+
+    code = "CLUSTER_UNREACHABLE"
+
+
+class RegistryMismatchError(LoopdockError):
+    """This worker's loops and drivers differ from the live workers' (see docs/cluster.md)."""
+
+    code = "REGISTRY_MISMATCH"
+
+
+class ClusterRequestError(LoopdockError):
+    """A worker refused a request (its code is the worker's, e.g. UNKNOWN_LOOP)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class NoWorkerError(LoopdockError):
+    """No worker answered in time (is ``loopdock worker --cluster`` running?)."""
+
+    code = "NO_WORKER"
+
+
+class PortInUseError(LoopdockError):
+    """Raised when the bridge's port is taken (another ``serve``, or any program)."""
+
+    code = "PORT_IN_USE"

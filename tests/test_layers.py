@@ -130,3 +130,22 @@ def test_the_scan_sees_relative_typing_and_function_imports(tmp_path):
     assert found == {"loopdock.actors._supervisor", "loopdock", "loopdock.bridge"}
     assert {_layer(m) for m in found} == {"actors", "loopdock", "bridge"}
     assert _module_name(ROOT / "runtime" / "cluster" / "__init__.py") == "loopdock.runtime.cluster"
+
+
+def test_a_layer_is_entered_only_through_its_doors():
+    # Across layers an import names a layer's public package (its __init__, or a public
+    # subpackage's: runtime.models, runtime.cluster, ...) and public names only, never a
+    # private module or name: what a layer keeps private can change without its users.
+    modules = _files()
+    private = []
+    for name, path in modules.items():
+        for line, target in _imports(name, path, modules):
+            if _layer(target) != _layer(name) and any(part.startswith("_") for part in target.split(".")):
+                private.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and _layer(node.module) not in (
+                None, _layer(name)
+            ):
+                private += [f"{path.relative_to(ROOT)}:{node.lineno} imports {node.module}.{alias.name}"
+                            for alias in node.names if alias.name.startswith("_")]
+    assert private == []

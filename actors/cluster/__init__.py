@@ -3,4 +3,3 @@ host (which runs their agents from their inboxes). See docs/cluster.md."""
 
 from ._host import ShardHost as ShardHost
 from ._leases import LeaseKeeper as LeaseKeeper
-from ._leases import RegistryMismatchError as RegistryMismatchError

@@ -40,19 +40,24 @@ from typing import Any, cast, get_args
 import coredis
 import trio
 
-from loopdock.runtime._errors import LoopdockError, safe_message
-from loopdock.runtime._logging import get_logger
-from loopdock.runtime._serde import message_from_wire
+from loopdock.runtime import (
+    LoopdockError,
+    SessionExistsError,
+    SessionNotFoundError,
+    get_logger,
+    message_from_wire,
+    safe_message,
+)
 from loopdock.runtime.cluster import (
     RETRYABLE,
+    SETTLE,
     BadInboxMessageError,
     InboxMessage,
     Ownership,
     Pending,
     RedisSessionStore,
+    keys,
 )
-from loopdock.runtime.cluster import _keys as keys
-from loopdock.runtime.cluster._scripts import SETTLE
 
 from .._driver import AgentHandle, CreateAgentOptions, ResumeAgentOptions
 from .._inbox import Placement
@@ -408,14 +413,14 @@ class ShardHost:
 
     async def _check_new(self, session_id: str) -> None:
         if session_id in self.handles or await self.store.aexists(session_id):
-            raise _Refused("SESSION_EXISTS", f"session {session_id!r} already exists")
+            raise _Refused(SessionExistsError.code, f"session {session_id!r} already exists")
 
     async def _activate(self, session_id: str, *, loop: str | None = None, driver: str | None = None) -> Any:
         handle = self.handles.get(session_id)
         if handle is not None and not handle.agent.closed:
             return handle.agent  # its loop and driver were checked when it was activated
         if not await self.store.aexists(session_id):
-            raise _Refused("SESSION_NOT_FOUND", f"no session {session_id!r} in the cluster")
+            raise _Refused(SessionNotFoundError.code, f"no session {session_id!r} in the cluster")
         # An earlier activation still stopping (its shard was lost) must be gone first:
         # from here on, the session's writes are fenced with the new lease's token.
         await self._disposed(session_id)

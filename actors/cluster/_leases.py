@@ -21,22 +21,14 @@ from typing import Any
 import coredis
 import trio
 
-from loopdock.runtime._errors import LoopdockError
-from loopdock.runtime._logging import get_logger
-from loopdock.runtime.cluster import RETRYABLE, Ownership
-from loopdock.runtime.cluster import _keys as keys
-from loopdock.runtime.cluster._scripts import ACQUIRE, HEARTBEAT, LEAVE, RELEASE, RENEW
+from loopdock.runtime import RegistryMismatchError, get_logger
+from loopdock.runtime.cluster import ACQUIRE, HEARTBEAT, LEAVE, RELEASE, RENEW, RETRYABLE, Ownership, keys
 
 log = get_logger(__name__)
 
 #: The share of a lease's ttl for which a worker trusts a renewal it sent.
 SAFETY = 0.8
 
-
-class RegistryMismatchError(LoopdockError):
-    """This worker's loops and drivers differ from the live workers' (see docs/cluster.md)."""
-
-    code = "REGISTRY_MISMATCH"
 
 
 class LeaseKeeper:

@@ -12,6 +12,7 @@ from ._config import parse_config as parse_config
 from ._dock import LoopDock as LoopDock
 from ._dock import StrategyDriver as StrategyDriver
 from ._errors import DockError as DockError
+from ._loops import ID_PATTERN as ID_PATTERN
 from ._loops import DriverLoop as DriverLoop
 from ._loops import Loop as Loop
 from ._loops import LoopInfo as LoopInfo
@@ -24,4 +25,5 @@ from ._presets import Preset as Preset
 from ._presets import UnknownPresetError as UnknownPresetError
 from ._selection import BINDING_EVENT as BINDING_EVENT
 from ._selection import BINDING_KEY as BINDING_KEY
+from ._selection import parse_binding as parse_binding
 from ._selection import read_binding as read_binding

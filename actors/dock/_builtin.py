@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import attrs
 
-from loopdock.runtime._waterfall import Next
+from loopdock.runtime import Next
 from loopdock.runtime.models import ModelRequest
 
 from .._agent_context import AgentContext

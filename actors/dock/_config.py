@@ -36,11 +36,16 @@ from typing import Any
 
 import attrs
 
-from loopdock.runtime._errors import InvalidSessionIdError
-from loopdock.runtime._ids import check_session_id
-from loopdock.runtime._yaml import MAX_QUOTE, MAX_YAML_NODES, YamlFileError, load_yaml_file
-from loopdock.runtime._yaml import cut as _cut
-from loopdock.runtime._yaml import short_repr as _quote
+from loopdock.runtime import (
+    MAX_QUOTE,
+    MAX_YAML_NODES,
+    InvalidSessionIdError,
+    YamlFileError,
+    check_session_id,
+    load_yaml_file,
+)
+from loopdock.runtime import cut as _cut
+from loopdock.runtime import short_repr as _quote
 
 from ._errors import DockError
 from ._loops import ID_PATTERN

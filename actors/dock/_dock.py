@@ -14,11 +14,7 @@ from typing import Any, Literal, TypeGuard
 import attrs
 import trio
 
-from loopdock.runtime._changes import Changes
-from loopdock.runtime._events import Event
-from loopdock.runtime._logging import get_logger
-from loopdock.runtime._options import AgentOptions
-from loopdock.runtime._waterfall import Next
+from loopdock.runtime import AgentOptions, Changes, Event, Next, get_logger
 from loopdock.runtime.models import ModelRequest
 
 from .._agent_context import AgentContext

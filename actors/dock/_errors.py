@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal
 
-from loopdock.runtime._errors import LoopdockError
+from loopdock.runtime import LoopdockError
 
 DockErrorCode = Literal[
     "INVALID_CONFIG",

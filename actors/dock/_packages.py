@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import attrs
 
-from loopdock.runtime._logging import get_logger
+from loopdock.runtime import get_logger
 
 from ._errors import DockError
 from ._loops import DriverLoop, Loop, StrategyLoop

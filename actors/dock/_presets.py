@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 
 import attrs
 
-from loopdock.runtime._errors import LoopdockError
+from loopdock.runtime import LoopdockError
 
 from .._agent_context import AgentContext
 from ._selection import BINDING_EVENT, newest_selected_preset

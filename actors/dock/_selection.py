@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import attrs
 
-from loopdock.runtime._events import Event
+from loopdock.runtime import Event
 
 from ._config import DockConfig, Route
 from ._errors import DockError

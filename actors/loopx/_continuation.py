@@ -45,12 +45,19 @@ from typing import Any, Literal, Protocol
 import attrs
 import trio
 
-from loopdock.runtime._changes import Changes
-from loopdock.runtime._errors import EventsTrimmedError, safe_message
-from loopdock.runtime._events import Event
-from loopdock.runtime._logging import get_logger
-from loopdock.runtime._messages import Message, ProducerSource, TextBlock, is_human
-from loopdock.runtime._waterfall import Next, Waterfall
+from loopdock.runtime import (
+    Changes,
+    Event,
+    EventsTrimmedError,
+    Message,
+    Next,
+    ProducerSource,
+    TextBlock,
+    Waterfall,
+    get_logger,
+    is_human,
+    safe_message,
+)
 from loopdock.runtime.loopx import Activation, LoopxClient, ShouldRun, TaskBody, ThreadBinding
 
 from .._faults import record_fault

@@ -26,8 +26,7 @@ from typing import Any
 
 import attrs
 
-from loopdock.runtime._events import Event
-from loopdock.runtime._messages import HUMAN_SOURCE_KINDS
+from loopdock.runtime import HUMAN_SOURCE_KINDS, Event
 from loopdock.runtime.loopx import Activation
 
 CONTINUATION_KIND = "loopx-continuation"

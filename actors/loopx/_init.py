@@ -49,10 +49,8 @@ from typing import Any, Literal, Protocol
 
 import attrs
 
-from loopdock.runtime._logging import get_logger
-from loopdock.runtime._messages import Message, ProducerSource, TextBlock
-from loopdock.runtime._process import Completed, pick_env, run_child
-from loopdock.runtime.loopx._client import (
+from loopdock.runtime import Completed, Message, ProducerSource, TextBlock, get_logger, pick_env, run_child
+from loopdock.runtime.loopx import (
     MAX_STDERR_BYTES,
     MAX_STDOUT_BYTES,
     LoopxClient,

@@ -15,8 +15,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from loopdock.runtime._changes import Changes
-from loopdock.runtime._logging import get_logger
+from loopdock.runtime import Changes, get_logger
 from loopdock.runtime.loopx import LoopxClient
 
 from .._commands import CommandContext, CommandRegistry, CommandResult

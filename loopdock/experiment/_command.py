@@ -10,8 +10,7 @@ from typing import TextIO
 
 import trio
 
-from loopdock.runtime._home import resolve_home
-from loopdock.runtime._yaml import YamlFileError, load_yaml_file
+from loopdock.runtime import YamlFileError, load_yaml_file, resolve_home
 
 from ._bench import bench_command
 from ._config import RUN_NAME, load_experiment, parse_prices

@@ -23,9 +23,9 @@ from typing import Any, TypeVar
 
 import attrs
 
-from loopdock.actors.dock._loops import ID_PATTERN as LOOP_ID
-from loopdock.runtime._yaml import YamlFileError, cut, load_yaml_file
-from loopdock.runtime._yaml import short_repr as _quote
+from loopdock.actors.dock import ID_PATTERN as LOOP_ID
+from loopdock.runtime import YamlFileError, cut, load_yaml_file
+from loopdock.runtime import short_repr as _quote
 
 from ._errors import ExperimentError
 from ._spec import (

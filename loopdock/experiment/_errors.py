@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from loopdock.runtime._errors import LoopdockError
+from loopdock.runtime import LoopdockError
 
 ExperimentErrorCode = Literal[
     "INVALID_EXPERIMENT",

@@ -12,8 +12,7 @@ from typing import Any
 
 import attrs
 
-from loopdock.runtime._session_log import SessionLog
-from loopdock.runtime._store import SessionStore
+from loopdock.runtime import SessionLog, SessionStore
 
 from ._errors import ExperimentError
 from ._records import RolloutResult, experiment_fields, fold_rollout

@@ -17,8 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from loopdock.runtime._events import Event
-from loopdock.runtime._store import SessionStore
+from loopdock.runtime import Event, SessionStore
 
 from ._errors import ExperimentError
 from ._history import RunHistory

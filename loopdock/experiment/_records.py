@@ -22,9 +22,7 @@ from typing import Any, Literal
 
 import attrs
 
-from loopdock.runtime._events import Event
-from loopdock.runtime._messages import Message, ProducerSource, TextBlock
-from loopdock.runtime._serde import message_to_wire
+from loopdock.runtime import Event, Message, ProducerSource, TextBlock, message_to_wire
 
 from ._rollouts import Rollout
 

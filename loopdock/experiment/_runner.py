@@ -24,10 +24,7 @@ import attrs
 import trio
 
 from loopdock.actors import AgentContext, PreStep, Reject, SessionActor, Verdict
-from loopdock.runtime._errors import LoopdockError, safe_message
-from loopdock.runtime._events import Event
-from loopdock.runtime._logging import get_logger
-from loopdock.runtime._waterfall import Next
+from loopdock.runtime import Event, LoopdockError, Next, get_logger, safe_message
 from loopdock.runtime.models import ModelAdapter, ModelRequest, RetryNotice
 
 from .._runtime import Runtime

@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 import trio
 
-from loopdock.runtime._messages import user_message
+from loopdock.runtime import user_message
 from loopdock.runtime.models import AdapterRegistry, ModelRequest, TextDelta, Usage
 
 from ._errors import ExperimentError

@@ -7,18 +7,13 @@ from urllib.parse import urlsplit
 
 import coredis
 
-from .._errors import LoopdockError
-from . import _keys as keys
+from .._errors import ClusterConfigError, ClusterUnreachableError, ClusterUrlError
+from . import keys
 from ._scripts import LIVE_WORKERS
 
 #: Errors after which a command is worth trying again on a new connection.
 RETRYABLE = (coredis.exceptions.ConnectionError, TimeoutError, OSError)
 
-
-class ClusterUrlError(LoopdockError):
-    """The cluster URL is not ``redis://HOST:PORT/DB``."""
-
-    code = "BAD_CLUSTER_URL"
 
 
 def check_url(url: str) -> str:
@@ -56,17 +51,6 @@ def connect(url: str) -> coredis.Redis[str]:
     return coredis.Redis.from_url(check_url(url), decode_responses=True)
 
 
-class ClusterConfigError(LoopdockError):
-    """A worker's settings disagree with the cluster's (shard count, lease ttl)."""
-
-    code = "CLUSTER_CONFIG"
-
-
-class ClusterUnreachableError(LoopdockError):
-    """The cluster's Redis did not answer a process joining it (a wrong host or port, or
-    Redis not running)."""
-
-    code = "CLUSTER_UNREACHABLE"
 
 
 async def cluster_shards(redis: Any, wanted: int | None) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import attrs
 
-from ._keys import shard_of
+from .keys import shard_of
 
 
 @attrs.define

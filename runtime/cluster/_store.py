@@ -33,7 +33,7 @@ from .._events import Event, SessionHeader
 from .._logging import get_logger
 from .._serde import header_from_wire, header_to_wire
 from .._store import StoreError, Write, encode_json
-from . import _keys as keys
+from . import keys
 from ._connect import RETRYABLE
 from ._ownership import Ownership, Pending
 from ._scripts import COMMIT

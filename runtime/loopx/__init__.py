@@ -6,6 +6,8 @@ from ._client import ATTEMPT_BACKOFF as ATTEMPT_BACKOFF
 from ._client import HOST_SURFACE as HOST_SURFACE
 from ._client import LOOPX_TURN_PATTERN as LOOPX_TURN_PATTERN
 from ._client import MAX_ATTEMPTS as MAX_ATTEMPTS
+from ._client import MAX_STDERR_BYTES as MAX_STDERR_BYTES
+from ._client import MAX_STDOUT_BYTES as MAX_STDOUT_BYTES
 from ._client import MAX_TASK_BODY_CHARS as MAX_TASK_BODY_CHARS
 from ._client import LifecycleResult as LifecycleResult
 from ._client import LoopxClient as LoopxClient
@@ -29,3 +31,4 @@ from ._client import check_thread_id as check_thread_id
 from ._client import check_turn_id as check_turn_id
 from ._client import is_agent_id as is_agent_id
 from ._client import is_goal_id as is_goal_id
+from ._client import loopx_env as loopx_env

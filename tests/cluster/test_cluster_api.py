@@ -60,8 +60,7 @@ async def test_a_second_worker_gets_its_fair_share_and_agents_go_on_on_either(re
 
 
 async def test_a_worker_with_other_loops_is_refused(redis_server, tmp_path, nursery, monkeypatch):
-    from loopdock import _worker
-    from loopdock.actors.cluster import RegistryMismatchError
+    from loopdock import RegistryMismatchError, _worker
 
     with trio.fail_after(30):
         await nursery.start(functools.partial(
@@ -180,7 +179,7 @@ async def test_a_worker_actor_that_keeps_failing_stops_the_worker(autojump_clock
 
 
 async def test_a_lease_lost_and_taken_again_delivers_the_queued_message_once(redis_server, tmp_path, nursery):
-    from loopdock.runtime.cluster import _keys as keys
+    from loopdock.runtime.cluster import keys
     from loopdock.runtime.tools import ShellPolicy
 
     w = await nursery.start(functools.partial(
@@ -267,7 +266,7 @@ async def test_the_worker_command_says_an_unreachable_cluster_in_one_line(tmp_pa
 
 
 async def test_a_message_vetoed_at_pre_step_on_a_worker_is_settled_once(redis_server, tmp_path, nursery):
-    from loopdock.runtime.cluster import _keys as keys
+    from loopdock.runtime.cluster import keys
 
     config = {"loopPackages": ["gated_loops"]}  # tests/gated_loops.py
     with trio.fail_after(30):
@@ -404,8 +403,7 @@ async def test_a_resume_read_with_messages_to_its_session_still_checks_the_loop(
     from loopdock.runtime._ids import MESSAGE_IDS
     from loopdock.runtime._messages import ProducerSource, user_message
     from loopdock.runtime._serde import message_to_wire
-    from loopdock.runtime.cluster import InboxMessage
-    from loopdock.runtime.cluster import _keys as keys
+    from loopdock.runtime.cluster import InboxMessage, keys
 
     with trio.fail_after(30):
         async with open_cluster(redis_server.url) as rt:

@@ -15,7 +15,7 @@ from cluster_workers import until_event
 from loopdock import MessageRefusedError, open_cluster
 from loopdock._worker import run_worker
 from loopdock.runtime._messages import ProducerSource, user_message
-from loopdock.runtime.cluster import _keys as keys
+from loopdock.runtime.cluster import keys
 from loopdock.runtime.tools import ShellPolicy
 
 

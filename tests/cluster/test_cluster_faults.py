@@ -104,8 +104,7 @@ async def test_human_input_is_taken_before_automatic_input_after_a_takeover(redi
 
 async def test_a_message_sent_twice_is_processed_once(redis_server, tmp_path, nursery):
     from loopdock.runtime._serde import message_to_wire
-    from loopdock.runtime.cluster import InboxMessage
-    from loopdock.runtime.cluster import _keys as keys
+    from loopdock.runtime.cluster import InboxMessage, keys
 
     with trio.fail_after(60):
         a = await start_worker(nursery, redis_server.url, tmp_path / "a", "a")
@@ -130,7 +129,7 @@ async def test_a_message_sent_twice_is_processed_once(redis_server, tmp_path, nu
 
 
 async def test_a_garbage_inbox_entry_is_dropped_and_the_worker_goes_on(redis_server, tmp_path, nursery):
-    from loopdock.runtime.cluster import _keys as keys
+    from loopdock.runtime.cluster import keys
 
     with trio.fail_after(60):
         a = await start_worker(nursery, redis_server.url, tmp_path / "a", "a")

@@ -17,7 +17,7 @@ from loopdock import open_cluster
 from loopdock._worker import run_worker
 from loopdock.actors import InvalidReservationError
 from loopdock.runtime._messages import ProducerSource, user_message
-from loopdock.runtime.cluster import _keys as keys
+from loopdock.runtime.cluster import keys
 from loopdock.runtime.tools import ShellPolicy
 
 PRODUCER = ProducerSource(kind="test-producer")

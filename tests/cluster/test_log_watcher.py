@@ -7,8 +7,7 @@ import json
 import trio
 
 from loopdock._cluster import LogWatcher
-from loopdock.runtime.cluster import _keys as keys
-from loopdock.runtime.cluster import connect
+from loopdock.runtime.cluster import connect, keys
 
 
 async def _append(redis, session_id: str, seq: int, event_type: str) -> None:

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from loopdock import Agent, AgentActor, AgentReservation, ProducerSource, Runtime, UserSource, user_message
+from loopdock import Agent, AgentReservation, ProducerSource, Runtime, UserSource, user_message
 from loopdock._cluster import RemoteAgent
+from loopdock.actors import AgentActor
 from loopdock.bridge import DshAgent, HostHandler
 from loopdock.bridge._host_handler import HostAgent
 
@@ -26,7 +27,8 @@ KINDS = [AgentActor, RemoteAgent, DshAgent]
 MEMBERS = ["followup", "steer", "inject", "cancel", "reserve", "withdraw", "wait_idle"]
 
 CHECKED = """\
-from loopdock import Agent, AgentActor, AgentReservation, Reservation
+from loopdock import Agent, AgentReservation, Reservation
+from loopdock.actors import AgentActor
 from loopdock._cluster import RemoteAgent, RemoteReservation
 from loopdock.bridge import DshAgent
 
@@ -40,7 +42,8 @@ def reservations(embedded: Reservation, remote: RemoteReservation) -> list[Agent
 """
 # A control: the checker must see a signature that differs (here, cancel without a cause).
 CONTROL = """\
-from loopdock import Agent, AgentActor
+from loopdock import Agent
+from loopdock.actors import AgentActor
 
 
 class NoCause(AgentActor):
