@@ -1,4 +1,4 @@
-"""The wire codec (sans-IO): JSON text <-> ``Frame``, with cattrs in this one place.
+"""The wire codec (sans-IO): JSON text <-> ``Frame``, on the one cattrs converter (``runtime._serde``).
 
 A frame is ``{"v": 1, "type": str, "id"?: str, "re"?: str, "data": object}``. ``decode``
 never raises anything but ``ProtocolError``, whatever the text; ``encode`` writes compact
@@ -15,17 +15,24 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, get_args, get_origin
+from collections.abc import Sequence
+from typing import Any, Literal
 
-import attrs
 import cattrs
-from cattrs.cols import homogenous_tuple_structure_factory
-from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
+from cattrs.gen import override
 from cattrs.v import format_exception, transform_error
 
 from loopdock.actors import LiveEvent
-from loopdock.runtime import Event, InvalidSessionIdError, camel, check_session_id
+from loopdock.runtime import (
+    Event,
+    InvalidSessionIdError,
+    WireTypeError,
+    camel,
+    check_session_id,
+    converter,
+    json_kind,
+    register_wire_class,
+)
 
 from ._errors import ErrorCode, ProtocolError
 from ._messages import (
@@ -74,53 +81,16 @@ _TOLERANT = frozenset({Hello, Welcome, ErrorNotice, Event})
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
-class _WrongType(TypeError):
-    """A JSON value of the wrong kind; its message is shown to the peer as it is."""
-
-
-def _json_kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
-
-
-def _make_converter() -> cattrs.Converter:
-    """The only converter: strict JSON types (no ``str(5)``, no ``int(True)``, no string
-    iterated into a tuple), camelCase on the wire, ``None`` fields left out."""
-    conv = cattrs.Converter(forbid_extra_keys=True)
-
-    def strict(expected: type, what: str) -> Callable[[Any, Any], Any]:
-        def hook(value: Any, _: Any) -> Any:
-            if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-                raise _WrongType(f"expected {what}, got {_json_kind(value)}")
-            return value
-
-        return hook
-
-    conv.register_structure_hook(str, strict(str, "a string"))
+def _register_wire() -> cattrs.Converter:
+    """The bridge's frames on the one converter (``runtime._serde``): strict JSON types,
+    camelCase, ``None`` fields left out; unknown keys refused but in ``_TOLERANT``."""
 
     def session_id(value: Any, _: Any) -> str:
         if not isinstance(value, str):
-            raise _WrongType(f"expected a string, got {_json_kind(value)}")
+            raise WireTypeError(f"expected a string, got {json_kind(value)}")
         return check_session_id(value)
 
-    conv.register_structure_hook_func(lambda tp: tp == SessionId, session_id)
-    conv.register_structure_hook(int, strict(int, "an integer"))
-    conv.register_structure_hook(bool, strict(bool, "a boolean"))
-    # Opaque JSON objects (DSH's data, messages, agent options): checked to be objects only.
-    def is_opaque(tp: Any) -> bool:
-        return bool(tp == Mapping[str, Any])
-
-    conv.register_structure_hook_func(is_opaque, strict(dict, "an object"))
-    conv.register_unstructure_hook_func(is_opaque, dict)
+    converter.register_structure_hook_func(lambda tp: tp == SessionId, session_id)
 
     # session id -> seq: an object whose every value is a non-negative integer.
     def is_seq_map(tp: Any) -> bool:
@@ -128,86 +98,33 @@ def _make_converter() -> cattrs.Converter:
 
     def seq_map(value: Any, _: Any) -> dict[str, int]:
         if not isinstance(value, dict):
-            raise _WrongType(f"expected an object, got {_json_kind(value)}")
+            raise WireTypeError(f"expected an object, got {json_kind(value)}")
         for key, seq in value.items():
             if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
-                got = _json_kind(seq) if not isinstance(seq, int) or isinstance(seq, bool) else str(seq)
-                raise _WrongType(f"expected a non-negative integer for {key[:100]!r}, got {got}")
+                got = json_kind(seq) if not isinstance(seq, int) or isinstance(seq, bool) else str(seq)
+                raise WireTypeError(f"expected a non-negative integer for {key[:100]!r}, got {got}")
         return dict(value)
 
-    conv.register_structure_hook_func(is_seq_map, seq_map)
-    conv.register_unstructure_hook_func(is_seq_map, dict)
-
-    def is_literal(tp: Any) -> bool:
-        return get_origin(tp) is Literal
-
-    def literal_hook(tp: Any) -> Callable[[Any, Any], Any]:
-        allowed = get_args(tp)
-
-        def hook(value: Any, _: Any) -> Any:
-            if isinstance(value, str) and value in allowed:
-                return value
-            raise _WrongType(f"expected one of {', '.join(map(repr, allowed))}, got {value!r}"[:200])
-
-        return hook
-
-    conv.register_structure_hook_factory(is_literal, literal_hook)
-
-    def is_homogeneous_tuple(tp: Any) -> bool:
-        args = get_args(tp)
-        return get_origin(tp) is tuple and len(args) == 2 and args[1] is Ellipsis
-
-    def tuple_hook(tp: Any) -> Callable[[Any, Any], Any]:
-        elements = homogenous_tuple_structure_factory(tp, conv)
-
-        def hook(value: Any, _: Any) -> Any:
-            if not isinstance(value, list):
-                raise _WrongType(f"expected an array, got {_json_kind(value)}")
-            return elements(value, tp)
-
-        return hook
-
-    conv.register_structure_hook_factory(is_homogeneous_tuple, tuple_hook)
-
-    def register(cls: type) -> None:
-        renames: dict[str, Any] = {
-            f.name: override(rename=camel(f.name)) for f in attrs.fields(cls) if "_" in f.name
-        }
-        if cls is LiveEvent:  # the actors' class: its agent id is a session id on DSH
-            renames["agent_id"] = override(rename="agentId", struct_hook=session_id)
-        structure: Callable[[Any, Any], Any] = make_dict_structure_fn(
-            cls, conv, _cattrs_forbid_extra_keys=cls not in _TOLERANT, **renames
-        )
-        unstructure: Callable[[Any], dict[str, Any]] = make_dict_unstructure_fn(cls, conv, **renames)
-
-        def structure_object(value: Any, tp: Any) -> Any:
-            if not isinstance(value, dict):
-                raise _WrongType(f"expected an object, got {_json_kind(value)}")
-            return structure(value, tp)
-
-        def unstructure_object(value: Any) -> dict[str, Any]:
-            return {k: v for k, v in unstructure(value).items() if v is not None}
-
-        conv.register_structure_hook(cls, structure_object)
-        conv.register_unstructure_hook(cls, unstructure_object)
+    converter.register_structure_hook_func(is_seq_map, seq_map)
+    converter.register_unstructure_hook_func(is_seq_map, dict)
 
     # Nested classes first, so that the outer ones are generated with their hooks.
     nested: tuple[type, ...] = (Event, LiveEvent, SessionEvent, ErrorNotice, SelectionParts, StoredBinding, GoalbarView)
-    for cls in nested:
-        register(cls)
     outer: tuple[type, ...] = (Hello, Welcome, Events, Live, Followup, Wake, Cancel, Ack, PreStep, Verdict,
                 Select, Selection, Mirrored, MirroredSeqs, RunCommand, CommandDone, Ping, Pong, GoalbarRead, GoalbarWatch,
                 GoalbarStart, GoalbarPause, GoalbarResult, Goalbar)
-    for cls in outer:
-        register(cls)
-    return conv
+    for cls in (*nested, *outer):
+        # The actors' LiveEvent: its agent id is a session id on DSH.
+        overrides = {"agent_id": override(rename="agentId", struct_hook=session_id)} if cls is LiveEvent else None
+        register_wire_class(cls, tolerant=cls in _TOLERANT, overrides=overrides)
+    return converter
 
 
-_CONVERTER = _make_converter()
+_CONVERTER = _register_wire()
 
 
 def _format(exc: BaseException, tp: Any) -> str:
-    if isinstance(exc, (_WrongType, InvalidSessionIdError)):
+    if isinstance(exc, (WireTypeError, InvalidSessionIdError)):
         return str(exc)
     return format_exception(exc, tp)
 
@@ -299,7 +216,7 @@ def decode(text: str | bytes) -> Frame:
     except RecursionError:
         raise ProtocolError(ErrorCode.MALFORMED_JSON, "the JSON is nested too deeply") from None
     if not isinstance(raw, dict):
-        raise ProtocolError(ErrorCode.BAD_ENVELOPE, f"a frame is a JSON object, got {_json_kind(raw)}")
+        raise ProtocolError(ErrorCode.BAD_ENVELOPE, f"a frame is a JSON object, got {json_kind(raw)}")
     version = raw.get("v")
     if not isinstance(version, int) or isinstance(version, bool):
         raise ProtocolError(ErrorCode.BAD_ENVELOPE, "a frame needs an integer protocol version 'v'")
@@ -330,7 +247,7 @@ def decode(text: str | bytes) -> Frame:
     if not isinstance(data, dict):
         raise ProtocolError(
             ErrorCode.BAD_ENVELOPE,
-            f"{type_name}: 'data' must be an object, got {_json_kind(data) if 'data' in raw else 'nothing'}",
+            f"{type_name}: 'data' must be an object, got {json_kind(data) if 'data' in raw else 'nothing'}",
             request_id=request_id,
         )
     try:

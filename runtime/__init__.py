@@ -69,11 +69,15 @@ from ._private import private_dir as private_dir
 from ._process import Completed as Completed
 from ._process import pick_env as pick_env
 from ._process import run_child as run_child
+from ._serde import WireTypeError as WireTypeError
+from ._serde import converter as converter
 from ._serde import event_from_wire as event_from_wire
 from ._serde import header_from_wire as header_from_wire
 from ._serde import header_to_wire as header_to_wire
+from ._serde import json_kind as json_kind
 from ._serde import message_from_wire as message_from_wire
 from ._serde import message_to_wire as message_to_wire
+from ._serde import register_wire_class as register_wire_class
 from ._session_log import SessionLog as SessionLog
 from ._store import SessionStore as SessionStore
 from ._store import StoreError as StoreError

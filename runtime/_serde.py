@@ -1,16 +1,24 @@
-"""All (de)serialisation between runtime values and wire/JSON shapes, in one place.
+"""All (de)serialisation between runtime values and wire/JSON shapes: one converter.
 
 The wire follows DSH: camelCase keys, blocks tagged by ``type``, sources tagged by
 ``kind``. Python values stay snake_case attrs classes.
+
+``converter`` is the only cattrs converter in loopdock. Its policy is JSON's: a string is
+a string, an integer an integer (no ``str(5)``, no ``int(True)``, no string iterated into
+a tuple), a ``Literal`` one of its values, an opaque ``Mapping[str, Any]`` an object. The
+runtime's own values (messages, blocks, sources, session headers) have their hooks here;
+a layer above registers the classes of its own wire with ``register_wire_class`` (the
+bridge's frames), and each class says whether unknown keys are refused or tolerated.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, cast
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, cast, get_args, get_origin
 
 import attrs
 import cattrs
+from cattrs.cols import homogenous_tuple_structure_factory
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
 from ._events import Event, SessionHeader
@@ -46,9 +54,107 @@ _BUILTIN_SOURCES: dict[str, type] = {
 }
 
 
+class WireTypeError(TypeError):
+    """A JSON value of the wrong kind where a wire class is structured; its message names
+    what was expected and what came (fit to show a peer)."""
+
+
+def json_kind(value: Any) -> str:
+    """What JSON calls ``value``'s kind, with its article: "a string", "null", ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def _strict(expected: type, what: str) -> Callable[[Any, Any], Any]:
+    def hook(value: Any, _: Any) -> Any:
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            raise WireTypeError(f"expected {what}, got {json_kind(value)}")
+        return value
+
+    return hook
+
+
+def _register_json_policy(conv: cattrs.Converter) -> None:
+    conv.register_structure_hook(str, _strict(str, "a string"))
+    conv.register_structure_hook(int, _strict(int, "an integer"))
+    conv.register_structure_hook(bool, _strict(bool, "a boolean"))
+
+    # Opaque JSON objects (DSH's data, messages, agent options): checked to be objects only.
+    def is_opaque(tp: Any) -> bool:
+        return bool(tp == Mapping[str, Any])
+
+    conv.register_structure_hook_func(is_opaque, _strict(dict, "an object"))
+    conv.register_unstructure_hook_func(is_opaque, dict)
+
+    def is_literal(tp: Any) -> bool:
+        return get_origin(tp) is Literal
+
+    def literal_hook(tp: Any) -> Callable[[Any, Any], Any]:
+        allowed = get_args(tp)
+
+        def hook(value: Any, _: Any) -> Any:
+            if isinstance(value, str) and value in allowed:
+                return value
+            raise WireTypeError(f"expected one of {', '.join(map(repr, allowed))}, got {value!r}"[:200])
+
+        return hook
+
+    conv.register_structure_hook_factory(is_literal, literal_hook)
+
+    def is_homogeneous_tuple(tp: Any) -> bool:
+        args = get_args(tp)
+        return get_origin(tp) is tuple and len(args) == 2 and args[1] is Ellipsis
+
+    def tuple_hook(tp: Any) -> Callable[[Any, Any], Any]:
+        elements = homogenous_tuple_structure_factory(tp, conv)
+
+        def hook(value: Any, _: Any) -> Any:
+            if not isinstance(value, list):
+                raise WireTypeError(f"expected an array, got {json_kind(value)}")
+            return elements(value, tp)
+
+        return hook
+
+    conv.register_structure_hook_factory(is_homogeneous_tuple, tuple_hook)
+
+
+def register_wire_class(cls: type, *, tolerant: bool = False, overrides: Mapping[str, Any] | None = None) -> None:
+    """Give ``converter`` the wire form of an attrs class of a layer above: camelCase keys,
+    ``None`` fields left out, an object required, unknown keys refused unless
+    ``tolerant``. ``overrides``: cattrs ``override``s by field name (they replace the
+    camelCase rename of that field). Register nested classes before the ones holding them."""
+    renames: dict[str, Any] = {f.name: override(rename=camel(f.name)) for f in attrs.fields(cls) if "_" in f.name}
+    renames.update(overrides or {})
+    structure: Callable[[Any, Any], Any] = make_dict_structure_fn(
+        cls, converter, _cattrs_forbid_extra_keys=not tolerant, **renames
+    )
+    unstructure: Callable[[Any], dict[str, Any]] = make_dict_unstructure_fn(cls, converter, **renames)
+
+    def structure_object(value: Any, tp: Any) -> Any:
+        if not isinstance(value, dict):
+            raise WireTypeError(f"expected an object, got {json_kind(value)}")
+        return structure(value, tp)
+
+    def unstructure_object(value: Any) -> dict[str, Any]:
+        return {k: v for k, v in unstructure(value).items() if v is not None}
+
+    converter.register_structure_hook(cls, structure_object)
+    converter.register_unstructure_hook(cls, unstructure_object)
+
+
 def _make_converter() -> tuple[cattrs.Converter, Callable[[Message], dict[str, Any]]]:
     """The converter, and its Message hook (called directly on the hot path)."""
     conv = cattrs.Converter(omit_if_default=False)
+    _register_json_policy(conv)
 
     def register_camel(cls: type, *, omit_none: bool = True) -> None:
         overrides: dict[str, Any] = {
@@ -123,7 +229,7 @@ def _make_converter() -> tuple[cattrs.Converter, Callable[[Message], dict[str, A
                 content=tuple(_fast_block(b) or structure_block(b, Block) for b in raw["content"]),
                 source=(_fast_source(source) or structure_source(source, Source)) if source else None,
             )
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, cattrs.BaseValidationError) as exc:
             raise InvalidMessageError(f"malformed message {raw!r}: {exc}") from exc
 
     conv.register_unstructure_hook(Message, unstructure_message)

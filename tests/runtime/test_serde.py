@@ -10,6 +10,7 @@ import pytest
 from loopdock.runtime._messages import (
     Block,
     ImageBlock,
+    InvalidMessageError,
     Message,
     ProducerSource,
     ReasoningBlock,
@@ -90,3 +91,31 @@ def test_the_direct_read_path_builds_what_cattrs_builds():
     assert _serde._fast_block({"type": "text", "text": 5}) is None  # cattrs decides odd values
     assert _serde._fast_block({"type": "text", "text": "a", "extra": 1}) is None
     assert _serde._fast_source({"kind": "user", "rpcId": "r1"}) is None
+
+
+def test_there_is_one_converter_and_the_bridge_registers_on_it():
+    from pathlib import Path
+
+    import loopdock.bridge  # noqa: F401  (registers its frames)
+    from loopdock.bridge import Hello
+    from loopdock.runtime import converter
+
+    root = Path(__file__).resolve().parents[2]
+    made = [str(path.relative_to(root)) for folder in ("runtime", "actors", "bridge", "loopdock", "benchmarks")
+            for path in (root / folder).rglob("*.py") if "Converter(" in path.read_text()]
+    assert made == ["runtime/_serde.py"]
+    # The bridge's frames are structured by that converter, under its JSON policy.
+    assert converter.get_structure_hook(Hello) is not None
+    with pytest.raises(ExceptionGroup) as refused:  # cattrs' ClassValidationError
+        converter.structure({"token": 5, "role": "dsh-host", "protocol": 1, "capabilities": []}, Hello)
+    assert [str(e) for e in refused.value.exceptions] == ["expected a string, got a number"]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [[{"type": "image", "mediaType": "image/png", "data": 5}], [{"type": "text", "text": ["a"]}], ["text"]],
+)
+def test_a_message_of_mistyped_blocks_is_an_invalid_message(content):
+    # The converter's JSON policy: no str(5); the message path says what it is, one error type.
+    with pytest.raises(InvalidMessageError):
+        message_from_wire({"id": "m1", "role": "user", "content": content})
