@@ -553,9 +553,16 @@ class LoopxContinuation:
     def _invalidate(self, reason: str) -> None:
         """Disarm the timer and revoke the pending reservation: withdrawn if still queued,
         and if it was already claimed (on its way through pre-step) it may not enter
-        either. Its turn is offered again later under its own id."""
+        either. Its turn is offered again later under its own id.
+
+        A reservation that settled already (admitted into a model step, or refused) is
+        taken in as it settled, whether or not its watcher has run yet: an admitted turn
+        is being worked on and must never be offered again."""
         self._cancel_timer()
         pending = self.pending
+        if pending is not None and pending.reservation.state != "pending":
+            self._settled(pending)
+            pending = None
         if pending is not None:
             self.pending = None
             self._revoked = (pending.reservation.message.id, reason)

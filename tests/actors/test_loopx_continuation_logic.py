@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 
 from loopdock import Runtime
@@ -242,6 +243,76 @@ async def test_a_hold_withdraws_the_queued_continuation_and_disarms_the_timer(tm
                 assert driver.status.state == "paused"
                 await driver.checkpoint()  # held: an evaluation does nothing
                 assert len(fake.should_runs) == 1
+        await handle.dispose()
+
+
+def goal_stopped(turn_id: str) -> ShouldRun:
+    """What LoopX answers for a goal its owner stopped (the GoalBar's Pause)."""
+    return ShouldRun(
+        should_run=False, decision="skip", turn_id=turn_id, wait_minutes=None,
+        scheduler_action="stop_until_explicit_resume", receipt_status="committed", effect_id=None,
+        todo_id=None, settlement_plan=None, payload={}, pause_cause="goal_stopped",
+    )
+
+
+@pytest.mark.parametrize("goal_paused", [True, False], ids=["pause-then-start", "pause-not-written"])
+async def test_a_pause_between_admission_and_its_watcher_does_not_offer_the_turn_again(
+    tmp_path, autojump_clock, goal_paused
+):
+    """The GoalBar's Pause (``hold``) lands after a continuation was admitted into a model
+    step but before the task that watches its reservation has taken that in (the watcher
+    parks exactly there). The admitted turn must be recorded as admitted, not kept as an
+    open attempt that a later evaluation asks about and offers to the model again: not
+    after Start (``pause-then-start``: LoopX stopped the goal meanwhile), and not at the
+    idle checkpoint after the turn (``pause-not-written``: LoopX's stop failed, the
+    goal stayed active, as ``bridge._goalbar`` then re-requests an evaluation)."""
+    write_loopx_skill(tmp_path)
+    admit_once = AdmitOnce()
+    paused = False
+    fake = FakeLoopx(tmp_path, answer=lambda turn_id: goal_stopped(turn_id) if paused else admit_once(turn_id))
+    model_gate = trio.Event()
+
+    def respond(request):
+        last = request.messages[-1]
+        if last.source is not None and last.source.kind == "loopx-continuation":
+            return Reply("working on it", block=model_gate)  # the continuation's turn runs until released
+        return Reply("ok")
+
+    async with open_runtime(tmp_path, tmp_path) as rt:
+        handle, driver = await new_agent(rt, tmp_path, "race", fake, respond)
+        admitted_seen = trio.Event()
+        release_watcher = trio.Event()
+
+        async def parked_watcher(pending):
+            # The watcher wakes when its reservation settles and parks right there: the
+            # continuation is in a model step, and the watcher has not recorded that yet.
+            await pending.reservation.wait()
+            admitted_seen.set()
+            await release_watcher.wait()
+            driver._settled(pending)
+
+        driver._settle = parked_watcher
+        with trio.fail_after(60):
+            handle.agent.followup("/loopx go")
+            await admitted_seen.wait()
+            pending = driver.pending
+            assert pending is not None and pending.reservation.state == "admitted"
+            assert handle.agent.status == "running"  # no idle checkpoint has evaluated since
+            async with driver.hold("a Pause is in progress"):  # Pause lands right here
+                paused = goal_paused
+                release_watcher.set()
+            model_gate.set()
+            await driver.wait_quiescent()  # the turn ends; its idle checkpoint evaluates
+            if goal_paused:
+                assert driver.status.state == "paused"
+                paused = False
+                await driver.start()  # Start: the goal is resumed, the continuation re-armed
+                await driver.wait_quiescent()
+        turn = pending.turn_id
+        assert driver.admitted == [turn]
+        assert await continuation_turns(handle.agent) == [turn]  # offered once, never again
+        assert fake.should_runs[:2] == [turn, turn]  # admission, pre-step replay
+        assert turn not in fake.should_runs[2:]  # later evaluations asked about new attempts only
         await handle.dispose()
 
 
