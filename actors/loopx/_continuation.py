@@ -26,6 +26,7 @@ that
    turn to the model once;
 7. at ``agent/pre-step`` revalidates the exact reservation, competing human input and the
    binding, and replays should-run with the same turn id; otherwise it rejects the step.
+   Its own veto does not latch it: the blocked turn's idle checkpoint evaluates again.
 
 Containment: every failure -- a CLI call that fails, an answer that breaks LoopX's
 contract, an exception -- ends only that evaluation. It is recorded in the session
@@ -166,6 +167,14 @@ class ContinuedAgent(Protocol):
 
 
 Offer = Literal["turn", "resume", "recovery"]
+
+# Pre-step vetoes of a step that is not this continuation's reservation as reserved: they
+# latch the continuation (see ``LoopxContinuation._veto``).
+NO_RESERVATION = "no reservation is pending"
+NOT_THE_RESERVATION = "not this continuation's reservation"
+WRONG_ATTRIBUTION = "attribution does not match the reservation"
+NOT_THIS_AGENT = "not this exact agent and session"
+_SUSPECT = frozenset({NO_RESERVATION, NOT_THE_RESERVATION, WRONG_ATTRIBUTION, NOT_THIS_AGENT})
 
 
 @attrs.frozen
@@ -584,25 +593,39 @@ class LoopxContinuation:
                 self.log.warning("loopx continuation revalidation failed", error=repr(exc))
                 reason = f"revalidation failed: {safe_message(exc)}"
                 self._failed(reason)
+                return self._veto(pre, reason, again=False)
         if reason is not None:
-            return Reject(f"loopx continuation: {reason}")
+            return self._veto(pre, reason)
         verdict = await next_(pre)
         # Other listeners ran in between: the cheap checks once more.
         reason = self._exact(pre, mine)
         if reason is not None and getattr(verdict, "kind", None) == "enter":
-            return Reject(f"loopx continuation: {reason}")
+            return self._veto(pre, reason)
         return verdict
+
+    def _veto(self, pre: PreStep, reason: str, *, again: bool = True) -> Reject:
+        """Reject the step for ``reason``. The turn then ends ``blocked``, which would
+        latch the continuation; when the veto is one of its own ordinary checks (the
+        binding changed, LoopX no longer admits the turn, human input won, a Pause) it
+        must not: the next idle checkpoint evaluates again (the seed's pre-step
+        revalidation). A step that is not its reservation at all (a stranger's message of
+        its kind, a wrong attribution, another agent or session), or a revalidation that
+        raised, still latches it until a person acts: evaluating again would only meet
+        the same fault, turn after turn."""
+        if again and reason not in _SUSPECT:
+            self.history.vetoed(pre.turn)
+        return Reject(f"loopx continuation: {reason}")
 
     def _exact(self, pre: PreStep, mine: list[Message]) -> str | None:
         if self._revoked is not None and any(m.id == self._revoked[0] for m in mine):
             return self._revoked[1]
         pending = self.pending
         if pending is None:
-            return "no reservation is pending"
+            return NO_RESERVATION
         if self._holds:
             return self._hold_reason
         if len(mine) != 1 or mine[0].id != pending.reservation.message.id:
-            return "not this continuation's reservation"
+            return NOT_THE_RESERVATION
         source = mine[0].source
         fields = source.fields if isinstance(source, ProducerSource) else {}
         if (fields.get("goalId"), fields.get("agentId"), fields.get("turnInstanceId")) != (
@@ -610,9 +633,9 @@ class LoopxContinuation:
             pending.agent_id,
             pending.turn_id,
         ):
-            return "attribution does not match the reservation"
+            return WRONG_ATTRIBUTION
         if not (pre.agent_id == pre.session_id == self.agent.id):
-            return "not this exact agent and session"
+            return NOT_THIS_AGENT
         if any(m.source is not None and is_human(m.source) for m in pre.messages):
             return "human input competes in this step"
         if self.agent.has_pending_human_input():

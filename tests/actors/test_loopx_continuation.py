@@ -132,14 +132,14 @@ async def test_a_successful_model_skill_call_activates(tmp_path, loopx_env, loop
         assert len(calls()) == 1
 
 
-async def bind(client: LoopxClient, session_id: str) -> None:
+async def bind(client: LoopxClient, session_id: str, goal: str = "g1", agent: str = "a1") -> None:
     for args in [
-        ("bootstrap", "--project", ".", "--goal-id", "g1", "--objective", "Write it",
+        ("bootstrap", "--project", ".", "--goal-id", goal, "--objective", "Write it",
          "--adapter-kind", "read_only_project_map_v0", "--adapter-status", "connected-read-only"),
-        ("register-agent", "--goal-id", "g1", "--agent-id", "a1", "--require-new", "--execute"),
-        ("bind-agent-thread", "--goal-id", "g1", "--thread-id", session_id,
-         "--host-surface", "deepseek-harness-native", "--agent-id", "a1", "--execute"),
-        ("todo", "add", "--goal-id", "g1", "--project", ".", "--role", "agent", "--claimed-by", "a1",
+        ("register-agent", "--goal-id", goal, "--agent-id", agent, "--require-new", "--execute"),
+        ("bind-agent-thread", "--goal-id", goal, "--thread-id", session_id,
+         "--host-surface", "deepseek-harness-native", "--agent-id", agent, "--execute"),
+        ("todo", "add", "--goal-id", goal, "--project", ".", "--role", "agent", "--claimed-by", agent,
          "--task-class", "advancement_task", "--text", "[P0] Write it"),
     ]:
         result = await client.run(*args)
@@ -190,6 +190,62 @@ async def test_human_input_wins_at_pre_step(tmp_path, loopx_env, loopx_project, 
     should_runs = [c for c in calls() if c[4:6] == ["quota", "should-run"]]
     turn_ids = [c[c.index("--turn-instance-id") + 1] for c in should_runs]
     assert len(turn_ids) >= 2 and turn_ids[0] == turn_ids[1]
+
+
+async def test_its_own_pre_step_veto_is_evaluated_again_at_the_next_idle_checkpoint(
+    tmp_path, loopx_env, loopx_project, loopx_command
+):
+    """Between the reservation and the pre-step a second goal binds the same session in
+    LoopX, so the binding is ambiguous: the continuation's own pre-step check vetoes its
+    step (the turn ends blocked), and the idle checkpoint right after evaluates again --
+    it asks LoopX, which now says the binding is ambiguous, and stops on that answer,
+    instead of staying quiet until a person acts."""
+    write_skill(loopx_project, "loopx")
+
+    class RebindAfterTheTaskBody(LoopxClient):
+        """The real client; once the first task body is read (the continuation reserves
+        right after it), a second goal binds this session."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.calls: list[str] = []
+            self.rebound = False
+
+        async def run(self, *args, retry=False):
+            self.calls.append(" ".join(args[:2]) if args[0] == "quota" else args[0])
+            return await super().run(*args, retry=retry)
+
+        async def heartbeat_prompt(self, goal_id, agent_id, turn_id):
+            body = await super().heartbeat_prompt(goal_id, agent_id, turn_id)
+            if not self.rebound:
+                self.rebound = True
+                await bind(self, "veto", goal="g2", agent="a2")
+            return body
+
+    client = RebindAfterTheTaskBody(loopx_command, project=loopx_project, env=loopx_env, timeout=120)
+    with trio.fail_after(120):
+        await bind(client, "veto")
+    async with open_runtime(tmp_path, loopx_env, loopx_project, tuple(loopx_command)) as rt:
+        handle = await rt.create_agent(session_id="veto", agent_options={"cwd": str(loopx_project)})
+        driver = rt.loopx.continuations["veto"]
+        driver.clients = lambda: client
+        client.calls.clear()
+        with trio.fail_after(180):
+            await say(rt, handle.agent, "/loopx write it")
+        ends = [e.data["reason"] for e in (await handle.agent.session.read_events()) if e.type == "turn/end"]
+        assert [end["kind"] for end in ends] == ["completed", "blocked"]
+        assert ends[1]["reason"] == "loopx continuation: binding changed (ambiguous)"
+        # Evaluation, the rebinding (4 calls), the pre-step's resolve; then the next idle
+        # checkpoint's own resolve, which LoopX answers "ambiguous": a stop on its answer.
+        assert client.calls == [
+            "resolve-agent-thread", "quota should-run", "heartbeat-prompt",
+            "bootstrap", "register-agent", "bind-agent-thread", "todo",
+            "resolve-agent-thread",
+            "resolve-agent-thread",
+        ]
+        assert (driver.status.state, driver.status.reason) == ("stopped", "binding ambiguous")
+        assert driver.history.latch is None and driver.admitted == []
+        await handle.dispose()
 
 
 STANDIN = """#!{python} -IS

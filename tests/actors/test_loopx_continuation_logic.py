@@ -71,6 +71,9 @@ class FakeLoopx(LoopxClient):
         self.gate: trio.Event | None = None
         self.fail: dict[str, BaseException] = {}
         self.entered = trio.Event()
+        #: what resolve answers, call by call (the last one repeats)
+        self.bindings = [ThreadBinding("bound", "g1", "a1")]
+        self.resolves = 0
 
     def _maybe_fail(self, what: str) -> None:
         error = self.fail.pop(what, None)
@@ -80,7 +83,12 @@ class FakeLoopx(LoopxClient):
     async def resolve_thread(self, thread_id):
         await trio.lowlevel.checkpoint()
         self._maybe_fail("resolve")
-        return ThreadBinding("bound", "g1", "a1")
+        self.resolves += 1
+        return self.binding
+
+    @property
+    def binding(self) -> ThreadBinding:
+        return self.bindings[min(self.resolves, len(self.bindings)) - 1]
 
     async def should_run(self, goal_id, agent_id, turn_id):
         self.in_flight += 1
@@ -228,6 +236,48 @@ async def test_a_revalidation_that_raises_rejects_the_step_and_the_agent_goes_on
         await handle.dispose()
 
 
+async def test_its_own_pre_step_veto_does_not_silence_it_the_next_idle_checkpoint_evaluates(
+    tmp_path, autojump_clock
+):
+    """The binding changes between the reservation and the pre-step (LoopX now binds the
+    session to another agent lane): the continuation's own check vetoes the step, the turn
+    ends blocked, and the idle checkpoint right after evaluates again, on the binding as it
+    is now. It is not latched quiet until a person acts."""
+    write_loopx_skill(tmp_path)
+
+    class AdmitTwo:
+        def __init__(self):
+            self.turn_ids: list[str] = []
+
+        def __call__(self, turn_id):
+            if turn_id not in self.turn_ids and len(self.turn_ids) < 2:
+                self.turn_ids.append(turn_id)
+            return admitted(turn_id) if turn_id in self.turn_ids else stopped(turn_id)
+
+    fake = FakeLoopx(tmp_path, answer=AdmitTwo())
+    # The evaluation resolves g1/a1; from the pre-step on, the session is bound to g1/a2.
+    fake.bindings = [ThreadBinding("bound", "g1", "a1"), ThreadBinding("bound", "g1", "a2")]
+    async with open_runtime(tmp_path, tmp_path) as rt:
+        handle, driver = await new_agent(rt, tmp_path, "rebound", fake)
+        with trio.fail_after(60):
+            handle.agent.followup("/loopx go")
+            await driver.wait_quiescent()
+        events = await handle.agent.session.read_events()
+        ends = [e.data["reason"] for e in events if e.type == "turn/end"]
+        assert [end["kind"] for end in ends] == ["completed", "blocked", "completed"]
+        assert ends[1]["reason"] == "loopx continuation: binding changed (bound)"
+        first, second = fake.answer.turn_ids
+        # The vetoed turn was never asked about again; the next idle checkpoint resolved the
+        # new binding and admitted a turn on it, which entered a model step.
+        assert fake.should_runs[:3] == [first, second, second]  # admission; admission, replay
+        sources = [e.data["source"] for e in events
+                   if e.type == "user/message" and e.data["source"]["kind"] == "loopx-continuation"]
+        assert [(s["agentId"], s["turnInstanceId"]) for s in sources] == [("a2", second)]
+        assert driver.admitted == [second] and driver.history.latch is None
+        assert driver.status.state == "stopped"  # LoopX had nothing more: it said so, not a latch
+        await handle.dispose()
+
+
 async def test_a_hold_withdraws_the_queued_continuation_and_disarms_the_timer(tmp_path, autojump_clock):
     write_loopx_skill(tmp_path)
     fake = FakeLoopx(tmp_path, answer=waiting)
@@ -364,3 +414,21 @@ def test_a_person_or_an_admitted_continuation_re_arms_and_turn_outcomes_are_kept
              ev(5, "turn/end", {"turn": 2, "reason": {"kind": "completed"}})]
     resumed = fold(*start, *again)
     assert resumed.latch is None and resumed.completed("T1")
+
+
+def test_a_turn_its_own_check_vetoed_does_not_latch_and_people_are_counted():
+    history = fold(ev(0, "turn/start", {"turn": 1}), ev(1, "user/message", person()))
+    assert history.people == 1
+    history.vetoed(2)
+    history.feed(ev(2, "turn/start", {"turn": 2}))
+    history.feed(ev(3, "turn/end", {"turn": 2, "reason": {"kind": "blocked", "reason": "r", "messageIds": ["m"]}}))
+    assert history.latch is None  # its own veto: evaluated again at the next idle checkpoint
+    # Only that turn: a later blocked turn (another listener's veto) latches as before.
+    history.feed(ev(4, "turn/start", {"turn": 3}))
+    history.feed(ev(5, "turn/end", {"turn": 3, "reason": {"kind": "blocked"}}))
+    assert history.latch == "the last turn was blocked before the model ran"
+    # A veto recorded for a turn that then ends otherwise changes nothing about that end.
+    history = fold()
+    history.vetoed(1)
+    history.feed(ev(0, "turn/end", {"turn": 1, "reason": {"kind": "aborted", "cause": "stop"}}))
+    assert history.latch == "the last turn was cancelled"
