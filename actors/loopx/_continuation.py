@@ -15,9 +15,9 @@ that
    is still open (a turn LoopX admitted that never entered a model step is offered again
    under its own id; an answer that owes its settlement binding is asked again with the
    same id, so idle checkpoints write no new receipts while settlement is owed);
-5. on a stopped goal does nothing, on a scheduler wait arms its one timer, on an
-   admitted turn fetches the thin task body for that turn and reserves exactly one
-   followup with a ``loopx-continuation`` source;
+5. on a stopped goal does nothing, on a scheduler wait follows LoopX's scheduler hint
+   (below) with its one timer, on an admitted turn fetches the thin task body for that
+   turn and reserves exactly one followup with a ``loopx-continuation`` source;
 6. when LoopX answers ``unsettled_host_turn_recovery``: resumes the prior turn under its
    own identity if its repair is ``resume_prior_turn`` and the turn never completed a
    model turn here (it was withdrawn, vetoed, cancelled or cut off by a restart); any
@@ -27,6 +27,19 @@ that
 7. at ``agent/pre-step`` revalidates the exact reservation, competing human input and the
    binding, and replays should-run with the same turn id; otherwise it rejects the step.
    Its own veto does not latch it: the blocked turn's idle checkpoint evaluates again.
+
+LoopX's scheduler hint (``runtime.loopx.SchedulerHint``, from ``quota should-run
+--include-detail scheduler``) decides how a wait is polled. A should-run answer that
+admits nothing keeps its turn id as the open attempt, so every poll of one wait replays
+one receipt (LoopX decides afresh on a replay, and upgrades that receipt in place when it
+admits the turn) instead of writing one per poll. The n-th poll in a row with the same
+``reset_token`` (none yet: n = 0) waits the progression's n-th interval (its last one
+past its end; the recommended interval without one), capped at LoopX's maximum and at
+``MAX_WAIT`` (24 h), at least ``MIN_WAIT``. Once n reaches ``unchanged_poll_limit`` that
+poll was LoopX's "final quota replan check": unchanged, the continuation stops polling
+(``after_limit: stop_tick_loop``; ``continue`` or no limit keeps polling at the last
+interval). A new reset token, an admitted turn, a person's message or Start counts from 0
+again. A hint that says ``stop`` (a stopped or finished goal), or none, arms no timer.
 
 Containment: every failure -- a CLI call that fails, an answer that breaks LoopX's
 contract, an exception -- ends only that evaluation. It is recorded in the session
@@ -73,6 +86,11 @@ CONTINUATION_SCHEMA = "loopx_dsh_continuation_v0"
 #: The actor name a continuation's faults are recorded under.
 FAULT_ACTOR = "loopx-continuation"
 RETRY_ACTION = "retried at the next checkpoint"
+#: The longest scheduler wait, whatever LoopX's hint says (a monitor's far window can
+#: be days away): the continuation asks LoopX again at least once a day.
+MAX_WAIT = 24 * 60 * 60.0
+#: The shortest scheduler wait: a hint of zero minutes must not become a busy loop.
+MIN_WAIT = 60.0
 #: Put before the task body of a turn offered again after LoopX asked to recover it.
 RESUME_NOTE = (
     "LoopX: this resumes an earlier turn that was never settled. Check what it already "
@@ -234,6 +252,11 @@ class LoopxContinuation:
         self._evaluating: trio.CancelScope | None = None
         # (goal, agent, turn) of an attempt still open in LoopX: asked again by id
         self._open_turn: tuple[str, str, str] | None = None
+        # LoopX's unchanged-poll count: polls in a row under this reset token, with this
+        # many of a person's messages in the session (a new token or a message: from 0)
+        self.polls = 0
+        self._poll_token: str | None = None
+        self._poll_people = 0
         self._holds = 0
         self._hold_reason = "paused"
         self._go_ahead = False  # a person's Start: offer LoopX's recovery turn once
@@ -356,6 +379,7 @@ class LoopxContinuation:
         recovery turn, skip a scheduler wait, and evaluate now. Returns the status after."""
         await self._fold()
         self.history.rearm()
+        self.polls = 0
         self._go_ahead = True
         self._cancel_timer()
         try:
@@ -419,18 +443,44 @@ class LoopxContinuation:
         decision = await client.should_run(goal_id, agent_id, turn_id)
         if not isinstance(decision, ShouldRun):
             return self._failed(f"should-run failed: {_why(decision)}")
-        # An answer that owes its settlement binding is asked again with the same id.
-        self._open_turn = (goal_id, agent_id, turn_id) if decision.settlement_owed else None
+        # An answer that owes its settlement binding, or that admitted nothing (a wait, a
+        # stop), is asked again with the same id: one receipt, replayed (or upgraded).
+        open_ = decision.settlement_owed or not decision.should_run
+        self._open_turn = (goal_id, agent_id, turn_id) if open_ else None
         self._last_fault = None
         if decision.goal_stopped:
+            self.polls = 0
             return self._stop("paused", "the goal is paused in LoopX")
         if not decision.should_run:
-            if decision.wait_minutes:
-                return self._arm_timer(decision.wait_minutes * 60.0)
-            return self._stop("stopped", f"should-run: {decision.decision}")
+            return self._wait(decision)
+        self.polls = 0
         if decision.settlement_owed:
             return await self._recover(client, goal_id, agent_id, decision)
         await self._offer(client, goal_id, agent_id, turn_id, "turn")
+
+    def _wait(self, decision: ShouldRun) -> None:
+        """LoopX admitted nothing: poll again as its scheduler hint says, or stop."""
+        hint = decision.scheduler
+        if hint is None or hint.stops or hint.interval_after(0) is None:
+            self.polls = 0
+            return self._stop("stopped", f"should-run: {decision.decision}")
+        people = self.history.people
+        unchanged = hint.reset_token == self._poll_token and people == self._poll_people and self.polls > 0
+        polls = self.polls if unchanged else 0
+        self._poll_token, self._poll_people = hint.reset_token, people
+        limit = hint.unchanged_poll_limit
+        if limit is not None and polls >= limit and hint.after_limit != "continue":
+            self.polls = polls
+            return self._stop(
+                "stopped",
+                f"LoopX's scheduler: unchanged after {polls} polls ({decision.decision}); "
+                "a person's message or Start asks again",
+            )
+        minutes = hint.interval_after(polls)
+        assert minutes is not None
+        self.polls = polls + 1
+        of = f" of {limit}" if limit is not None else ""
+        self._arm_timer(min(max(minutes * 60.0, MIN_WAIT), MAX_WAIT), f"unchanged poll {self.polls}{of}")
 
     def _turn_for(self, goal_id: str, agent_id: str) -> str:
         if self._open_turn is not None and self._open_turn[:2] == (goal_id, agent_id):
@@ -478,6 +528,7 @@ class LoopxContinuation:
         if offer != "turn":
             text = f"{RESUME_NOTE if offer == 'resume' else RECOVERY_NOTE}\n\n{text}"
         reservation = agent.reserve(continuation_message(text, goal_id, agent_id, turn_id))
+        self.polls = 0
         self.pending = Pending(reservation, goal_id, agent_id, turn_id, offer)
         self.stopped = None
         self._set("queued", None, turn_id)
@@ -536,12 +587,12 @@ class LoopxContinuation:
         else:  # a DSH session: its log is DSH's; the GoalBar and this log line show it
             self.log.warning("actor failed", actor=FAULT_ACTOR, error=reason, action=RETRY_ACTION)
 
-    def _arm_timer(self, seconds: float) -> None:
+    def _arm_timer(self, seconds: float, note: str) -> None:
         """The one scheduler timer: arming it disarms the previous one."""
         self._cancel_timer()
         assert self._nursery is not None
         self.stopped = f"waiting {seconds:.0f}s"
-        self._set("waiting", f"LoopX's scheduler asked to wait {seconds:.0f}s")
+        self._set("waiting", f"LoopX's scheduler asked to wait {seconds:.0f}s ({note})")
         scope = trio.CancelScope()
         self.timer = scope
 

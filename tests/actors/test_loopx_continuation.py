@@ -14,7 +14,7 @@ import trio.testing
 from leak_check import assert_no_leaked_agent_tasks
 
 from loopdock import LoopxSettings, Runtime
-from loopdock.runtime.loopx import LoopxClient
+from loopdock.runtime.loopx import LoopxClient, ShouldRun
 from loopdock.runtime.loopx import _client as loopx_client
 from loopdock.runtime.models import Reply, ScriptedAdapter
 from loopdock.runtime.skills import SkillCatalog
@@ -334,11 +334,114 @@ async def test_a_scheduler_wait_arms_one_timer_and_wakes_a_new_checkpoint(tmp_pa
         assert driver.stopped == "should-run: wait"  # no second wait hint: stop, no timer
         assert subcommands(calls()) == ["resolve-agent-thread", "should-run"] * 2
         turn_ids = [c[c.index("--turn-instance-id") + 1] for c in calls() if "should-run" in c]
-        assert turn_ids[0] != turn_ids[1]  # a new attempt, a new identity
+        assert turn_ids[0] == turn_ids[1]  # nothing was admitted: the same attempt, asked again
         assert_no_leaked_agent_tasks(rt)  # the continuation is the agent's one companion
         await handle.dispose()
         assert "waiting" not in rt.loopx.continuations
         assert_no_leaked_agent_tasks(rt)
+
+
+async def test_a_goal_that_keeps_answering_wait_is_polled_as_loopx_s_scheduler_says(
+    tmp_path, loopx_env, loopx_project, loopx_command, jump_clock
+):
+    """LoopX (the real CLI) keeps answering "wait" for an agent lane with nothing in scope;
+    the continuation polls it exactly as LoopX's scheduler hint says: the progression's
+    intervals one after another, the count started again when the hint's reset token
+    changes (here: a person's gate lands on the lane meanwhile) and when a person speaks
+    in the session, and no more polls once the unchanged-poll limit is reached. Every
+    poll asks about the same attempt, so LoopX keeps one receipt, replayed."""
+    write_skill(loopx_project, "loopx")
+
+    class Recording(LoopxClient):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.answers: list[ShouldRun] = []
+
+        async def should_run(self, goal_id, agent_id, turn_id):
+            answer = await super().should_run(goal_id, agent_id, turn_id)
+            assert isinstance(answer, ShouldRun), answer
+            self.answers.append(answer)
+            return answer
+
+    client = Recording(loopx_command, project=loopx_project, env=loopx_env, timeout=120)
+    with trio.fail_after(120):
+        # The session is a1's; the goal's only todo is a2's: a1 has nothing in scope.
+        for args in [
+            ("bootstrap", "--project", ".", "--goal-id", "g1", "--objective", "Write it",
+             "--adapter-kind", "read_only_project_map_v0", "--adapter-status", "connected-read-only"),
+            ("register-agent", "--goal-id", "g1", "--agent-id", "a1", "--require-new", "--execute"),
+            ("register-agent", "--goal-id", "g1", "--agent-id", "a2", "--require-new", "--execute"),
+            ("bind-agent-thread", "--goal-id", "g1", "--thread-id", "polled",
+             "--host-surface", "deepseek-harness-native", "--agent-id", "a1", "--execute"),
+            ("todo", "add", "--goal-id", "g1", "--project", ".", "--role", "agent", "--claimed-by", "a2",
+             "--task-class", "advancement_task", "--text", "[P0] Write it"),
+        ]:
+            result = await client.run(*args)
+            assert getattr(result, "payload", {}).get("ok") is True, result
+
+    async with open_runtime(tmp_path, loopx_env, loopx_project, tuple(loopx_command)) as rt:
+        handle = await rt.create_agent(session_id="polled", agent_options={"cwd": str(loopx_project)})
+        driver = rt.loopx.continuations["polled"]
+        driver.clients = lambda: client
+        waits: list[int] = []
+
+        def armed() -> int:
+            assert driver.timer is not None and driver.status.state == "waiting", driver.status
+            seconds = int(driver.stopped.removeprefix("waiting ").removesuffix("s"))
+            waits.append(seconds)
+            return seconds
+
+        async def poll_after(seconds: int) -> None:
+            """Move the clock to just before the timer: nothing; then past it: one poll."""
+            checkpoints = driver.checkpoints
+            await trio.testing.wait_all_tasks_blocked()
+            jump_clock.jump(seconds - 30)  # (real time moves too: a margin for a slow machine)
+            await trio.testing.wait_all_tasks_blocked()
+            assert driver.checkpoints == checkpoints and driver.timer is not None
+            jump_clock.jump(30)
+            with trio.fail_after(60):
+                await driver.wait_checkpoint(checkpoints)
+
+        with trio.fail_after(60):
+            await say(rt, handle.agent, "/loopx keep going")  # the first answer
+        await poll_after(armed())  # the second
+        # The lane's state changes in LoopX while the continuation waits: a person's gate.
+        with trio.fail_after(60):
+            gate = await client.run("todo", "add", "--goal-id", "g1", "--project", ".", "--role", "user",
+                                    "--task-class", "user_gate", "--blocks-agent", "a1", "--text", "Decide")
+        assert gate.payload["ok"] is True
+        for _ in range(4):  # the third (a new reset token) to the sixth
+            await poll_after(armed())
+        # The limit: that poll was the final check; nothing changed, so no timer any more.
+        assert driver.timer is None and driver.status.state == "stopped"
+        assert driver.status.reason.startswith("LoopX's scheduler: unchanged after 3 polls")
+        await trio.testing.wait_all_tasks_blocked()
+        jump_clock.jump(48 * 3600)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(client.answers) == 6  # not polled again, however long it waits
+
+        # What LoopX said (2.1.1): an out-of-scope lane backs off 10, 20, 30, 60 minutes,
+        # a lane gated on a person 30, 60, 120; three unchanged polls each, then stop.
+        hints = [a.scheduler for a in client.answers]
+        first, gated = hints[0], hints[2]
+        assert (first.progression_minutes, first.unchanged_poll_limit, first.after_limit) == (
+            (10.0, 20.0, 30.0, 60.0), 3, "stop_tick_loop")
+        assert (gated.progression_minutes, gated.unchanged_poll_limit) == ((30.0, 60.0, 120.0), 3)
+        assert [h.reset_token for h in hints] == [first.reset_token] * 2 + [gated.reset_token] * 4
+        assert first.reset_token != gated.reset_token
+        assert all(not a.should_run for a in client.answers)
+        # The progression from its start, and again from its start under the new token.
+        assert waits == [600, 1200, 1800, 3600, 7200]
+        # One attempt: every poll asked about the same turn, whose receipt was replayed.
+        assert len({a.turn_id for a in client.answers}) == 1
+        assert [a.receipt_status for a in client.answers] == ["committed"] + ["replayed"] * 5
+
+        # A person's message in the session counts from the start again.
+        with trio.fail_after(60):
+            await say(rt, handle.agent, "any news?")
+        assert armed() == 1800 and driver.status.reason.endswith("(unchanged poll 1 of 3)")
+        assert len(client.answers) == 7
+        await handle.dispose()
 
 
 async def test_should_run_transport_failures_retry_with_one_turn_id_then_stop(

@@ -17,7 +17,7 @@ from loopdock import Runtime
 from loopdock.actors._faults import FAULT_KIND
 from loopdock.actors.loopx import ContinuationHistory, LoopxSettings
 from loopdock.runtime._events import Event
-from loopdock.runtime.loopx import LoopxClient, ShouldRun, TaskBody, ThreadBinding
+from loopdock.runtime.loopx import LoopxClient, SchedulerHint, ShouldRun, TaskBody, ThreadBinding
 from loopdock.runtime.models import Reply, ScriptedAdapter
 from loopdock.runtime.skills import SkillCatalog
 
@@ -31,10 +31,13 @@ def admitted(turn_id: str) -> ShouldRun:
     )
 
 
-def waiting(turn_id: str, minutes: float = 5) -> ShouldRun:
+def waiting(turn_id: str, minutes: float = 5, **hint) -> ShouldRun:
+    """A wait as LoopX 2.1.1 answers it (``hint``: more of its scheduler hint)."""
+    scheduler = SchedulerHint(action="backoff_until_state_change", interval_minutes=minutes, **hint)
     return ShouldRun(
-        should_run=False, decision="wait", turn_id=turn_id, wait_minutes=minutes, scheduler_action="wait",
+        should_run=False, decision="wait", turn_id=turn_id, wait_minutes=minutes, scheduler_action=scheduler.action,
         receipt_status="committed", effect_id=None, todo_id=None, settlement_plan=None, payload={},
+        scheduler=scheduler,
     )
 
 
@@ -175,7 +178,95 @@ async def test_arming_the_timer_disarms_the_last_one(tmp_path, autojump_clock):
             assert first is not None and driver.status.state == "waiting"
             await driver.checkpoint()  # an evaluation before the timer fired: a new wait
         assert driver.timer is not None and driver.timer is not first and first.cancel_called
-        assert len(fake.should_runs) == 2 and fake.should_runs[0] != fake.should_runs[1]
+        # One attempt while LoopX admits nothing: the same turn id, its receipt replayed.
+        assert len(fake.should_runs) == 2 and fake.should_runs[0] == fake.should_runs[1]
+        await handle.dispose()
+
+
+class Polls:
+    """LoopX answering "wait" with one scheduler hint (``hints`` by call: the last repeats)
+    for ``answers`` calls, then "stop"; the clock time of every call is kept."""
+
+    def __init__(self, answers: int, *hints: dict) -> None:
+        self.answers, self.hints = answers, hints
+        self.times: list[float] = []
+        self.done = trio.Event()
+
+    def __call__(self, turn_id: str) -> ShouldRun:
+        self.times.append(trio.current_time())
+        if len(self.times) > self.answers:
+            self.done.set()
+            return stopped(turn_id)
+        return waiting(turn_id, **self.hints[min(len(self.times), len(self.hints)) - 1])
+
+
+async def waits_between_polls(tmp_path, polls: Polls, session_id: str) -> tuple[list[float], object]:
+    write_loopx_skill(tmp_path)
+    fake = FakeLoopx(tmp_path, answer=polls)
+    async with open_runtime(tmp_path, tmp_path) as rt:
+        handle, driver = await new_agent(rt, tmp_path, session_id, fake)
+        with trio.fail_after(30 * 24 * 3600):
+            handle.agent.followup("/loopx go")
+            await polls.done.wait()
+            await driver.wait_quiescent()
+        status = driver.status
+        await handle.dispose()
+    return [round(b - a) for a, b in zip(polls.times, polls.times[1:])], status
+
+
+async def test_waits_follow_the_progression_with_and_without_a_limit(tmp_path, autojump_clock):
+    # No limit and after_limit "continue": the progression, then its last interval on.
+    hint = {"progression_minutes": (1.0, 2.0, 4.0), "unchanged_poll_limit": None, "after_limit": "continue",
+            "reset_token": "t1"}
+    waits, status = await waits_between_polls(tmp_path, Polls(6, hint), "endless")
+    assert waits == [60, 120, 240, 240, 240, 240]
+    assert status.state == "stopped" and status.reason == "should-run: skip"
+
+
+async def test_the_unchanged_poll_limit_ends_the_polling_and_a_new_token_starts_it_again(tmp_path, autojump_clock):
+    limited = {"progression_minutes": (1.0, 2.0, 4.0, 8.0), "unchanged_poll_limit": 2, "after_limit": "stop_tick_loop"}
+    # Token A twice (two waits), then token B: counted from the start again, to its limit.
+    hints = [{**limited, "reset_token": "A"}] * 2 + [{**limited, "reset_token": "B"}]
+    polls = Polls(100, *hints)
+    write_loopx_skill(tmp_path)
+    fake = FakeLoopx(tmp_path, answer=polls)
+    async with open_runtime(tmp_path, tmp_path) as rt:
+        handle, driver = await new_agent(rt, tmp_path, "limited", fake)
+        with trio.fail_after(30 * 24 * 3600):
+            handle.agent.followup("/loopx go")
+            await driver.wait_quiescent()
+            while driver.timer is not None:  # the autojump clock fires each timer
+                await driver.wait_checkpoint(driver.checkpoints)
+            await trio.sleep(7 * 24 * 3600)  # a week: nothing polls any more
+        waits = [round(b - a) for a, b in zip(polls.times, polls.times[1:])]
+        assert waits == [60, 120, 60, 120]  # A: 1, 2 min; B: 1, 2 min; B's third poll is the last
+        assert len(polls.times) == 5 and driver.timer is None
+        assert (driver.status.state, driver.status.reason) == (
+            "stopped", "LoopX's scheduler: unchanged after 2 polls (wait); a person's message or Start asks again")
+        # Start counts from the start again.
+        await driver.start()
+        assert driver.status.state == "waiting" and driver.stopped == "waiting 60s"
+        await handle.dispose()
+
+
+async def test_a_wait_is_capped_at_a_day_and_at_least_a_minute(tmp_path, autojump_clock):
+    days = {"progression_minutes": (3 * 24 * 60.0,), "max_interval_minutes": 4 * 24 * 60.0}
+    waits, _ = await waits_between_polls(tmp_path / "a", Polls(2, days), "days")
+    assert waits == [24 * 3600, 24 * 3600]
+    zero = {"progression_minutes": (0.0,)}
+    waits, _ = await waits_between_polls(tmp_path / "b", Polls(2, zero), "zero")
+    assert waits == [60, 60]
+
+
+async def test_a_hint_that_says_stop_arms_no_timer(tmp_path, autojump_clock):
+    write_loopx_skill(tmp_path)
+    fake = FakeLoopx(tmp_path, answer=lambda turn_id: waiting(turn_id, local="stop"))
+    async with open_runtime(tmp_path, tmp_path) as rt:
+        handle, driver = await new_agent(rt, tmp_path, "told-to-stop", fake)
+        with trio.fail_after(60):
+            handle.agent.followup("/loopx go")
+            await driver.wait_quiescent()
+        assert driver.timer is None and driver.status.state == "stopped" and len(fake.should_runs) == 1
         await handle.dispose()
 
 
