@@ -217,6 +217,9 @@ class Bridge:
         self._ready.append((self._serial, proxy))
         self._changes.notify()
 
+    def _announced_after(self, serial: int) -> bool:
+        return any(announced > serial for announced, _ in self._ready)
+
     async def dsh_agents(self) -> AsyncIterator[DshAgent]:
         """Every live DSH agent, as the runtime's proxy: those live now, then each one a
         DSH host starts (or resumes), once its companions run (its LoopX continuation:
@@ -224,7 +227,7 @@ class Bridge:
         left out. Runs until cancelled."""
         after = 0
         while True:
-            await self._changes.wait_until(lambda: any(serial > after for serial, _ in self._ready))
+            await self._changes.wait_until(functools.partial(self._announced_after, after))
             for serial, proxy in list(self._ready):
                 if serial > after:
                     after = serial

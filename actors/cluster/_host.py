@@ -270,7 +270,7 @@ class ShardHost:
             return set()
         async with self._redis.pipeline(transaction=False) as pipe:
             requests = [pipe.sismember(keys.done(m.session), m.id) for m in messages]
-        return {m.id for m, request in zip(messages, requests) if await request}
+        return {m.id for m, request in zip(messages, requests, strict=True) if await request}
 
     async def _take_over(self, shard: int) -> None:
         if shard not in self.ownership.tokens:

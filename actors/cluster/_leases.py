@@ -112,7 +112,7 @@ class LeaseKeeper:
     async def _beat(self) -> dict[str, str]:
         reply: Any = await self._heartbeat(keys=[keys.WORKERS], args=[self.ownership.worker, self.ttl_ms, self.fingerprint])
         items = [str(x) for x in reply][:-1]
-        return dict(zip(items[0::2], items[1::2]))
+        return dict(zip(items[0::2], items[1::2], strict=True))  # worker, fingerprint pairs
 
     async def _renew_held(self, sent: float) -> None:
         held = sorted(self.ownership.tokens.items())
@@ -121,7 +121,7 @@ class LeaseKeeper:
         answer: Any = await self._renew(
             keys=[keys.lease(shard) for shard, _ in held], args=[self.ttl_ms, *(token for _, token in held)]
         )
-        for (shard, token), still in zip(held, answer):
+        for (shard, token), still in zip(held, answer, strict=True):  # one answer per lease
             if int(still) and self.ownership.tokens.get(shard) == token:
                 self.valid_until[shard] = sent + self.ttl * SAFETY
             elif self.ownership.tokens.get(shard) == token:

@@ -1,6 +1,8 @@
 """Supervision: a failing actor is reported and restarted or stopped by its owner; it never
 ends a sibling or the runtime. Only the store writer's failure ends the runtime."""
 
+import itertools
+
 import pytest
 import trio
 from structlog.testing import capture_logs
@@ -39,7 +41,7 @@ async def test_a_failing_actor_is_restarted_with_backoff_then_stopped(autojump_c
         )
     assert reports == [("attempt 1", "restarted"), ("attempt 2", "restarted"), ("attempt 3", "stopped")]
     # Backoff between attempts: 1 s, then 5 s (the last value repeats).
-    assert [round(b - a, 3) for a, b in zip(starts, starts[1:])] == [1.0, 5.0]
+    assert [round(b - a, 3) for a, b in itertools.pairwise(starts)] == [1.0, 5.0]
 
 
 async def test_failures_outside_the_window_do_not_count(autojump_clock):

@@ -89,7 +89,7 @@ async def test_a_stalled_worker_never_shares_a_shard_and_its_agents_continue_onc
                 await h.agent.wait_idle()
             logs = {h.agent.id: await rt.read_events(h.agent.id) for h in handles}
     assert overlaps == []
-    for handle, message in zip(on_a, sent):
+    for handle, message in zip(on_a, sent, strict=True):
         ids = [e.data["id"] for e in logs[handle.agent.id] if e.type == "user/message"]
         assert ids.count(message.id) == 1
     for events in logs.values():
