@@ -43,7 +43,9 @@ from loopdock.bridge import (
     serve_bridge,
     stable_plugin,
 )
-from loopdock.runtime import Changes, InvalidOptionsError, PortInUseError
+from loopdock.runtime import Changes, PortInUseError
+
+from ._project import checked_project
 
 
 class ServedRuntime(Protocol):
@@ -235,6 +237,12 @@ class Bridge:
                         yield proxy
 
 
+def _refresh_plugin_copy(home: Path) -> None:
+    """A plugin copy a dsh-patch or dsh-install made follows this loopdock's version."""
+    if (home / PLUGIN_DIR).exists():
+        stable_plugin(home)
+
+
 @asynccontextmanager
 async def open_bridge(
     rt: ServedRuntime,
@@ -253,17 +261,13 @@ async def open_bridge(
     subscribed now, with the runtime's agents live now shown at once. ``cluster``:
     ``serve --cluster``'s follower. A taken port raises PortInUseError."""
     host = host or DEFAULT_HOST
-    project_dir = Path(project if project is not None else Path.cwd()).absolute()
-    if not project_dir.is_dir():
-        raise InvalidOptionsError(f"the bridge's LoopX project is not a directory: {str(project_dir)[:200]}")
+    project_dir = await trio.to_thread.run_sync(checked_project, project, "the bridge's LoopX project")
     existing: list[str] = []
     if live is None:  # both at once (no checkpoint between): each agent shows exactly once
         live, existing = rt.subscribe_live(), rt.list_agents()
     with live:
         token = await trio.to_thread.run_sync(load_or_create_token, rt.home)
-        # A plugin copy a dsh-patch or dsh-install made follows this loopdock's version.
-        if (rt.home / PLUGIN_DIR).exists():
-            await trio.to_thread.run_sync(stable_plugin, rt.home)
+        await trio.to_thread.run_sync(_refresh_plugin_copy, rt.home)
         refused: PortInUseError | None = None
         body_error: BaseException | None = None
         async with goalbar_service(rt) as service, trio.open_nursery() as nursery:

@@ -38,6 +38,7 @@ followup or a log line.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -45,9 +46,10 @@ import shlex
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar, TypeVarTuple, Unpack
 
 import attrs
+import trio
 
 from loopdock.runtime import Completed, Message, ProducerSource, TextBlock, get_logger, pick_env, run_child
 from loopdock.runtime.loopx import (
@@ -112,6 +114,9 @@ _PIP_ENV_NAMES = frozenset(
 _PIP_ENV_PREFIXES = ("PIP_",)
 _PYTHON_VERSION = re.compile(r"^(\d+)\.(\d+)$")
 _PLUGIN_DIR = ("runtime", "dsh-loopx-plugin")
+
+_T = TypeVar("_T")
+_Args = TypeVarTuple("_Args")
 
 
 # -- Settings and outcome ---------------------------------------------------------------------
@@ -300,6 +305,26 @@ def _candidates_on_path(name: str, settings: InitSettings) -> list[str]:
     return found
 
 
+def _python_candidates(settings: InitSettings) -> list[str]:
+    """Every python3 / python3.11-3.14 on the children's PATH, in the order they are tried,
+    each file once (a symlink and its target are one)."""
+    found = []
+    seen: set[str] = set()
+    for name in PYTHON_CANDIDATES:
+        for candidate in _candidates_on_path(name, settings):
+            key = os.path.realpath(candidate)
+            if key not in seen:
+                seen.add(key)
+                found.append(candidate)
+    return found
+
+
+async def _lookup(function: Callable[[Unpack[_Args]], _T], *args: Unpack[_Args]) -> _T:
+    """``function(*args)``, a look-up on the disk, in a worker thread; a cancelled caller
+    does not wait for a filesystem that does not answer."""
+    return await trio.to_thread.run_sync(function, *args, abandon_on_cancel=True)
+
+
 async def _python_is_compatible(python: str, settings: InitSettings) -> bool:
     outcome = await _run(
         [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
@@ -320,20 +345,10 @@ async def _select_python(settings: InitSettings) -> str | None:
     if settings.python_bin:
         if os.sep in settings.python_bin:
             return settings.python_bin
-        return _which(settings.python_bin, settings)
-    probes = 0
-    seen: set[str] = set()
-    for name in PYTHON_CANDIDATES:
-        for candidate in _candidates_on_path(name, settings):
-            key = os.path.realpath(candidate)
-            if key in seen:
-                continue
-            seen.add(key)
-            if probes >= _MAX_PYTHON_PROBES:
-                return None
-            probes += 1
-            if await _python_is_compatible(candidate, settings):
-                return candidate
+        return await _lookup(_which, settings.python_bin, settings)
+    for candidate in (await _lookup(_python_candidates, settings))[:_MAX_PYTHON_PROBES]:
+        if await _python_is_compatible(candidate, settings):
+            return candidate
     return None
 
 
@@ -456,12 +471,12 @@ def _install_statuses(result: SkillsResult) -> str | bool:
 
 async def _initialize(settings: InitSettings, progress: _Progress) -> InitOutcome:
     progress.stage = "probe_cli"
-    if not settings.project.is_dir():
+    if not await _lookup(settings.project.is_dir):
         return _fail(progress, "no_project")
 
     cli: _Cli | None = None
     reason = "missing"
-    found = _which("loopx", settings)
+    found = await _lookup(_which, "loopx", settings)
     if found is not None:
         probe = await _probe((found,), None, settings)
         if isinstance(probe, _Unusable) and probe.kind == "timeout":
@@ -472,7 +487,7 @@ async def _initialize(settings: InitSettings, progress: _Progress) -> InitOutcom
             reason = probe.kind
 
     python: str | None = None
-    if cli is None and settings.launcher.is_file():
+    if cli is None and await _lookup(settings.launcher.is_file):
         # An earlier managed install is kept when it still works: no second install.
         python = await _select_python(settings)
         if python is not None:
@@ -491,7 +506,7 @@ async def _initialize(settings: InitSettings, progress: _Progress) -> InitOutcom
         if python is None:
             return _fail(progress, "no_python")
         try:
-            settings.site_packages.mkdir(parents=True, exist_ok=True)
+            await trio.to_thread.run_sync(functools.partial(settings.site_packages.mkdir, parents=True, exist_ok=True))
         except OSError:
             return _fail(progress, "launcher_failed")
         argv = [python, "-m", "pip", "install", "--upgrade", "--target", str(settings.site_packages), LOOPX_REQUIREMENT]
@@ -505,7 +520,7 @@ async def _initialize(settings: InitSettings, progress: _Progress) -> InitOutcom
             log.warning("loopx init pip install failed", returncode=outcome.returncode, overflow=outcome.overflow)
             return _fail(progress, "pip_failed")
         try:
-            _write_launcher(python, settings)
+            await trio.to_thread.run_sync(_write_launcher, python, settings)
         except OSError:
             return _fail(progress, "launcher_failed")
         progress.installed_cli = True
