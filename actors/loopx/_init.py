@@ -263,15 +263,11 @@ def _success_summary(version: str, installed_reason: str | None, skills_changed:
 # -- Processes ----------------------------------------------------------------------------------
 
 
-async def _run(
-    argv: list[str], env: Mapping[str, str], timeout: float, cwd: Path
-) -> Completed | Literal["timeout", "spawn"]:
+async def _run(argv: list[str], env: Mapping[str, str], cwd: Path) -> Completed | Literal["spawn"]:
     """One child through the runtime's child runner (its whole tree killed however it
-    ends, output capped like a LoopX call's)."""
+    ends, output capped like a LoopX call's); callers bound it with ``move_on_after``."""
     try:
-        return await run_child(
-            argv, cwd=cwd, env=env, timeout=timeout, max_stdout=MAX_STDOUT_BYTES, max_stderr=MAX_STDERR_BYTES
-        )
+        return await run_child(argv, cwd=cwd, env=env, max_stdout=MAX_STDOUT_BYTES, max_stderr=MAX_STDERR_BYTES)
     except OSError:
         return "spawn"
 
@@ -326,17 +322,18 @@ async def _lookup(function: Callable[[Unpack[_Args]], _T], *args: Unpack[_Args])
 
 
 async def _python_is_compatible(python: str, settings: InitSettings) -> bool:
-    outcome = await _run(
-        [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-        _child_env(settings),
-        settings.timeout,
-        settings.project,
-    )
-    if isinstance(outcome, str) or outcome.returncode != 0 or outcome.overflow is not None:
-        return False
-    lines = outcome.stdout.decode("utf-8", "replace").strip().splitlines()
-    match = _PYTHON_VERSION.fullmatch(lines[-1].strip()) if lines else None
-    return match is not None and (int(match[1]), int(match[2])) >= MIN_PYTHON
+    with trio.move_on_after(settings.timeout):  # one that does not answer in time is not
+        outcome = await _run(
+            [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            _child_env(settings),
+            settings.project,
+        )
+        if isinstance(outcome, str) or outcome.returncode != 0 or outcome.overflow is not None:
+            return False
+        lines = outcome.stdout.decode("utf-8", "replace").strip().splitlines()
+        match = _PYTHON_VERSION.fullmatch(lines[-1].strip()) if lines else None
+        return match is not None and (int(match[1]), int(match[2])) >= MIN_PYTHON
+    return False
 
 
 async def _select_python(settings: InitSettings) -> str | None:
@@ -511,11 +508,12 @@ async def _initialize(settings: InitSettings, progress: _Progress) -> InitOutcom
             return _fail(progress, "launcher_failed")
         argv = [python, "-m", "pip", "install", "--upgrade", "--target", str(settings.site_packages), LOOPX_REQUIREMENT]
         log.info("loopx init installing the cli", reason=reason)
-        outcome = await _run(argv, _pip_env(settings), settings.pip_timeout, settings.plugin_dir)
+        with trio.move_on_after(settings.pip_timeout) as pip_deadline:
+            outcome = await _run(argv, _pip_env(settings), settings.plugin_dir)
+        if pip_deadline.cancelled_caught:
+            return _fail(progress, "timeout")
         if outcome == "spawn":
             return _fail(progress, "python_unavailable")
-        if outcome == "timeout":
-            return _fail(progress, "timeout")
         if outcome.returncode != 0 or outcome.overflow is not None:
             log.warning("loopx init pip install failed", returncode=outcome.returncode, overflow=outcome.overflow)
             return _fail(progress, "pip_failed")

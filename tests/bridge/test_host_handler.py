@@ -36,7 +36,7 @@ class _FakeConn:
         self.reply = reply
         self.sent: list = []
 
-    async def request(self, message, timeout=10.0):
+    async def request(self, message, reply_timeout=10.0):
         self.sent.append(message)
         return self.reply
 

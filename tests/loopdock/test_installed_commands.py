@@ -192,8 +192,15 @@ class User:
     def with_path_first(self, *dirs: Path) -> None:
         self.env["PATH"] = os.pathsep.join([*map(str, dirs), self.env["PATH"]])
 
-    async def run(self, argv: Sequence[str], *, timeout: float = 60, cwd: Path | None = None,
-                  env: dict[str, str] | None = None) -> Done:
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        # A caller's own fail_after could only shorten the 60 s bound inside, never raise it.
+        timeout: float = 60,  # noqa: ASYNC109 - a default bound on every command, raised for slow ones
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Done:
         with trio.fail_after(timeout):
             done = await trio.run_process(list(argv), cwd=cwd or self.cwd, env=env or self.env,
                                           capture_stdout=True, capture_stderr=True, check=False)
@@ -227,9 +234,9 @@ def loopx_on_path(user, node22_bin, loopx_command, tmp_path) -> None:
     user.with_path_first(node22_bin, bin_dir)
 
 
-async def stop(process: trio.Process, sig: int, timeout: float = 60) -> int:
+async def stop(process: trio.Process, sig: int) -> int:
     process.send_signal(sig)
-    with trio.fail_after(timeout):
+    with trio.fail_after(60):
         return await process.wait()
 
 
