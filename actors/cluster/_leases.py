@@ -97,8 +97,8 @@ class LeaseKeeper:
     async def release(self, shard: int) -> None:
         """Hand ``shard`` back: the host drains it, then the lease is deleted."""
         await self._drain(shard)
-        token = self.ownership.tokens.pop(shard, None)
         self.valid_until.pop(shard, None)
+        token = self.ownership.drop_token(shard)
         if token is not None:
             await self._release(keys=[keys.lease(shard)], args=[token])
             log.info("shard released", shard=shard)
@@ -141,8 +141,8 @@ class LeaseKeeper:
             token: Any = await self._acquire(keys=[keys.lease(shard), keys.epoch(shard)], args=[self.ownership.worker, self.ttl_ms])
             if not token:
                 continue
-            self.ownership.tokens[shard] = str(token)
             self.valid_until[shard] = sent + self.ttl * SAFETY
+            self.ownership.add_token(shard, str(token))
             log.info("shard acquired", shard=shard, token=str(token))
             try:
                 await self._acquired(shard)
@@ -162,5 +162,5 @@ class LeaseKeeper:
 
     def _drop(self, shard: int) -> None:
         self.valid_until.pop(shard, None)
-        if self.ownership.tokens.pop(shard, None) is not None:
+        if self.ownership.drop_token(shard) is not None:
             self._lost(shard)

@@ -248,7 +248,7 @@ class RedisSessionStore:
                     f"session {call.session_id!r}: the cluster refused the write ({answer})")
                 continue
             for message_id in call.acked:
-                self.ownership.pending.pop(message_id, None)
+                self.ownership.drop_pending(message_id)
                 self.ownership.settled(message_id)
         return refused
 
