@@ -437,3 +437,34 @@ async def test_the_worker_command_hides_its_environment_and_stops_cleanly_at_onc
     with trio.fail_after(30):
         assert await worker.process.wait() == 0
     assert secret.encode() not in shown and b"PATH=" in shown
+
+
+async def test_a_cancelled_worker_hands_its_shards_back_and_leaves_at_once(redis_server, tmp_path, nursery):
+    # run_worker's contract, and `loopdock worker`'s on SIGINT/SIGTERM (it cancels it): the
+    # leases are deleted, not left to expire. The cancellation used to reach the Redis
+    # client's own connections too, and the leave then failed ("Connection lost"), quietly.
+    from loopdock.runtime.cluster import keys
+
+    stopping, ended = trio.CancelScope(), trio.Event()
+
+    async def run(*, task_status=trio.TASK_STATUS_IGNORED):
+        try:
+            with stopping:
+                await run_worker(redis_server.url, home=tmp_path / "w", shards=4, lease_ttl=60.0, worker_id="w",
+                                 task_status=task_status)
+        finally:
+            ended.set()
+
+    with trio.fail_after(30):
+        w = await nursery.start(run)
+        await w.ownership.changes.wait_until(lambda: len(w.ownership.tokens) == 4)
+        async with open_cluster(redis_server.url) as rt:
+            handle = await rt.create_agent(session_id="h1", loop="minimal-first")
+            handle.agent.followup("hello")
+            await handle.agent.wait_idle()
+            assert set(await rt.workers()) == {"w"}
+            stopping.cancel()
+            await ended.wait()
+            # A minute before the leases would expire: gone because the worker let go.
+            assert await rt._redis.exists([keys.lease(shard) for shard in range(4)]) == 0
+            assert await rt.workers() == {}
