@@ -103,7 +103,6 @@ def test_bad_cluster_urls_are_refused_with_what_is_wrong(url):
 
 async def test_the_cluster_pages_example_runs_as_written(redis_server, worker, capsys):
     import re
-    from pathlib import Path
 
     page = (Path(__file__).parents[2] / "docs" / "cluster.md").read_text()
     [snippet] = re.findall(r"^```python\n(.*?)^```", page, flags=re.S | re.M)
@@ -432,7 +431,7 @@ async def test_the_worker_command_hides_its_environment_and_stops_cleanly_at_onc
     secret = "sk-worker-secret-0123456789"
     monkeypatch.setenv("DEEPSEEK_API_KEY", secret)  # in the worker's initial environment
     worker = await start_worker(nursery, redis_server.url, tmp_path / "w", "hidden")
-    shown = Path(f"/proc/{worker.process.pid}/environ").read_bytes()
+    shown = await trio.Path(f"/proc/{worker.process.pid}/environ").read_bytes()
     worker.signal(signal.SIGINT)
     with trio.fail_after(30):
         assert await worker.process.wait() == 0

@@ -187,7 +187,7 @@ async def test_serve_with_a_cluster_shows_its_agents_to_a_console_page(redis_ser
         try:
             out = Lines(proc.stdout)
             match = READY.match(await out.until(r"^loopdock serve: "))
-            port, token = int(match[1]), Path(match[2]).read_text().strip()
+            port, token = int(match[1]), (await trio.Path(match[2]).read_text()).strip()
             assert (await out.until(r"cluster: ")).strip() == f"cluster: {redis_server.url} (1 live worker)"
             async with open_cluster(redis_server.url) as rt:
                 handle = await rt.create_agent(session_id="p1", loop="minimal-first")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import os
 import signal
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -24,6 +23,7 @@ from loopdock.runtime._process import BASE_ENV, Completed, pick_env, run_child
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the launcher is Linux-only")
 
 PY = sys.executable
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {"PATH": f"{Path(PY).parent}{os.pathsep}{os.environ.get('PATH', os.defpath)}"}
 
 
@@ -392,8 +392,9 @@ async def _gone(pid: int) -> None:
 async def test_escapees_die_when_the_runtime_is_killed(tmp_path, escape, ready, mode):
     # SIGKILL leaves the runtime no chance to clean up: the launcher sees its socket close.
     marker, passed = new_marker()
-    root = Path(__file__).resolve().parents[2]
-    runtime = subprocess.Popen([PY, "-P", "-c", RUNTIME, str(escape), mode, passed, str(ready.path)], cwd=root)
+    runtime = await trio.lowlevel.open_process(
+        [PY, "-P", "-c", RUNTIME, str(escape), mode, passed, str(ready.path)], cwd=ROOT
+    )
     try:
         with trio.fail_after(30):
             pid = int(await ready.message())
@@ -402,5 +403,6 @@ async def test_escapees_die_when_the_runtime_is_killed(tmp_path, escape, ready, 
             await _gone(pid)
     finally:
         runtime.kill()
-        runtime.wait()
+        with trio.CancelScope(shield=True):
+            await runtime.wait()
     assert marked(marker) == []
