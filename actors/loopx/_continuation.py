@@ -50,6 +50,7 @@ restart is folded from the session log (``ContinuationHistory``), the rest is Lo
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -316,11 +317,15 @@ class LoopxContinuation:
         while not self._closed:
             await self.agent.wait_quiescent()
             version = self.agent.status_version
-            await self._checked.wait_until(lambda: self._idle_seen >= version or self._closed)
+            await self._checked.wait_until(functools.partial(self._evaluated, version))
             if self.agent.status_version == version and self.agent.status == "idle":
                 if self.pending is None:
                     return
                 await self.agent.wait_status_change(version)  # the one it queued runs first
+
+    def _evaluated(self, status_version: int) -> bool:
+        """Whether the idle checkpoint of ``status_version`` was evaluated (or this closed)."""
+        return self._idle_seen >= status_version or self._closed
 
     def request(self) -> int:
         """Ask for an evaluation; every request made before one starts is served by it."""

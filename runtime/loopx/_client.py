@@ -513,22 +513,22 @@ class LoopxClient:
     async def _exec(self, argv: list[str]) -> tuple[int, bytes] | TransportFailure | MalformedOutput:
         """One child: (exit code, stdout); its stderr is never shown."""
         try:
-            outcome = await process.run_child(
-                argv,
-                cwd=self.project,
-                env=self.env,
-                timeout=self.timeout,
-                max_stdout=MAX_STDOUT_BYTES,
-                max_stderr=MAX_STDERR_BYTES,
-                grace=_KILL_GRACE,
-                # LoopX starts its effect-runtime server (Node) in a session of its own and
-                # reuses it across calls until it idles out; killing it after every call
-                # made each mutating call start and compile it again (2.5 times slower).
-                leave_on_exit=True,
-            )
+            with trio.move_on_after(self.timeout) as deadline:
+                outcome = await process.run_child(
+                    argv,
+                    cwd=self.project,
+                    env=self.env,
+                    max_stdout=MAX_STDOUT_BYTES,
+                    max_stderr=MAX_STDERR_BYTES,
+                    grace=_KILL_GRACE,
+                    # LoopX starts its effect-runtime server (Node) in a session of its own and
+                    # reuses it across calls until it idles out; killing it after every call
+                    # made each mutating call start and compile it again (2.5 times slower).
+                    leave_on_exit=True,
+                )
         except OSError:
             return TransportFailure("could not start the loopx command", "spawn")
-        if outcome == "timeout":
+        if deadline.cancelled_caught:
             return TransportFailure(f"timed out after {self.timeout:g}s", "timeout")
         if outcome.overflow is not None:
             limit = MAX_STDOUT_BYTES if outcome.overflow == "stdout" else MAX_STDERR_BYTES

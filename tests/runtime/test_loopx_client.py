@@ -331,7 +331,7 @@ async def test_transport_failures_are_retried_after_the_backoff_and_never_after_
     outcomes = iter([(2, b""), (2, b""), (0, b'{"ok": true}')])
     started: list[float] = []
 
-    async def run_child(argv, *, cwd, env, timeout, **limits):
+    async def run_child(argv, *, cwd, env, **limits):
         started.append(trio.current_time())
         await trio.sleep(1.0)
         code, stdout = next(outcomes)
