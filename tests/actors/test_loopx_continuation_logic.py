@@ -8,6 +8,7 @@ Nothing sleeps to synchronise: tests wait on the continuation's own signals
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -211,7 +212,7 @@ async def waits_between_polls(tmp_path, polls: Polls, session_id: str) -> tuple[
             await driver.wait_quiescent()
         status = driver.status
         await handle.dispose()
-    return [round(b - a) for a, b in zip(polls.times, polls.times[1:])], status
+    return [round(b - a) for a, b in pairwise(polls.times)], status
 
 
 async def test_waits_follow_the_progression_with_and_without_a_limit(tmp_path, autojump_clock):
@@ -238,7 +239,7 @@ async def test_the_unchanged_poll_limit_ends_the_polling_and_a_new_token_starts_
             while driver.timer is not None:  # the autojump clock fires each timer
                 await driver.wait_checkpoint(driver.checkpoints)
             await trio.sleep(7 * 24 * 3600)  # a week: nothing polls any more
-        waits = [round(b - a) for a, b in zip(polls.times, polls.times[1:])]
+        waits = [round(b - a) for a, b in pairwise(polls.times)]
         assert waits == [60, 120, 60, 120]  # A: 1, 2 min; B: 1, 2 min; B's third poll is the last
         assert len(polls.times) == 5 and driver.timer is None
         assert (driver.status.state, driver.status.reason) == (
