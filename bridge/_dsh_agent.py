@@ -18,10 +18,14 @@ carries them out on the real agent over the bridge:
 - ``cancel``: the host's ``cancel`` command, with its cause (a refusal is logged); what
   it kept in the inbox goes on once the cancelled turn has ended (DSH would leave it
   stalled until a wake, as after a reject);
-- ``reserve``: a ``followup`` command with the message's producer-owned source. The
-  reservation settles at DSH's ``agent/pre-step``: the proxy answers the host's verdict
-  request with its own ``pre_step`` waterfall (``admitted`` on enter, ``rejected`` on
-  reject); a command the host refuses settles it ``cancelled``;
+- ``reserve``: a ``followup`` command with the message's producer-owned source. At DSH's
+  ``agent/pre-step`` the proxy answers the host's verdict request with its own
+  ``pre_step`` waterfall: a reject settles it ``rejected``; after an enter the rest of
+  DSH's waterfall still decides (the plugin checks what it answers and fails closed), so
+  the reservation settles by DSH's log: ``admitted`` once its message is logged (it
+  entered a model step), ``rejected`` once the turn that claimed it ended without it
+  (``cancelled`` if a cancel ended it). A command the host refuses settles it
+  ``cancelled``;
 - ``withdraw``: settles a pending reservation ``cancelled``; if its message still reaches
   a pre-step it is rejected there (it never enters a model step); DSH discarding the
   message from the agent's inbox (a cancel that drops the inbox, a replaced session)
@@ -160,6 +164,11 @@ class DshAgent:
         self._handler = handler
         self._owned = owned_kinds
         self._reservations: dict[str, Reservation] = {}  # message id -> pending reservation
+        # message id -> a reservation the runtime let enter, not yet settled by DSH's log:
+        # (it, the turn that claimed it, the status version then)
+        self._entering: dict[str, tuple[Reservation, int, int]] = {}
+        # The session events taken in so far: up to this seq (see ``_fold``).
+        self._folded_seq = events[-1].seq if (events := self.session.events) else -1
         self._unanswered: set[str] = set()  # ids of messages whose command is not answered yet
         self._cancels = 0  # cancel commands not answered yet
         self._injected: set[str] = set()  # ids of messages this proxy queued not to wake the agent
@@ -252,7 +261,8 @@ class DshAgent:
         return reservation
 
     def withdraw(self, reservation: AgentReservation, reason: str = "withdrawn") -> bool:
-        """Settle a pending reservation ``cancelled``; True if it was pending."""
+        """Settle a pending reservation ``cancelled``; True if it was pending. One the
+        runtime let enter at pre-step is past withdrawing: DSH's log settles it."""
         if self._reservations.get(reservation.message.id) is not reservation:
             return False
         del self._reservations[reservation.message.id]
@@ -338,15 +348,56 @@ class DshAgent:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._sender)
+                nursery.start_soon(self._follow_log)
                 task_status.started()
                 await self._handler.wait_until(lambda: self.closed)
                 nursery.cancel_scope.cancel()
         finally:
             self._stopped = True
             ungate()
-            for reservation in self._reservations.values():
+            for reservation in [*self._reservations.values(), *(e[0] for e in self._entering.values())]:
                 reservation.settle("cancelled", "agent gone")
             self._reservations.clear()
+            self._entering.clear()
+
+    async def _follow_log(self) -> None:
+        """Take in the session's events as the host mirrors them (``_fold``)."""
+        while True:
+            await self._handler.wait_until(self._unfolded)
+            self._fold()
+
+    def _unfolded(self) -> bool:
+        events = self.session.events
+        return bool(events) and events[-1].seq > self._folded_seq
+
+    def _fold(self) -> None:
+        """Take in the events mirrored since the last fold (those the proxy found when it
+        started are history), in seq order."""
+        events = self.session.events
+        start = len(events)
+        while start > 0 and events[start - 1].seq > self._folded_seq:
+            start -= 1
+        for event in events[start:]:
+            self._folded_seq = event.seq
+            self._take(event)
+
+    def _take(self, event: Event) -> None:
+        if event.type == "user/message" and self._entering:
+            # DSH logs a message as it enters a model step (its data is the message).
+            entering = self._entering.pop(str(event.data.get("id")), None)
+            if entering is not None:
+                entering[0].settle("admitted")
+        elif event.type == "turn/end" and self._entering:
+            turn = event.data.get("turn")
+            reason = event.data.get("reason")
+            kind = reason.get("kind") if isinstance(reason, Mapping) else None
+            ended = [mid for mid, (_, claimed, _) in self._entering.items() if claimed == turn]
+            for mid in ended:
+                reservation, _, seen = self._entering.pop(mid)
+                why = f"the turn ended {kind} before the message entered a model step"
+                reservation.settle("cancelled" if kind == "aborted" else "rejected", why)
+                if kind != "aborted":  # (a cancel wakes after itself)
+                    self._wake_later(seen)
 
     async def _sender(self) -> None:
         """Send the commands in order, each once the one before was answered: the host
@@ -395,6 +446,7 @@ class DshAgent:
         reservation.settle(state, reason)
 
     async def _verdict(self, request: wire.PreStep) -> wire.Verdict:
+        self._fold()
         owned = [m for m in request.messages if (m.get("source") or {}).get("kind") in self._owned]
         found = [self._reservations.get(str(m.get("id"))) for m in owned]
         mine = [reservation for reservation in found if reservation is not None]
@@ -421,8 +473,10 @@ class DshAgent:
             self._wake_later()  # the host fails closed: a reject like any other
             raise
         if isinstance(verdict, Enter):
+            # Not admitted yet: DSH's log says whether it entered (``_take``).
             for reservation in mine:
-                self._settle(reservation, "admitted")
+                if self._reservations.pop(reservation.message.id, None) is reservation and reservation.state == "pending":
+                    self._entering[reservation.message.id] = (reservation, request.turn, self.status_version)
             return wire.Verdict("enter")
         for reservation in mine:
             self._settle(reservation, "rejected", verdict.reason)

@@ -9,7 +9,9 @@
 // - executes the runtime's commands (followup, wake, cancel) on the exact live agent and answers
 //   only the requests the runtime made (an ack after the live items the command caused);
 // - at agent/pre-step asks the runtime for a verdict on messages of the kinds it owns
-//   (config.ownedKinds), with a deadline, failing closed; other messages are never delayed;
+//   (config.ownedKinds), with a deadline, failing closed; on enter it checks what the rest of
+//   DSH's waterfall answers and passes on only a valid decision (else it rejects); other
+//   messages are never delayed;
 // - dock mode (config.dock): takes DSH's agent-factory slot, re-hosts the official AgentLoop as
 //   named drivers (config.drivers) and asks the runtime which loop/driver every create and resume uses;
 //   a resume's `select` carries the binding stored in the session's own DSH log (the durable record:
@@ -26,6 +28,7 @@
 //   config.runCommands runs DSH commands in created agents once
 //   the runtime welcomed the plugin (as DSH's web UI does when a person types one).
 import { randomUUID } from 'node:crypto'
+import { isDeepStrictEqual } from 'node:util'
 import { AgentLoop } from '/snapshot/node/node_modules/@deepseek-ai/dsh-agent-loop/lib/index.js'
 import { appendPluginRecord } from '/snapshot/node/node_modules/@deepseek-ai/dsh-session/lib/index.js'
 
@@ -56,8 +59,9 @@ const INIT_COMMAND = 'loopx-init'
 const INIT_SOURCE_KIND = 'dsh-loopx-plugin/init-command'
 // a private CLI install may take pip minutes: the runtime bounds it (600 s) and answers then
 const INIT_TIMEOUT_MS = 15 * 60 * 1000
-// DSH's own context messages: not what a person typed
-const CONTEXT_KINDS = new Set(['runtime-context', 'skill-catalog'])
+// DSH's own context messages, not input a person or a plugin wrote: the runtime context, the
+// skill catalog, the project's agent instructions, the model-switch notice
+const CONTEXT_KINDS = new Set(['runtime-context', 'skill-catalog', 'agent-instructions', 'model-selection'])
 
 const log = (...args) => console.error('[loopdock]', ...args)
 
@@ -167,6 +171,35 @@ async function storedSession(ctx, sessionId) {
   } finally {
     try { await handle?.close() } catch { /* a read handle owns nothing */ }
   }
+}
+
+// Why a pre-step `decision` from the rest of DSH's waterfall may not pass, or undefined if
+// it may. DSH 0.2.1 ends the turn blocked on `kind: 'reject'` (passed on as it is) and
+// otherwise enters `decision.messages` (no list fails the turn; an empty one at step 1 ends
+// it without a model step). A valid enter is `{kind: 'enter', messages}` that carries every
+// owned message of the claimed batch once and unchanged, the batch's other messages
+// unchanged (or not at all), and nothing else but DSH's own context: an automatic message
+// enters exactly as the runtime judged it, and with no input it did not see.
+function invalidDecision(decision, claimed, ownedKinds) {
+  if (decision === null || typeof decision !== 'object') {
+    return `a later pre-step listener answered ${decision === null ? 'null' : typeof decision}`
+  }
+  if (decision.kind !== 'enter' || !Array.isArray(decision.messages)) {
+    return `a later pre-step listener answered neither enter with messages nor reject (${String(decision.kind).slice(0, 40)})`
+  }
+  const batch = new Map(claimed.map(m => [m?.id, m]))
+  const entered = new Set()
+  for (const m of decision.messages) {
+    const kind = m?.source?.kind
+    if (CONTEXT_KINDS.has(kind)) continue
+    const original = batch.get(m?.id)
+    if (original === undefined) return `a later pre-step listener added a message (${String(kind).slice(0, 60)})`
+    if (entered.has(m.id)) return `a later pre-step listener entered message ${m.id} twice`
+    if (m !== original && !isDeepStrictEqual(m, original)) return `a later pre-step listener changed message ${m.id}`
+    entered.add(m.id)
+  }
+  const dropped = claimed.find(m => ownedKinds.has(m?.source?.kind) && !entered.has(m.id))
+  return dropped ? `a later pre-step listener dropped message ${dropped.id}` : undefined
 }
 
 class BridgeError extends Error {
@@ -509,21 +542,29 @@ export function apply(ctx, config = {}) {
     queueMicrotask(() => { try { if (p.agent.inbox?.hasPending !== false) p.agent.wakeDriver() } catch (e) { log('re-wake failed', e?.message ?? e) } })
   })
 
+  // The runtime's verdict comes first, then the rest of DSH's waterfall (the listeners after
+  // this one, and DSH's own innermost step): what they answer is checked before it is passed
+  // on (invalidDecision), and anything else fails closed.
   ctx.on('agent/pre-step', async (p, next) => {
     const messages = p.messages ?? []
     const owned = messages.filter(m => ownedKinds.has(m?.source?.kind))
     if (owned.length === 0) return next() // never delayed
-    let verdict
-    try {
-      const r = await request('preStep', {
-        agentId: p.agent.id, sessionId: p.agent.session?.id ?? p.agent.id, turn: p.turn, step: p.step,
-        messages: messages.map(plain),
-      }, verdictTimeoutMs)
-      verdict = r.type === 'verdict' ? r.data : { kind: 'reject', reason: `unexpected ${r.type}` }
-    } catch (e) {
-      verdict = { kind: 'reject', reason: String(e?.message ?? e) } // fail closed
+    let why = await askRuntime(p, messages)
+    if (why === undefined) {
+      let decision
+      try {
+        decision = await next()
+      } catch (e) {
+        if (p.signal?.aborted) throw e // the turn was cancelled: DSH ends it aborted
+        why = `a later pre-step listener failed: ${e?.message ?? e}`
+      }
+      if (why === undefined) {
+        if (decision?.kind === 'reject') return decision // a later veto: DSH ends the turn blocked
+        why = invalidDecision(decision, messages, ownedKinds)
+        if (why === undefined) return decision
+      }
+      log(`pre-step of ${p.agent.id}: ${why}; rejected`)
     }
-    if (verdict?.kind === 'enter') return next()
     // a reject consumes the whole claimed batch: put back what the runtime does not own
     const others = messages.filter(m => !ownedKinds.has(m?.source?.kind))
     if (others.length > 0) {
@@ -534,6 +575,21 @@ export function apply(ctx, config = {}) {
     }
     return { kind: 'reject' }
   })
+  // The runtime's verdict on a claimed batch: undefined to enter, else why not (failing closed).
+  async function askRuntime(p, messages) {
+    // what the claim changed in the inbox reaches the runtime before the question
+    if (ws && open && !syncing) flush(ws)
+    try {
+      const r = await request('preStep', {
+        agentId: p.agent.id, sessionId: p.agent.session?.id ?? p.agent.id, turn: p.turn, step: p.step,
+        messages: messages.map(plain),
+      }, verdictTimeoutMs)
+      if (r.type !== 'verdict') return `unexpected ${r.type}`
+      return r.data?.kind === 'enter' ? undefined : String(r.data?.reason ?? 'rejected')
+    } catch (e) {
+      return String(e?.message ?? e)
+    }
+  }
 
   // ---- /loopx-init: run by the runtime for the exact agent ----------------------------------------
   const cancelledInits = new Set() // agents whose /loopx-init was cancelled: no result message

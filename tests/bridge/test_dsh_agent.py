@@ -29,13 +29,14 @@ from loopdock.bridge import (
     NotServedError,
     RemoteError,
     RunCommand,
+    SessionEvent,
     Verdict,
     Wake,
 )
 from loopdock.bridge import PreStep as WirePreStep
 from loopdock.bridge._dsh_agent import DshAgentClosedError
 from loopdock.bridge._handler import Disconnect
-from loopdock.runtime import AgentClosedError
+from loopdock.runtime import AgentClosedError, Event
 from loopdock.runtime._messages import (
     Message,
     ProducerSource,
@@ -108,6 +109,15 @@ def human(message_id: str, kind: str = "user") -> dict:
 def continuation(turn: str = "t1", kind: str = OWNED) -> Message:
     source = ProducerSource(kind, {"schemaVersion": "loopx_dsh_continuation_v0", "goalId": "g1", "turnInstanceId": turn})
     return Message("user", (TextBlock(f"continue {turn}"),), source)
+
+
+async def logged(handler: HostHandler, conn: FakeHost, session_id: str, *events: tuple[str, dict]) -> None:
+    """DSH logs ``events`` (type, data) in ``session_id``: the mirror's next seqs."""
+    log = handler.sessions.get(session_id, [])
+    seq = log[-1].seq + 1 if log else 0
+    await handler.on_events(
+        conn, [SessionEvent(session_id, Event(type_, seq + i, 0, data)) for i, (type_, data) in enumerate(events)]
+    )
 
 
 def pre_step(agent_id: str, *messages: dict, turn: int = 1) -> WirePreStep:
@@ -228,8 +238,9 @@ async def test_human_input_and_inbox_size_come_from_the_host_inbox(rt, tmp_path,
             assert proxy.inbox_size == 2 and not proxy.has_pending_human_input()
             await live(handler, conn, inbox("claimed", "a1", wire_message))
             verdict = await handler.on_pre_step(conn, pre_step("a1", wire_message))
-            assert verdict == Verdict("enter") and reservation.state == "admitted"
-            assert proxy.inbox_size == 1
+            assert verdict == Verdict("enter") and proxy.inbox_size == 1
+            await logged(handler, conn, "a1", ("user/message", wire_message))
+            assert await reservation.wait() == "admitted"
             nursery.cancel_scope.cancel()
 
 
@@ -483,6 +494,9 @@ async def test_pre_step_enter_admits_the_reservation(rt, tmp_path, autojump_cloc
             await live(handler, conn, status("a1", "running"))
             verdict = await handler.on_pre_step(conn, pre_step("a1", wire_message, turn=3))
             assert verdict == Verdict("enter")
+            # admitted once DSH logs the message: it entered a model step
+            assert await still_blocked(reservation.wait)
+            await logged(handler, conn, "a1", ("step/start", {"turn": 3, "step": 1}), ("user/message", wire_message))
             assert await reservation.wait() == "admitted"
             (seen,) = listener.seen
             assert (seen.agent_id, seen.session_id, seen.turn, seen.step) == ("a1", "a1", 3, 1)
@@ -494,6 +508,42 @@ async def test_pre_step_enter_admits_the_reservation(rt, tmp_path, autojump_cloc
             # an admitted turn sends no wake
             await live(handler, conn, status("a1", "idle"))
             assert await still_blocked(trio.sleep_forever) and conn.of(Wake) == []
+            nursery.cancel_scope.cancel()
+
+
+async def test_after_the_runtime_s_enter_dsh_s_log_settles_the_reservation(rt, tmp_path, autojump_clock):
+    """The runtime's enter is not the last word: a later DSH listener may still veto the
+    step (or the plugin fail it closed). The reservation settles by what DSH logs: the
+    turn that claimed it ended without its message, so it never entered a model step."""
+    handler, conn = await open_host(rt, "a1")
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            proxy = await start_proxy(nursery, handler, "a1", tmp_path)
+            vetoed = proxy.reserve(continuation("t1"))
+            await conn.wait_sent(Followup)
+            await live(handler, conn, status("a1", "running"))
+            await logged(handler, conn, "a1", ("turn/start", {"turn": 1}))
+            assert await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message, turn=1)) == Verdict("enter")
+            # past the runtime's gate: no longer withdrawn, not admitted either
+            assert not proxy.withdraw(vetoed) and vetoed.state == "pending"
+            await live(handler, conn, inbox("inserted", "a1", human("h1")))  # put back after the veto
+            await logged(handler, conn, "a1", ("turn/end", {"turn": 1, "reason": {"kind": "blocked"}}))
+            assert await vetoed.wait() == "rejected"
+            assert vetoed.reason == "the turn ended blocked before the message entered a model step"
+            # DSH leaves the queue stalled after a blocked turn: woken once idle
+            assert await still_blocked(conn.wait_sent, Wake) and conn.of(Wake) == []
+            await live(handler, conn, status("a1", "idle"))
+            await conn.wait_sent(Wake)
+            await live(handler, conn, inbox("claimed", "a1", human("h1")))
+
+            # a cancel that ends the turn before the message entered: cancelled
+            cancelled = proxy.reserve(continuation("t2"))
+            await conn.wait_sent(Followup, 2)
+            await logged(handler, conn, "a1", ("turn/start", {"turn": 2}))
+            assert await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message, turn=2)) == Verdict("enter")
+            await logged(handler, conn, "a1", ("turn/end", {"turn": 2, "reason": {"kind": "aborted"}}))
+            assert await cancelled.wait() == "cancelled"
+            assert cancelled.reason == "the turn ended aborted before the message entered a model step"
             nursery.cancel_scope.cancel()
 
 
@@ -629,7 +679,8 @@ async def test_a_listener_that_raises_fails_the_pre_step_and_rejects_the_reserva
             later = proxy.reserve(continuation("t2"))
             await conn.wait_sent(Followup, 2)
             assert await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message)) == Verdict("enter")
-            assert later.state == "admitted" and not proxy.closed
+            await logged(handler, conn, "a1", ("user/message", conn.sent[-1].message))
+            assert await later.wait() == "admitted" and not proxy.closed
             nursery.cancel_scope.cancel()
 
 
@@ -753,7 +804,8 @@ async def test_an_agent_announced_again_gets_a_fresh_proxy(rt, tmp_path, autojum
             fresh = second.reserve(continuation("t2"))
             await new_conn.wait_sent(Followup)
             assert await handler.on_pre_step(new_conn, pre_step("a1", new_conn.sent[-1].message)) == Verdict("enter")
-            assert fresh.state == "admitted"
+            await logged(handler, new_conn, "a1", ("user/message", new_conn.sent[-1].message))
+            assert await fresh.wait() == "admitted"
 
             # disposed: the proxy ends and the mirror forgets it, without starting another
             await live(handler, new_conn, ("agent/disposed", "a1", {}))
