@@ -9,7 +9,10 @@ carries them out on the real agent over the bridge:
 - ``status``, ``status_version``, ``wait_quiescent``, ``wait_status_change``, ``closed``:
   the host's ``agent/status`` and ``agent/disposed``;
 - ``has_pending_human_input``, ``inbox_size``: the host's live inbox (plus reservations
-  sent and not yet settled);
+  sent and not yet settled). On DSH every input a person *or a plugin* writes into the
+  inbox (any kind but an owned one and DSH's own context, ``DSH_CONTEXT_KINDS``) ranks as
+  a person's: an automatic message yields to it, as it yields to a person's on the
+  runtime's own agents;
 - ``followup``, ``steer``, ``inject``: an ordinary message (a ``str`` is a person's) sent
   with the host's ``followup`` command at that placement, no reservation (e.g. the
   ``/loopx-init`` start and result messages). A message the host refuses (it answers an
@@ -28,10 +31,12 @@ carries them out on the real agent over the bridge:
   ``cancelled``;
 - ``withdraw``: settles a pending reservation ``cancelled``; if its message still reaches
   a pre-step it is rejected there (it never enters a model step); DSH discarding the
-  message from the agent's inbox (a cancel that drops the inbox, a replaced session)
-  settles it ``cancelled`` too (``discarded``), so its driver goes on;
+  message from the agent's inbox (a cancel that drops the inbox, a replaced session, input
+  that competes with it) settles it ``cancelled`` too (``discarded``), so its driver goes
+  on; so does competing input arriving while it is queued (``competing_input``);
 - ``pre_step``: a waterfall like the agent's; a verdict request for messages of an owned
-  kind that are not this proxy's pending reservations is rejected before it runs;
+  kind that are not this proxy's pending reservations, or that competing input comes
+  with or waits behind, is rejected before it runs;
 - ``start_companion``: an actor that lives exactly as long as the proxy.
 
 The plugin acknowledges a command only after it sent the live items the command caused
@@ -79,7 +84,6 @@ from loopdock.actors import (
     supervised,
 )
 from loopdock.runtime import (
-    HUMAN_SOURCE_KINDS,
     AgentClosedError,
     Changes,
     Event,
@@ -146,9 +150,15 @@ def _message(raw: Mapping[str, Any]) -> Message:
         return Message(role if role in ("user", "assistant", "tool", "system") else "user", (), None, str(raw.get("id")))
 
 
-def _is_human(message: Mapping[str, Any]) -> bool:
+#: DSH's own context messages, which are not input (the plugin's ``CONTEXT_KINDS``).
+DSH_CONTEXT_KINDS = frozenset({"runtime-context", "skill-catalog", "agent-instructions", "model-selection"})
+#: Why a queued reservation settles ``cancelled`` when competing input arrives.
+COMPETING = "input a person or a plugin wrote came first"
+
+
+def _kind(message: Mapping[str, Any]) -> object:
     source = message.get("source")
-    return isinstance(source, Mapping) and source.get("kind") in HUMAN_SOURCE_KINDS
+    return source.get("kind") if isinstance(source, Mapping) else None
 
 
 class DshAgent:
@@ -207,7 +217,16 @@ class DshAgent:
         return len(self.live.inbox) + len(unseen)
 
     def has_pending_human_input(self) -> bool:
-        return any(_is_human(m) for m in self.live.inbox.values())
+        """Input a person or a plugin wrote waits in the agent's inbox (see the module
+        docstring: on DSH a plugin's input ranks as a person's)."""
+        return any(self._competes(m) for m in self.live.inbox.values())
+
+    def _competes(self, message: Mapping[str, Any]) -> bool:
+        """Whether ``message`` is input that an automatic message yields to: a person's
+        (``HUMAN_SOURCE_KINDS``) or a plugin's, i.e. any kind but an owned one and DSH's
+        context."""
+        kind = _kind(message)
+        return kind not in self._owned and kind not in DSH_CONTEXT_KINDS
 
     async def wait_idle(self) -> None:
         """Wait until every command sent through this proxy has been answered and the
@@ -276,6 +295,18 @@ class DshAgent:
             return False
         self._settle(reservation, "cancelled", "discarded by the host")
         return True
+
+    def competing_input(self, message: Mapping[str, Any]) -> int:
+        """The host put ``message`` into the agent's inbox: if it is input a person or a
+        plugin wrote, it comes first, and every reservation still queued settles
+        ``cancelled`` (the plugin takes their messages out of DSH's inbox). Returns how
+        many were."""
+        if not self._competes(message):
+            return 0
+        queued = list(self._reservations.values())
+        for reservation in queued:
+            self._settle(reservation, "cancelled", COMPETING)
+        return len(queued)
 
     def followup(self, message: str | Message) -> Message:
         """Queue ``message`` for the agent's next turn on the host and wake it (see
@@ -450,10 +481,17 @@ class DshAgent:
         owned = [m for m in request.messages if (m.get("source") or {}).get("kind") in self._owned]
         found = [self._reservations.get(str(m.get("id"))) for m in owned]
         mine = [reservation for reservation in found if reservation is not None]
+        batch = {str(m.get("id")) for m in request.messages}
+        reason = None
         if not owned or len(mine) < len(found):
             # Not a pending reservation of ours (withdrawn, or someone else's): never enters.
             # DSH drops every owned message of a rejected batch: ours in it are rejected too.
             reason = "not a pending reservation of this runtime"
+        elif any(self._competes(m) for m in request.messages):
+            reason = "input a person or a plugin wrote is in this step"
+        elif any(self._competes(m) for mid, m in self.live.inbox.items() if mid not in batch):
+            reason = "input a person or a plugin wrote is waiting"
+        if reason is not None:
             for reservation in mine:
                 self._settle(reservation, "rejected", reason)
             self._wake_later()
@@ -523,7 +561,9 @@ class DshAgentMirror(HandlerLayer):
     the source kinds the plugin asks the runtime about.
 
     As a handler layer in front of ``handler`` (serve the mirror, not the host handler):
-    a live ``agent/inbox/discarded`` settles the proxy's reservation for that message, and
+    a live ``agent/inbox/discarded`` settles the proxy's reservation for that message, a
+    live ``agent/inbox/inserted`` of competing input its queued ones (``competing_input``),
+    and
     a ``command`` request runs ``commands[name](proxy, args)`` (a command it does not know
     is answered ``NOT_SERVED``; one that raises is a failed ``commandDone``)."""
 
@@ -548,12 +588,15 @@ class DshAgentMirror(HandlerLayer):
     async def on_live(self, conn: Peer, items: Sequence[LiveEvent]) -> None:
         await super().on_live(conn, items)
         for item in items:
-            if item.type != "agent/inbox/discarded":
+            if item.type not in ("agent/inbox/discarded", "agent/inbox/inserted"):
                 continue
             message = item.data.get("message")
-            message_id = message.get("id") if isinstance(message, Mapping) else None
             proxy = self.proxies.get(item.agent_id)
-            if proxy is not None and isinstance(message_id, str):
+            if proxy is None or not isinstance(message, Mapping):
+                continue
+            if item.type == "agent/inbox/inserted":
+                proxy.competing_input(message)
+            elif isinstance(message_id := message.get("id"), str):
                 proxy.discarded(message_id)
 
     async def _proxy_for(self, agent_id: str) -> DshAgent | None:

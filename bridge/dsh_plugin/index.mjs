@@ -380,6 +380,10 @@ export function apply(ctx, config = {}) {
       const placement = data.placement ?? 'followup'
       if (!['followup', 'steer', 'inject'].includes(placement)) throw new BridgeError('BAD_DATA', `unknown placement ${placement}`)
       const agent = liveAgent(data.agentId)
+      if (ownedKinds.has(m.source.kind)) {
+        const why = fenced(agent)
+        if (why) throw new BridgeError('FENCED', why)
+      }
       agent[placement](Object.freeze({ ...m, id: m.id ?? randomUUID(), role: m.role ?? 'user' }))
     } else if (type === 'wake') {
       const agent = liveAgent(data.agentId)
@@ -530,9 +534,46 @@ export function apply(ctx, config = {}) {
   })
   ctx.on('agent/status', (p) => sendLive('agent/status', p.agent, { status: p.status }))
   for (const n of ['inserted', 'claimed', 'discarded']) {
-    ctx.on(`agent/inbox/${n}`, (p) => sendLive(`agent/inbox/${n}`, p.agent, { message: p.message, ...(p.turn !== undefined ? { turn: p.turn } : {}) }))
+    ctx.on(`agent/inbox/${n}`, (p) => {
+      // A listener that took the message out again while DSH was still announcing it (a
+      // nested splice: e.g. competing input a plugin queued in reply withdraws it) had its
+      // discard sent already: announcing it now would leave the runtime's mirror of the
+      // inbox holding a message DSH no longer has.
+      if (n === 'inserted' && !queued(p.agent).some(m => m?.id === p.message?.id)) return
+      sendLive(`agent/inbox/${n}`, p.agent, { message: p.message, ...(p.turn !== undefined ? { turn: p.turn } : {}) })
+    })
   }
   ctx.on('agent/disposed', (p) => { sendLive('agent/disposed', p.agent, {}); if (p.agent?.id) { rewake.delete(p.agent.id); sent.delete(p.agent.session?.id ?? p.agent.id); tracked.delete(p.agent.session?.id ?? p.agent.id) } })
+
+  // ---- fences: what an automatic message must not get past -----------------------------------
+  // Input a person or a plugin writes into an agent's inbox (anything but an owned kind and
+  // DSH's own context) competes with an automatic message and wins, as a person's input does
+  // on the runtime's own agents: an automatic message still queued is withdrawn when it
+  // arrives (DSH logs the discard, and the runtime retires the reservation), the runtime's
+  // followup of one is refused while such input waits, and a pre-step that finds it in its
+  // batch, waiting, or arriving while the step is judged is rejected.
+  const competing = (m) => !ownedKinds.has(m?.source?.kind) && !CONTEXT_KINDS.has(m?.source?.kind)
+  const queued = (agent) => [...(agent?.inbox?.nextStep ?? []), ...(agent?.inbox?.nextTurn ?? [])]
+  const arrivals = new WeakMap() // session -> how often competing input arrived in its agent's inbox
+  const arrivalsOf = (session) => arrivals.get(session) ?? 0
+  function withdrawQueued(agent) {
+    for (const m of queued(agent)) {
+      if (!ownedKinds.has(m?.source?.kind)) continue
+      try { agent.inbox.remove(m.id) } catch (e) { log('could not withdraw a queued automatic message', e?.message ?? e) }
+    }
+  }
+  // why an automatic message may not go on in `agent` now, or undefined
+  function fenced(agent) {
+    if (ctx.agents.get(agent?.id) !== agent) return 'the agent is not live'
+    if (queued(agent).some(competing)) return 'input a person or a plugin wrote is waiting'
+    return undefined
+  }
+  ctx.on('agent/inbox/inserted', (p) => {
+    const session = p.agent?.session
+    if (!session || !competing(p.message)) return
+    arrivals.set(session, arrivalsOf(session) + 1)
+    withdrawQueued(p.agent)
+  })
 
   // ---- pre-step verdicts ----------------------------------------------------------------------
   const rewake = new Set() // agents whose put-back input must run once they are idle
@@ -549,7 +590,16 @@ export function apply(ctx, config = {}) {
     const messages = p.messages ?? []
     const owned = messages.filter(m => ownedKinds.has(m?.source?.kind))
     if (owned.length === 0) return next() // never delayed
-    let why = await askRuntime(p, messages)
+    const agent = p.agent
+    const session = agent.session
+    const arrived = arrivalsOf(session)
+    // the fences on DSH's live state (the runtime may not have seen it yet): before the runtime
+    // is asked, and again after every wait
+    const moved = () => fenced(agent)
+      ?? (agent.session !== session ? 'the agent has another session' : undefined)
+      ?? (arrivalsOf(session) !== arrived ? 'input a person or a plugin wrote arrived meanwhile' : undefined)
+    let why = (messages.some(competing) ? 'input a person or a plugin wrote is in this step' : undefined)
+      ?? moved() ?? await askRuntime(p, messages) ?? moved()
     if (why === undefined) {
       let decision
       try {
@@ -560,7 +610,7 @@ export function apply(ctx, config = {}) {
       }
       if (why === undefined) {
         if (decision?.kind === 'reject') return decision // a later veto: DSH ends the turn blocked
-        why = invalidDecision(decision, messages, ownedKinds)
+        why = invalidDecision(decision, messages, ownedKinds) ?? moved()
         if (why === undefined) return decision
       }
       log(`pre-step of ${p.agent.id}: ${why}; rejected`)

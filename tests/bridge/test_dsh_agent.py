@@ -558,10 +558,11 @@ async def test_a_reject_wakes_the_agent_after_the_blocked_turn_only_if_input_is_
             # 1. something is queued behind the vetoed continuation: one wake, once idle
             first = proxy.reserve(continuation("t1"))
             await conn.wait_sent(Followup)
-            await live(handler, conn, status("a1", "running"), inbox("inserted", "a1", human("h1")))
+            await live(handler, conn, status("a1", "running"))
             verdict = await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message))
             assert verdict == Verdict("reject", "quota says no")
             assert (await first.wait(), first.reason) == ("rejected", "quota says no")
+            await live(handler, conn, inbox("inserted", "a1", human("h1")))  # queued during the blocked turn
             assert len(listener.seen) == 1
             assert await still_blocked(trio.sleep_forever) and conn.of(Wake) == []  # still running
             await live(handler, conn, status("a1", "idle"))
@@ -583,9 +584,9 @@ async def test_a_reject_wakes_the_agent_after_the_blocked_turn_only_if_input_is_
             conn.replies[Wake] = Ack(False, ErrorNotice("NOT_LIVE", "gone"))
             third = proxy.reserve(continuation("t3"))
             await conn.wait_sent(Followup, 3)
-            await live(handler, conn, status("a1", "running"), inbox("inserted", "a1", human("h2")))
+            await live(handler, conn, status("a1", "running"))
             await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message))
-            await live(handler, conn, status("a1", "idle"))
+            await live(handler, conn, inbox("inserted", "a1", human("h2")), status("a1", "idle"))
             await conn.wait_sent(Wake, 2)
             assert third.state == "rejected" and not proxy.closed
             nursery.cancel_scope.cancel()
@@ -649,13 +650,14 @@ async def test_every_reject_wakes_a_stalled_inbox_not_only_a_listeners(rt, tmp_p
             await conn.wait_sent(Wake)
 
             proxy.pre_step.add(Recorder(error=RuntimeError("listener bug")))
+            await live(handler, conn, inbox("claimed", "a1", human("h1")))
             reservation = proxy.reserve(continuation("t1"))
             await conn.wait_sent(Followup)
             await live(handler, conn, status("a1", "running"))
             with pytest.raises(RuntimeError):
                 await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message))
             assert reservation.state == "rejected"
-            await live(handler, conn, status("a1", "idle"))
+            await live(handler, conn, inbox("inserted", "a1", human("h2")), status("a1", "idle"))
             await conn.wait_sent(Wake, 2)
             assert conn.of(Wake) == [Wake("a1"), Wake("a1")]
             nursery.cancel_scope.cancel()
@@ -902,6 +904,70 @@ async def test_a_message_the_host_discards_retires_its_reservation(rt, tmp_path,
             assert proxy.inbox_size == 0
             # Another agent's discard of an unknown message changes nothing.
             await mirror.on_live(conn, [LiveEvent(*inbox("discarded", "a1", human("m-x")))])
+            nursery.cancel_scope.cancel()
+
+
+def plugin_input(message_id: str, kind: str = "dsh-loopx-plugin/init-command") -> dict:
+    """Input a plugin writes into an agent's inbox (by default /loopx-init's start message)."""
+    return {"id": message_id, "role": "user", "content": [{"type": "text", "text": "checking LoopX"}],
+            "source": {"kind": kind, "phase": "start"}}
+
+
+async def test_input_a_plugin_writes_comes_first_as_a_person_s_does(rt, tmp_path, autojump_clock):
+    """On DSH an automatic message yields to every input a person or a plugin writes into the
+    inbox (the seed: the driver yields to ordinary human or plugin input), as it yields to
+    a person's on the runtime's own agents: such input is waiting input, a reservation still
+    queued when it arrives is cancelled, and a pre-step it comes with or waits behind is
+    rejected before the waterfall runs. DSH's own context and owned kinds are not input."""
+    handler = HostHandler(rt.dock)
+    conn = FakeHost()
+    handler.connected(conn)
+
+    async def on_agent(proxy: DshAgent) -> None:
+        pass
+
+    mirror = DshAgentMirror(handler, on_agent, lambda _: tmp_path, OWNED_KINDS)
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mirror.run)
+            await mirror.on_live(conn, [LiveEvent(*created("a1")), LiveEvent(*status("a1", "idle"))])
+            assert await still_blocked(trio.sleep_forever)
+            proxy = mirror.proxies["a1"]
+            listener = Recorder()
+            proxy.pre_step.add(listener)
+
+            # waiting input: a plugin's as a person's; not DSH's context, not an automatic message
+            for message in (plugin_input("c1", "runtime-context"), plugin_input("c2", "agent-instructions"),
+                            message_to_wire(continuation("t-x"))):
+                await mirror.on_live(conn, [LiveEvent(*inbox("inserted", "a1", message))])
+                assert not proxy.has_pending_human_input()
+                await mirror.on_live(conn, [LiveEvent(*inbox("discarded", "a1", message))])
+            await mirror.on_live(conn, [LiveEvent(*inbox("inserted", "a1", plugin_input("p1")))])
+            assert proxy.has_pending_human_input()
+
+            # waiting behind an automatic message: its pre-step is rejected
+            behind = proxy.reserve(continuation("t1"))
+            await conn.wait_sent(Followup)
+            verdict = await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message))
+            assert verdict == Verdict("reject", "input a person or a plugin wrote is waiting")
+            assert behind.state == "rejected" and listener.seen == []
+
+            # in the same step (a plugin's inject claimed with it): rejected
+            await mirror.on_live(conn, [LiveEvent(*inbox("claimed", "a1", plugin_input("p1")))])
+            along = proxy.reserve(continuation("t2"))
+            await conn.wait_sent(Followup, 2)
+            verdict = await handler.on_pre_step(conn, pre_step("a1", plugin_input("p1"), conn.sent[-1].message))
+            assert verdict == Verdict("reject", "input a person or a plugin wrote is in this step")
+            assert along.state == "rejected" and listener.seen == []
+
+            # arriving while one is queued: it comes first, the queued one is cancelled
+            queued = proxy.reserve(continuation("t3"))
+            await conn.wait_sent(Followup, 3)
+            wire_message = conn.sent[-1].message
+            await mirror.on_live(conn, [LiveEvent(*inbox("inserted", "a1", wire_message))])
+            await mirror.on_live(conn, [LiveEvent(*inbox("inserted", "a1", plugin_input("p2", "some-plugin")))])
+            assert (queued.state, queued.reason) == ("cancelled", "input a person or a plugin wrote came first")
+            assert proxy.has_pending_human_input()
             nursery.cancel_scope.cancel()
 
 

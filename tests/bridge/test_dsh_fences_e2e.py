@@ -11,7 +11,12 @@ handler the bridge serves) and reserves automatic messages on (source kind
    person's message added, an error, or a veto. The bridge plugin passes on only a valid
    decision and fails closed on everything else: DSH ends each of those turns ``blocked``,
    the automatic message never enters a model step, and the reservation settles
-   ``rejected`` by DSH's own log (a valid decision enters and is ``admitted``).
+   ``rejected`` by DSH's own log (a valid decision enters and is ``admitted``);
+3. input a plugin writes into the agent's inbox on the DSH side competes with an automatic
+   message as a person's does: the probe's followup arriving behind a queued automatic
+   message, a plugin's message waiting when the runtime's followup arrives, and a person's
+   followup arriving behind an automatic message queued for the next step each come
+   first, and the automatic message never enters a model step.
 
 Everything is judged on DSH's own session log and on the reservations' states. Offline and
 quiet: DSH_HOME and HOME in a temporary directory, telemetry disabled, the plugin's `ping`
@@ -176,3 +181,58 @@ async def test_only_a_valid_downstream_decision_lets_an_automatic_message_enter(
     texts = [_text(e) for e in events if e["type"] in ("user/message", "assistant/message")]
     assert not [t for t in texts if "rewritten by a later listener" in t or "smuggled in by a later listener" in t]
     assert "pong: DOWNSTREAM pass" in texts
+
+
+# -- 3. input a plugin (or a person) writes comes first -----------------------------------------
+
+#: How a queued automatic message is retired when input comes first: the runtime saw the
+#: input arrive, or DSH's discard of the message (the plugin took it out of the inbox).
+WITHDRAWN = ("input a person or a plugin wrote came first", "discarded by the host")
+
+
+async def test_input_a_plugin_writes_comes_before_an_automatic_message(tmp_path):
+    if not DSH.exists():
+        pytest.fail(f"no dsh next to {sys.executable}: scripts/test installs deepseek-harness-runtime-bin")
+    with trio.fail_after(TEST_LIMIT_S):
+        async with dsh_with_probe(tmp_path) as host:
+            proxy = host.proxy
+            await host.idle()
+            # a. the probe plugin queues a followup of its own right behind the automatic one
+            nudged = proxy.reserve(automatic("NUDGE the agent", "t-nudged"))
+            with trio.fail_after(60):
+                assert await nudged.wait() == "cancelled"
+            assert nudged.reason in WITHDRAWN
+            await host.idle()
+
+            # b. a plugin's message waits (queued for the next step without a wake) when the
+            #    runtime's followup of an automatic message arrives
+            waiting = Message("user", (TextBlock("a plugin's note"),), ProducerSource("some-plugin", {}))
+            proxy.inject(waiting)
+            await host.until(lambda: waiting.id in proxy.live.inbox)
+            refused = proxy.reserve(automatic("after the plugin's note", "t-refused"))
+            with trio.fail_after(60):
+                assert await refused.wait() == "cancelled"
+            assert refused.reason == "the host did not take it: FENCED"
+            proxy.followup("a person goes on")  # runs the plugin's note along
+            await host.idle()
+
+            # d. a person's followup arrives behind an automatic message queued for the next step
+            behind = proxy.reserve(automatic("queued for the next step", "t-behind"), "inject")
+            await host.until(lambda: behind.message.id in proxy.live.inbox)
+            proxy.followup("a person's question")
+            with trio.fail_after(60):
+                assert await behind.wait() == "cancelled"
+            assert behind.reason in WITHDRAWN
+            await host.idle()
+            # taken out of DSH's inbox, not left to a pre-step
+            assert not {nudged.message.id, behind.message.id} & set(proxy.live.inbox)
+    events = host.log()
+
+    # DSH's log: none of the automatic messages entered; the plugin's and the person's input ran
+    assert not [e for e in events if e["type"] == "user/message" and turn_id_of(e)]
+    said = [_text(e) for e in events if e["type"] == "assistant/message"]
+    assert "pong: a plugin nudges the agent" in said, said
+    assert "pong: a person goes on" in said and "pong: a person's question" in said, said
+    user = [(_source_of(e) or {}).get("kind") for e in events if e["type"] == "user/message"]
+    assert "some-plugin" in user and "fence-probe" in user, user
+    assert len([e for e in events if e["type"] == "agent/inbox/spliced" and e["data"].get("outcome") == "canceled"]) == 2
