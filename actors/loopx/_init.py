@@ -38,6 +38,7 @@ followup or a log line.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -45,9 +46,10 @@ import shlex
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar, TypeVarTuple, Unpack
 
 import attrs
+import trio
 
 from loopdock.runtime import Completed, Message, ProducerSource, TextBlock, get_logger, pick_env, run_child
 from loopdock.runtime.loopx import (
@@ -112,6 +114,9 @@ _PIP_ENV_NAMES = frozenset(
 _PIP_ENV_PREFIXES = ("PIP_",)
 _PYTHON_VERSION = re.compile(r"^(\d+)\.(\d+)$")
 _PLUGIN_DIR = ("runtime", "dsh-loopx-plugin")
+
+_T = TypeVar("_T")
+_Args = TypeVarTuple("_Args")
 
 
 # -- Settings and outcome ---------------------------------------------------------------------
@@ -258,15 +263,11 @@ def _success_summary(version: str, installed_reason: str | None, skills_changed:
 # -- Processes ----------------------------------------------------------------------------------
 
 
-async def _run(
-    argv: list[str], env: Mapping[str, str], timeout: float, cwd: Path
-) -> Completed | Literal["timeout", "spawn"]:
+async def _run(argv: list[str], env: Mapping[str, str], cwd: Path) -> Completed | Literal["spawn"]:
     """One child through the runtime's child runner (its whole tree killed however it
-    ends, output capped like a LoopX call's)."""
+    ends, output capped like a LoopX call's); callers bound it with ``move_on_after``."""
     try:
-        return await run_child(
-            argv, cwd=cwd, env=env, timeout=timeout, max_stdout=MAX_STDOUT_BYTES, max_stderr=MAX_STDERR_BYTES
-        )
+        return await run_child(argv, cwd=cwd, env=env, max_stdout=MAX_STDOUT_BYTES, max_stderr=MAX_STDERR_BYTES)
     except OSError:
         return "spawn"
 
@@ -300,18 +301,39 @@ def _candidates_on_path(name: str, settings: InitSettings) -> list[str]:
     return found
 
 
+def _python_candidates(settings: InitSettings) -> list[str]:
+    """Every python3 / python3.11-3.14 on the children's PATH, in the order they are tried,
+    each file once (a symlink and its target are one)."""
+    found = []
+    seen: set[str] = set()
+    for name in PYTHON_CANDIDATES:
+        for candidate in _candidates_on_path(name, settings):
+            key = os.path.realpath(candidate)
+            if key not in seen:
+                seen.add(key)
+                found.append(candidate)
+    return found
+
+
+async def _lookup(function: Callable[[Unpack[_Args]], _T], *args: Unpack[_Args]) -> _T:
+    """``function(*args)``, a look-up on the disk, in a worker thread; a cancelled caller
+    does not wait for a filesystem that does not answer."""
+    return await trio.to_thread.run_sync(function, *args, abandon_on_cancel=True)
+
+
 async def _python_is_compatible(python: str, settings: InitSettings) -> bool:
-    outcome = await _run(
-        [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-        _child_env(settings),
-        settings.timeout,
-        settings.project,
-    )
-    if isinstance(outcome, str) or outcome.returncode != 0 or outcome.overflow is not None:
-        return False
-    lines = outcome.stdout.decode("utf-8", "replace").strip().splitlines()
-    match = _PYTHON_VERSION.fullmatch(lines[-1].strip()) if lines else None
-    return match is not None and (int(match[1]), int(match[2])) >= MIN_PYTHON
+    with trio.move_on_after(settings.timeout):  # one that does not answer in time is not
+        outcome = await _run(
+            [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            _child_env(settings),
+            settings.project,
+        )
+        if isinstance(outcome, str) or outcome.returncode != 0 or outcome.overflow is not None:
+            return False
+        lines = outcome.stdout.decode("utf-8", "replace").strip().splitlines()
+        match = _PYTHON_VERSION.fullmatch(lines[-1].strip()) if lines else None
+        return match is not None and (int(match[1]), int(match[2])) >= MIN_PYTHON
+    return False
 
 
 async def _select_python(settings: InitSettings) -> str | None:
@@ -320,20 +342,10 @@ async def _select_python(settings: InitSettings) -> str | None:
     if settings.python_bin:
         if os.sep in settings.python_bin:
             return settings.python_bin
-        return _which(settings.python_bin, settings)
-    probes = 0
-    seen: set[str] = set()
-    for name in PYTHON_CANDIDATES:
-        for candidate in _candidates_on_path(name, settings):
-            key = os.path.realpath(candidate)
-            if key in seen:
-                continue
-            seen.add(key)
-            if probes >= _MAX_PYTHON_PROBES:
-                return None
-            probes += 1
-            if await _python_is_compatible(candidate, settings):
-                return candidate
+        return await _lookup(_which, settings.python_bin, settings)
+    for candidate in (await _lookup(_python_candidates, settings))[:_MAX_PYTHON_PROBES]:
+        if await _python_is_compatible(candidate, settings):
+            return candidate
     return None
 
 
@@ -456,12 +468,12 @@ def _install_statuses(result: SkillsResult) -> str | bool:
 
 async def _initialize(settings: InitSettings, progress: _Progress) -> InitOutcome:
     progress.stage = "probe_cli"
-    if not settings.project.is_dir():
+    if not await _lookup(settings.project.is_dir):
         return _fail(progress, "no_project")
 
     cli: _Cli | None = None
     reason = "missing"
-    found = _which("loopx", settings)
+    found = await _lookup(_which, "loopx", settings)
     if found is not None:
         probe = await _probe((found,), None, settings)
         if isinstance(probe, _Unusable) and probe.kind == "timeout":
@@ -472,7 +484,7 @@ async def _initialize(settings: InitSettings, progress: _Progress) -> InitOutcom
             reason = probe.kind
 
     python: str | None = None
-    if cli is None and settings.launcher.is_file():
+    if cli is None and await _lookup(settings.launcher.is_file):
         # An earlier managed install is kept when it still works: no second install.
         python = await _select_python(settings)
         if python is not None:
@@ -491,21 +503,22 @@ async def _initialize(settings: InitSettings, progress: _Progress) -> InitOutcom
         if python is None:
             return _fail(progress, "no_python")
         try:
-            settings.site_packages.mkdir(parents=True, exist_ok=True)
+            await trio.to_thread.run_sync(functools.partial(settings.site_packages.mkdir, parents=True, exist_ok=True))
         except OSError:
             return _fail(progress, "launcher_failed")
         argv = [python, "-m", "pip", "install", "--upgrade", "--target", str(settings.site_packages), LOOPX_REQUIREMENT]
         log.info("loopx init installing the cli", reason=reason)
-        outcome = await _run(argv, _pip_env(settings), settings.pip_timeout, settings.plugin_dir)
+        with trio.move_on_after(settings.pip_timeout) as pip_deadline:
+            outcome = await _run(argv, _pip_env(settings), settings.plugin_dir)
+        if pip_deadline.cancelled_caught:
+            return _fail(progress, "timeout")
         if outcome == "spawn":
             return _fail(progress, "python_unavailable")
-        if outcome == "timeout":
-            return _fail(progress, "timeout")
         if outcome.returncode != 0 or outcome.overflow is not None:
             log.warning("loopx init pip install failed", returncode=outcome.returncode, overflow=outcome.overflow)
             return _fail(progress, "pip_failed")
         try:
-            _write_launcher(python, settings)
+            await trio.to_thread.run_sync(_write_launcher, python, settings)
         except OSError:
             return _fail(progress, "launcher_failed")
         progress.installed_cli = True

@@ -11,7 +11,6 @@ import os
 import re
 import shlex
 import stat
-import subprocess
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -423,10 +422,11 @@ async def test_missing_and_incompatible_cli_are_repaired_by_one_real_private_ins
         assert stat.S_IMODE(launcher.stat().st_mode) == 0o755
         text = launcher.read_text()
         assert text.startswith(f"#!{python}\n") and 'runpy.run_module("loopx.cli", run_name="__main__")' in text
-        version = subprocess.run(
-            [str(python), str(launcher), "--version"], env=missing.env, capture_output=True, text=True, timeout=60
-        )
-        assert version.stdout.splitlines()[0] == "loopx 2.1.1"
+        with trio.fail_after(60):
+            version = await trio.run_process(
+                [str(python), str(launcher), "--version"], env=missing.env, capture_stdout=True, capture_stderr=True
+            )
+        assert version.stdout.decode().splitlines()[0] == "loopx 2.1.1"
         # Generated skill commands use the managed launcher.
         assert str(launcher) in (agents_a / "skills" / "loopx" / "SKILL.md").read_text()
         fresh = SkillCatalog(None, agents_home=agents_a)
