@@ -1057,7 +1057,8 @@ async def test_the_continuation_s_activation_is_the_log_s_as_it_is_now(rt, tmp_p
     handler, conn = await open_host(rt, "a1")
     call = {"turn": 1, "step": 1, "callId": "c-1", "name": "skill", "arguments": '{"name": "loopx"}'}
     result = {"turn": 1, "step": 1, "message": {"role": "tool", "source": {"kind": "tool", "callId": "c-1"},
-                                                 "toolCallId": "c-1", "content": [], "isError": False}}
+                                                 "toolCallId": "c-1", "content": [{"type": "text", "text": "# loopx"}],
+                                                 "isError": False}}
     with trio.fail_after(600):
         async with trio.open_nursery() as nursery:
             proxy = await start_proxy(nursery, handler, "a1", tmp_path)
