@@ -33,10 +33,14 @@ carries them out on the real agent over the bridge:
   a pre-step it is rejected there (it never enters a model step); DSH discarding the
   message from the agent's inbox (a cancel that drops the inbox, a replaced session, input
   that competes with it) settles it ``cancelled`` too (``discarded``), so its driver goes
-  on; so does competing input arriving while it is queued (``competing_input``);
+  on; so does competing input arriving while it is queued (``competing_input``), and a
+  DSH command starting in the agent (its ``command/run`` in the log: a command is a
+  fence no automatic message is admitted across, as on the runtime's own agents);
 - ``pre_step``: a waterfall like the agent's; a verdict request for messages of an owned
   kind that are not this proxy's pending reservations, or that competing input comes
-  with or waits behind, is rejected before it runs;
+  with or waits behind, or while a DSH command runs in the agent (its ``command/run``
+  logged, its ``command/done`` not yet), is rejected before it runs; one whose
+  reservation was settled while the waterfall ran is rejected after it;
 - ``start_companion``: an actor that lives exactly as long as the proxy.
 
 The plugin acknowledges a command only after it sent the live items the command caused
@@ -154,6 +158,8 @@ def _message(raw: Mapping[str, Any]) -> Message:
 DSH_CONTEXT_KINDS = frozenset({"runtime-context", "skill-catalog", "agent-instructions", "model-selection"})
 #: Why a queued reservation settles ``cancelled`` when competing input arrives.
 COMPETING = "input a person or a plugin wrote came first"
+#: Why a pending reservation settles ``cancelled`` when a DSH command starts in its agent.
+COMMAND_RAN = "a command ran in the agent"
 
 
 def _kind(message: Mapping[str, Any]) -> object:
@@ -179,6 +185,9 @@ class DshAgent:
         self._entering: dict[str, tuple[Reservation, int, int]] = {}
         # The session events taken in so far: up to this seq (see ``_fold``).
         self._folded_seq = events[-1].seq if (events := self.session.events) else -1
+        # ids of the DSH commands running in the agent (``command/run`` folded, no
+        # ``command/done`` yet)
+        self._running_commands: set[str] = set()
         self._unanswered: set[str] = set()  # ids of messages whose command is not answered yet
         self._cancels = 0  # cancel commands not answered yet
         self._injected: set[str] = set()  # ids of messages this proxy queued not to wake the agent
@@ -413,7 +422,15 @@ class DshAgent:
             self._take(event)
 
     def _take(self, event: Event) -> None:
-        if event.type == "user/message" and self._entering:
+        if event.type == "command/run":
+            # DSH logs it before the command's handler runs: nothing reserved before it
+            # is admitted after it (the plugin takes the messages out of DSH's inbox).
+            self._running_commands.add(str(event.data.get("commandId")))
+            for reservation in list(self._reservations.values()):
+                self._settle(reservation, "cancelled", COMMAND_RAN)
+        elif event.type == "command/done":
+            self._running_commands.discard(str(event.data.get("commandId")))
+        elif event.type == "user/message" and self._entering:
             # DSH logs a message as it enters a model step (its data is the message).
             entering = self._entering.pop(str(event.data.get("id")), None)
             if entering is not None:
@@ -491,6 +508,8 @@ class DshAgent:
             reason = "input a person or a plugin wrote is in this step"
         elif any(self._competes(m) for mid, m in self.live.inbox.items() if mid not in batch):
             reason = "input a person or a plugin wrote is waiting"
+        elif self._running_commands:
+            reason = "a command is running in the agent"
         if reason is not None:
             for reservation in mine:
                 self._settle(reservation, "rejected", reason)
@@ -510,6 +529,9 @@ class DshAgent:
                 self._settle(reservation, "rejected", "pre-step failed")
             self._wake_later()  # the host fails closed: a reject like any other
             raise
+        if isinstance(verdict, Enter) and any(r.state != "pending" for r in mine):
+            # settled while the waterfall ran (withdrawn, a command started, ...): never enters
+            verdict = Reject(next(r.reason for r in mine if r.state != "pending") or "no longer pending")
         if isinstance(verdict, Enter):
             # Not admitted yet: DSH's log says whether it entered (``_take``).
             for reservation in mine:

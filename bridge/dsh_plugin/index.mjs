@@ -552,10 +552,19 @@ export function apply(ctx, config = {}) {
   // arrives (DSH logs the discard, and the runtime retires the reservation), the runtime's
   // followup of one is refused while such input waits, and a pre-step that finds it in its
   // batch, waiting, or arriving while the step is judged is rejected.
+  // A DSH command (a person's `/name`, `/loopx-init`, ...) is a fence too: DSH logs its
+  // `command/run` before its handler runs and its `command/done` after. No automatic message
+  // is admitted across one: one still queued when it starts is withdrawn, the runtime's
+  // followup of one is refused while it runs, and a pre-step it runs during, or that one
+  // starts in while the step is judged, is rejected.
   const competing = (m) => !ownedKinds.has(m?.source?.kind) && !CONTEXT_KINDS.has(m?.source?.kind)
   const queued = (agent) => [...(agent?.inbox?.nextStep ?? []), ...(agent?.inbox?.nextTurn ?? [])]
   const arrivals = new WeakMap() // session -> how often competing input arrived in its agent's inbox
   const arrivalsOf = (session) => arrivals.get(session) ?? 0
+  const commands = new WeakMap() // session -> {started: how many commands started in it, running: their ids}
+  const commandsOf = (session) => commands.get(session) ?? { started: 0, running: new Set() }
+  const agentOf = new WeakMap() // session -> the agent it was last seen with (a replaced session keeps its agent's id)
+  for (const type of ['agent/created', 'agent/status']) ctx.on(type, (p) => { if (p.agent?.session) agentOf.set(p.agent.session, p.agent) })
   function withdrawQueued(agent) {
     for (const m of queued(agent)) {
       if (!ownedKinds.has(m?.source?.kind)) continue
@@ -566,6 +575,7 @@ export function apply(ctx, config = {}) {
   function fenced(agent) {
     if (ctx.agents.get(agent?.id) !== agent) return 'the agent is not live'
     if (queued(agent).some(competing)) return 'input a person or a plugin wrote is waiting'
+    if (commandsOf(agent.session).running.size > 0) return 'a command is running in the agent'
     return undefined
   }
   ctx.on('agent/inbox/inserted', (p) => {
@@ -573,6 +583,17 @@ export function apply(ctx, config = {}) {
     if (!session || !competing(p.message)) return
     arrivals.set(session, arrivalsOf(session) + 1)
     withdrawQueued(p.agent)
+  })
+  ctx.on('session/event', (session, event) => {
+    if (event?.type !== 'command/run' && event?.type !== 'command/done') return
+    const state = commandsOf(session)
+    commands.set(session, state)
+    if (event.type === 'command/done') { state.running.delete(event.data?.commandId); return }
+    state.started += 1
+    state.running.add(event.data?.commandId)
+    // (not while DSH publishes the append: a session refuses to append meanwhile)
+    const agent = agentOf.get(session) ?? ctx.agents.get(session.id)
+    if (agent?.session === session) queueMicrotask(() => withdrawQueued(agent))
   })
 
   // ---- pre-step verdicts ----------------------------------------------------------------------
@@ -593,11 +614,13 @@ export function apply(ctx, config = {}) {
     const agent = p.agent
     const session = agent.session
     const arrived = arrivalsOf(session)
+    const started = commandsOf(session).started
     // the fences on DSH's live state (the runtime may not have seen it yet): before the runtime
     // is asked, and again after every wait
     const moved = () => fenced(agent)
       ?? (agent.session !== session ? 'the agent has another session' : undefined)
       ?? (arrivalsOf(session) !== arrived ? 'input a person or a plugin wrote arrived meanwhile' : undefined)
+      ?? (commandsOf(session).started !== started ? 'a command ran in the agent meanwhile' : undefined)
     let why = (messages.some(competing) ? 'input a person or a plugin wrote is in this step' : undefined)
       ?? moved() ?? await askRuntime(p, messages) ?? moved()
     if (why === undefined) {

@@ -4,9 +4,12 @@
 //   text says `DOWNSTREAM <mode>` gets this answer from it, after the rest of the waterfall
 //   answered: `pass` (that answer), `none` (undefined), `unknown` (an unknown kind),
 //   `rewrite` (the message with other text), `drop` (without the message), `add` (with a
-//   person's message added), `throw` (an error), `reject` (a veto).
+//   person's message added), `throw` (an error), `reject` (a veto), `command` (that answer,
+//   after running `/fence-noop`, a command this plugin registers that does nothing).
 // - Plugin-written input: when an automatic message whose text says `NUDGE` is inserted into
 //   an agent's inbox, this plugin queues a followup of its own (source kind `fence-probe`).
+// - A DSH command: when an automatic message whose text says `COMMAND` is inserted into an
+//   agent's inbox, this plugin runs `/loopx-init` in that agent, as a person typing it would.
 //
 // Its pre-step listener is registered once the first agent exists, when the bridge plugin has
 // registered its own: so it comes after the bridge's in DSH's waterfall (a listener before it
@@ -42,12 +45,24 @@ export function apply(ctx, config = {}) {
       }
       case 'throw': throw new Error('a later listener failed')
       case 'reject': return { kind: 'reject' }
+      case 'command':
+        await ctx.commands.execute(p.agent, '/fence-noop', [], new AbortController().signal)
+        return decision
       default: return decision
     }
   }
+  ctx.effect(() => ctx.commands.register({
+    name: 'fence-noop', description: 'does nothing (the fence tests)', handler: () => ({ kind: 'success', text: 'done' }),
+  }), 'fence-probe: /fence-noop')
   let registered = false
   ctx.on('agent/created', () => {
     if (!registered) { registered = true; ctx.on('agent/pre-step', later) }
+  })
+
+  ctx.on('agent/inbox/inserted', (p) => {
+    if (!isOwned(p.message) || !textOf(p.message).includes('COMMAND')) return
+    ctx.commands.execute(p.agent, '/loopx-init', [], new AbortController().signal)
+      .catch((e) => console.error('[fence-probe] /loopx-init failed', e?.message ?? e))
   })
 
   ctx.on('agent/inbox/inserted', (p) => {

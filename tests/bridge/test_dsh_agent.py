@@ -34,7 +34,7 @@ from loopdock.bridge import (
     Wake,
 )
 from loopdock.bridge import PreStep as WirePreStep
-from loopdock.bridge._dsh_agent import DshAgentClosedError
+from loopdock.bridge._dsh_agent import COMMAND_RAN, DshAgentClosedError
 from loopdock.bridge._handler import Disconnect
 from loopdock.runtime import AgentClosedError, Event
 from loopdock.runtime._messages import (
@@ -968,6 +968,74 @@ async def test_input_a_plugin_writes_comes_first_as_a_person_s_does(rt, tmp_path
             await mirror.on_live(conn, [LiveEvent(*inbox("inserted", "a1", plugin_input("p2", "some-plugin")))])
             assert (queued.state, queued.reason) == ("cancelled", "input a person or a plugin wrote came first")
             assert proxy.has_pending_human_input()
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_dsh_command_is_a_fence_no_automatic_message_is_admitted_across(rt, tmp_path, autojump_clock):
+    """DSH logs ``command/run`` before a command's handler runs and ``command/done`` after
+    (a person's ``/name``, ``/loopx-init``): what was reserved before it is cancelled, as
+    on the runtime's own agents, and no pre-step enters while it runs."""
+    handler, conn = await open_host(rt, "a1")
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            proxy = await start_proxy(nursery, handler, "a1", tmp_path)
+            listener = Recorder()
+            proxy.pre_step.add(listener)
+            before = proxy.reserve(continuation("t1"))
+            await conn.wait_sent(Followup)
+            queued = conn.sent[-1].message
+            await logged(handler, conn, "a1", ("command/run", {"commandId": "cmd-1", "name": "loopx-init"}))
+            assert await before.wait() == "cancelled" and before.reason == COMMAND_RAN
+            verdict = await handler.on_pre_step(conn, pre_step("a1", queued))
+            assert verdict == Verdict("reject", NOT_PENDING)
+
+            # while it runs: a reservation made meanwhile does not enter
+            during = proxy.reserve(continuation("t2"))
+            await conn.wait_sent(Followup, 2)
+            verdict = await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message))
+            assert verdict == Verdict("reject", "a command is running in the agent")
+            assert during.state == "rejected" and listener.seen == []
+
+            # once it is done, one enters again
+            await logged(handler, conn, "a1", ("command/done", {"commandId": "cmd-1", "kind": "success"}))
+            after = proxy.reserve(continuation("t3"))
+            await conn.wait_sent(Followup, 3)
+            assert await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message)) == Verdict("enter")
+            assert after.state == "pending" and len(listener.seen) == 1
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_reservation_settled_while_its_pre_step_runs_does_not_enter(rt, tmp_path, autojump_clock):
+    """A command that starts (or a withdraw) while the waterfall judges the step settles the
+    reservation: the step is rejected however the waterfall ends."""
+    handler, conn = await open_host(rt, "a1")
+    judging, go_on = trio.Event(), trio.Event()
+
+    async def slow(pre: PreStep, next_):
+        judging.set()
+        await go_on.wait()
+        return await next_(pre)
+
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            proxy = await start_proxy(nursery, handler, "a1", tmp_path)
+            proxy.pre_step.add(slow)
+            reservation = proxy.reserve(continuation("t1"))
+            await conn.wait_sent(Followup)
+            verdicts: list[Verdict] = []
+            answered = trio.Event()
+
+            async def ask() -> None:
+                verdicts.append(await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message)))
+                answered.set()
+
+            nursery.start_soon(ask)
+            await judging.wait()
+            await logged(handler, conn, "a1", ("command/run", {"commandId": "cmd-1", "name": "goal"}))
+            assert await reservation.wait() == "cancelled" and reservation.reason == COMMAND_RAN
+            go_on.set()
+            await answered.wait()
+            assert verdicts == [Verdict("reject", COMMAND_RAN)]
             nursery.cancel_scope.cancel()
 
 

@@ -12,6 +12,12 @@ handler the bridge serves) and reserves automatic messages on (source kind
    decision and fails closed on everything else: DSH ends each of those turns ``blocked``,
    the automatic message never enters a model step, and the reservation settles
    ``rejected`` by DSH's own log (a valid decision enters and is ``admitted``);
+2. a DSH command is a fence: ``/loopx-init`` (the probe types it; the runtime's handler
+   holds it until the test lets it finish) takes the automatic message queued when it
+   starts out of DSH's inbox, the runtime's followup of one is refused while it runs, and
+   once it is done an automatic message enters again; a command that starts and ends after
+   the runtime let a step enter (the probe runs one in its later pre-step listener) still
+   keeps that step's automatic message out;
 3. input a plugin writes into the agent's inbox on the DSH side competes with an automatic
    message as a person's does: the probe's followup arriving behind a queued automatic
    message, a plugin's message waiting when the runtime's followup arrives, and a person's
@@ -39,9 +45,9 @@ import trio
 import yaml
 
 from loopdock._runtime import Runtime
-from loopdock.actors import PreStep
+from loopdock.actors import CommandResult, PreStep
 from loopdock.bridge import DshAgent, DshAgentMirror, HostHandler, serve_bridge
-from loopdock.bridge._dsh_agent import HostCommand
+from loopdock.bridge._dsh_agent import COMMAND_RAN, HostCommand
 from loopdock.bridge._dsh_files import dsh_process, quiet_env, session_log, split_turns, turn_end
 from loopdock.bridge._dsh_files import event_source as _source_of
 from loopdock.bridge._dsh_files import event_text as _text
@@ -181,6 +187,71 @@ async def test_only_a_valid_downstream_decision_lets_an_automatic_message_enter(
     texts = [_text(e) for e in events if e["type"] in ("user/message", "assistant/message")]
     assert not [t for t in texts if "rewritten by a later listener" in t or "smuggled in by a later listener" in t]
     assert "pong: DOWNSTREAM pass" in texts
+
+
+# -- 2. a DSH command is a fence -----------------------------------------------------------------
+
+
+async def test_no_automatic_message_is_admitted_across_a_dsh_command(tmp_path):
+    if not DSH.exists():
+        pytest.fail(f"no dsh next to {sys.executable}: scripts/test installs deepseek-harness-runtime-bin")
+    started, release = trio.Event(), trio.Event()
+
+    async def init(proxy: DshAgent, args: str) -> CommandResult:  # the runtime's /loopx-init, held
+        started.set()
+        await release.wait()
+        return CommandResult(True, "checked")
+
+    def logged(event_type: str) -> Callable[[], bool]:
+        return lambda: any(e.type == event_type for e in host.proxy.session.events)
+
+    with trio.fail_after(TEST_LIMIT_S):
+        async with dsh_with_probe(tmp_path, {"loopx-init": init}) as host:
+            proxy = host.proxy
+            await host.idle()
+            # a. a person runs /loopx-init (the probe types it) while an automatic message is
+            #    queued for the agent's next step
+            queued = proxy.reserve(automatic("COMMAND while queued", "t-queued"), "inject")
+            with trio.fail_after(60):
+                assert await queued.wait() == "cancelled"
+                await started.wait()
+            assert queued.reason in (COMMAND_RAN, "discarded by the host")
+            with trio.fail_after(60):  # taken out of DSH's inbox, not left there
+                await host.until(logged("command/run"))
+                await host.idle()
+
+            # b. while it runs, the runtime's followup of an automatic message is refused
+            refused = proxy.reserve(automatic("while the command runs", "t-refused"))
+            with trio.fail_after(60):
+                assert await refused.wait() == "cancelled"
+            assert refused.reason == "the host did not take it: FENCED"
+
+            # c. once it is done, an automatic message enters again
+            release.set()
+            await host.until(logged("command/done"))
+            after = proxy.reserve(automatic("after the command", "t-after"))
+            with trio.fail_after(60):
+                assert await after.wait() == "admitted", after.reason
+            await host.idle()
+            assert queued.message.id not in proxy.live.inbox
+
+            # d. a command starts and ends after the runtime's enter, before the step is entered
+            judged = proxy.reserve(automatic("DOWNSTREAM command", "t-judged"))
+            with trio.fail_after(60):
+                assert await judged.wait() == "rejected", judged.reason
+            assert judged.reason == "the turn ended blocked before the message entered a model step"
+            await host.idle()
+    events = host.log()
+
+    # DSH's log: the queued message was taken out of the inbox (no turn blocked on it), and
+    # only the message reserved after the command entered a model step
+    assert [turn_id_of(e) for e in events if e["type"] == "user/message" and turn_id_of(e)] == ["t-after"]
+    assert [(turn_end(t) or {}).get("kind") for t in split_turns(events)] == ["completed", "blocked"]
+    assert len([e for e in events if e["type"] == "agent/inbox/spliced" and e["data"].get("outcome") == "canceled"]) == 1
+    runs = [e["seq"] for e in events if e["type"] == "command/run"]
+    done = [e["seq"] for e in events if e["type"] == "command/done"]
+    entered = next(e["seq"] for e in events if e["type"] == "user/message" and turn_id_of(e) == "t-after")
+    assert len(runs) == len(done) == 2 and runs[0] < done[0] < entered < runs[1], (runs, done, entered)
 
 
 # -- 3. input a plugin (or a person) writes comes first -----------------------------------------
