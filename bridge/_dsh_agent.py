@@ -9,7 +9,10 @@ carries them out on the real agent over the bridge:
 - ``status``, ``status_version``, ``wait_quiescent``, ``wait_status_change``, ``closed``:
   the host's ``agent/status`` and ``agent/disposed``;
 - ``has_pending_human_input``, ``inbox_size``: the host's live inbox (plus reservations
-  sent and not yet settled);
+  sent and not yet settled). On DSH every input a person *or a plugin* writes into the
+  inbox (any kind but an owned one and DSH's own context, ``DSH_CONTEXT_KINDS``) ranks as
+  a person's: an automatic message yields to it, as it yields to a person's on the
+  runtime's own agents;
 - ``followup``, ``steer``, ``inject``: an ordinary message (a ``str`` is a person's) sent
   with the host's ``followup`` command at that placement, no reservation (e.g. the
   ``/loopx-init`` start and result messages). A message the host refuses (it answers an
@@ -18,16 +21,26 @@ carries them out on the real agent over the bridge:
 - ``cancel``: the host's ``cancel`` command, with its cause (a refusal is logged); what
   it kept in the inbox goes on once the cancelled turn has ended (DSH would leave it
   stalled until a wake, as after a reject);
-- ``reserve``: a ``followup`` command with the message's producer-owned source. The
-  reservation settles at DSH's ``agent/pre-step``: the proxy answers the host's verdict
-  request with its own ``pre_step`` waterfall (``admitted`` on enter, ``rejected`` on
-  reject); a command the host refuses settles it ``cancelled``;
+- ``reserve``: a ``followup`` command with the message's producer-owned source. At DSH's
+  ``agent/pre-step`` the proxy answers the host's verdict request with its own
+  ``pre_step`` waterfall: a reject settles it ``rejected``; after an enter the rest of
+  DSH's waterfall still decides (the plugin checks what it answers and fails closed), so
+  the reservation settles by DSH's log: ``admitted`` once its message is logged (it
+  entered a model step), ``rejected`` once the turn that claimed it ended without it
+  (``cancelled`` if a cancel ended it). A command the host refuses settles it
+  ``cancelled``;
 - ``withdraw``: settles a pending reservation ``cancelled``; if its message still reaches
   a pre-step it is rejected there (it never enters a model step); DSH discarding the
-  message from the agent's inbox (a cancel that drops the inbox, a replaced session)
-  settles it ``cancelled`` too (``discarded``), so its driver goes on;
+  message from the agent's inbox (a cancel that drops the inbox, a replaced session, input
+  that competes with it) settles it ``cancelled`` too (``discarded``), so its driver goes
+  on; so does competing input arriving while it is queued (``competing_input``), and a
+  DSH command starting in the agent (its ``command/run`` in the log: a command is a
+  fence no automatic message is admitted across, as on the runtime's own agents);
 - ``pre_step``: a waterfall like the agent's; a verdict request for messages of an owned
-  kind that are not this proxy's pending reservations is rejected before it runs;
+  kind that are not this proxy's pending reservations, or that competing input comes
+  with or waits behind, or while a DSH command runs in the agent (its ``command/run``
+  logged, its ``command/done`` not yet), is rejected before it runs; one whose
+  reservation was settled while the waterfall ran is rejected after it;
 - ``start_companion``: an actor that lives exactly as long as the proxy.
 
 The plugin acknowledges a command only after it sent the live items the command caused
@@ -75,7 +88,6 @@ from loopdock.actors import (
     supervised,
 )
 from loopdock.runtime import (
-    HUMAN_SOURCE_KINDS,
     AgentClosedError,
     Changes,
     Event,
@@ -142,9 +154,17 @@ def _message(raw: Mapping[str, Any]) -> Message:
         return Message(role if role in ("user", "assistant", "tool", "system") else "user", (), None, str(raw.get("id")))
 
 
-def _is_human(message: Mapping[str, Any]) -> bool:
+#: DSH's own context messages, which are not input (the plugin's ``CONTEXT_KINDS``).
+DSH_CONTEXT_KINDS = frozenset({"runtime-context", "skill-catalog", "agent-instructions", "model-selection"})
+#: Why a queued reservation settles ``cancelled`` when competing input arrives.
+COMPETING = "input a person or a plugin wrote came first"
+#: Why a pending reservation settles ``cancelled`` when a DSH command starts in its agent.
+COMMAND_RAN = "a command ran in the agent"
+
+
+def _kind(message: Mapping[str, Any]) -> object:
     source = message.get("source")
-    return isinstance(source, Mapping) and source.get("kind") in HUMAN_SOURCE_KINDS
+    return source.get("kind") if isinstance(source, Mapping) else None
 
 
 class DshAgent:
@@ -160,6 +180,14 @@ class DshAgent:
         self._handler = handler
         self._owned = owned_kinds
         self._reservations: dict[str, Reservation] = {}  # message id -> pending reservation
+        # message id -> a reservation the runtime let enter, not yet settled by DSH's log:
+        # (it, the turn that claimed it, the status version then)
+        self._entering: dict[str, tuple[Reservation, int, int]] = {}
+        # The session events taken in so far: up to this seq (see ``_fold``).
+        self._folded_seq = events[-1].seq if (events := self.session.events) else -1
+        # ids of the DSH commands running in the agent (``command/run`` folded, no
+        # ``command/done`` yet)
+        self._running_commands: set[str] = set()
         self._unanswered: set[str] = set()  # ids of messages whose command is not answered yet
         self._cancels = 0  # cancel commands not answered yet
         self._injected: set[str] = set()  # ids of messages this proxy queued not to wake the agent
@@ -198,7 +226,16 @@ class DshAgent:
         return len(self.live.inbox) + len(unseen)
 
     def has_pending_human_input(self) -> bool:
-        return any(_is_human(m) for m in self.live.inbox.values())
+        """Input a person or a plugin wrote waits in the agent's inbox (see the module
+        docstring: on DSH a plugin's input ranks as a person's)."""
+        return any(self._competes(m) for m in self.live.inbox.values())
+
+    def _competes(self, message: Mapping[str, Any]) -> bool:
+        """Whether ``message`` is input that an automatic message yields to: a person's
+        (``HUMAN_SOURCE_KINDS``) or a plugin's, i.e. any kind but an owned one and DSH's
+        context."""
+        kind = _kind(message)
+        return kind not in self._owned and kind not in DSH_CONTEXT_KINDS
 
     async def wait_idle(self) -> None:
         """Wait until every command sent through this proxy has been answered and the
@@ -252,7 +289,8 @@ class DshAgent:
         return reservation
 
     def withdraw(self, reservation: AgentReservation, reason: str = "withdrawn") -> bool:
-        """Settle a pending reservation ``cancelled``; True if it was pending."""
+        """Settle a pending reservation ``cancelled``; True if it was pending. One the
+        runtime let enter at pre-step is past withdrawing: DSH's log settles it."""
         if self._reservations.get(reservation.message.id) is not reservation:
             return False
         del self._reservations[reservation.message.id]
@@ -266,6 +304,18 @@ class DshAgent:
             return False
         self._settle(reservation, "cancelled", "discarded by the host")
         return True
+
+    def competing_input(self, message: Mapping[str, Any]) -> int:
+        """The host put ``message`` into the agent's inbox: if it is input a person or a
+        plugin wrote, it comes first, and every reservation still queued settles
+        ``cancelled`` (the plugin takes their messages out of DSH's inbox). Returns how
+        many were."""
+        if not self._competes(message):
+            return 0
+        queued = list(self._reservations.values())
+        for reservation in queued:
+            self._settle(reservation, "cancelled", COMPETING)
+        return len(queued)
 
     def followup(self, message: str | Message) -> Message:
         """Queue ``message`` for the agent's next turn on the host and wake it (see
@@ -338,15 +388,64 @@ class DshAgent:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._sender)
+                nursery.start_soon(self._follow_log)
                 task_status.started()
                 await self._handler.wait_until(lambda: self.closed)
                 nursery.cancel_scope.cancel()
         finally:
             self._stopped = True
             ungate()
-            for reservation in self._reservations.values():
+            for reservation in [*self._reservations.values(), *(e[0] for e in self._entering.values())]:
                 reservation.settle("cancelled", "agent gone")
             self._reservations.clear()
+            self._entering.clear()
+
+    async def _follow_log(self) -> None:
+        """Take in the session's events as the host mirrors them (``_fold``)."""
+        while True:
+            await self._handler.wait_until(self._unfolded)
+            self._fold()
+
+    def _unfolded(self) -> bool:
+        events = self.session.events
+        return bool(events) and events[-1].seq > self._folded_seq
+
+    def _fold(self) -> None:
+        """Take in the events mirrored since the last fold (those the proxy found when it
+        started are history), in seq order."""
+        events = self.session.events
+        start = len(events)
+        while start > 0 and events[start - 1].seq > self._folded_seq:
+            start -= 1
+        for event in events[start:]:
+            self._folded_seq = event.seq
+            self._take(event)
+
+    def _take(self, event: Event) -> None:
+        if event.type == "command/run":
+            # DSH logs it before the command's handler runs: nothing reserved before it
+            # is admitted after it (the plugin takes the messages out of DSH's inbox).
+            self._running_commands.add(str(event.data.get("commandId")))
+            for reservation in list(self._reservations.values()):
+                self._settle(reservation, "cancelled", COMMAND_RAN)
+        elif event.type == "command/done":
+            self._running_commands.discard(str(event.data.get("commandId")))
+        elif event.type == "user/message" and self._entering:
+            # DSH logs a message as it enters a model step (its data is the message).
+            entering = self._entering.pop(str(event.data.get("id")), None)
+            if entering is not None:
+                entering[0].settle("admitted")
+        elif event.type == "turn/end" and self._entering:
+            turn = event.data.get("turn")
+            reason = event.data.get("reason")
+            kind = reason.get("kind") if isinstance(reason, Mapping) else None
+            ended = [mid for mid, (_, claimed, _) in self._entering.items() if claimed == turn]
+            for mid in ended:
+                reservation, _, seen = self._entering.pop(mid)
+                why = f"the turn ended {kind} before the message entered a model step"
+                reservation.settle("cancelled" if kind == "aborted" else "rejected", why)
+                if kind != "aborted":  # (a cancel wakes after itself)
+                    self._wake_later(seen)
 
     async def _sender(self) -> None:
         """Send the commands in order, each once the one before was answered: the host
@@ -395,13 +494,23 @@ class DshAgent:
         reservation.settle(state, reason)
 
     async def _verdict(self, request: wire.PreStep) -> wire.Verdict:
+        self._fold()
         owned = [m for m in request.messages if (m.get("source") or {}).get("kind") in self._owned]
         found = [self._reservations.get(str(m.get("id"))) for m in owned]
         mine = [reservation for reservation in found if reservation is not None]
+        batch = {str(m.get("id")) for m in request.messages}
+        reason = None
         if not owned or len(mine) < len(found):
             # Not a pending reservation of ours (withdrawn, or someone else's): never enters.
             # DSH drops every owned message of a rejected batch: ours in it are rejected too.
             reason = "not a pending reservation of this runtime"
+        elif any(self._competes(m) for m in request.messages):
+            reason = "input a person or a plugin wrote is in this step"
+        elif any(self._competes(m) for mid, m in self.live.inbox.items() if mid not in batch):
+            reason = "input a person or a plugin wrote is waiting"
+        elif self._running_commands:
+            reason = "a command is running in the agent"
+        if reason is not None:
             for reservation in mine:
                 self._settle(reservation, "rejected", reason)
             self._wake_later()
@@ -420,9 +529,14 @@ class DshAgent:
                 self._settle(reservation, "rejected", "pre-step failed")
             self._wake_later()  # the host fails closed: a reject like any other
             raise
+        if isinstance(verdict, Enter) and any(r.state != "pending" for r in mine):
+            # settled while the waterfall ran (withdrawn, a command started, ...): never enters
+            verdict = Reject(next(r.reason for r in mine if r.state != "pending") or "no longer pending")
         if isinstance(verdict, Enter):
+            # Not admitted yet: DSH's log says whether it entered (``_take``).
             for reservation in mine:
-                self._settle(reservation, "admitted")
+                if self._reservations.pop(reservation.message.id, None) is reservation and reservation.state == "pending":
+                    self._entering[reservation.message.id] = (reservation, request.turn, self.status_version)
             return wire.Verdict("enter")
         for reservation in mine:
             self._settle(reservation, "rejected", verdict.reason)
@@ -469,7 +583,9 @@ class DshAgentMirror(HandlerLayer):
     the source kinds the plugin asks the runtime about.
 
     As a handler layer in front of ``handler`` (serve the mirror, not the host handler):
-    a live ``agent/inbox/discarded`` settles the proxy's reservation for that message, and
+    a live ``agent/inbox/discarded`` settles the proxy's reservation for that message, a
+    live ``agent/inbox/inserted`` of competing input its queued ones (``competing_input``),
+    and
     a ``command`` request runs ``commands[name](proxy, args)`` (a command it does not know
     is answered ``NOT_SERVED``; one that raises is a failed ``commandDone``)."""
 
@@ -494,12 +610,15 @@ class DshAgentMirror(HandlerLayer):
     async def on_live(self, conn: Peer, items: Sequence[LiveEvent]) -> None:
         await super().on_live(conn, items)
         for item in items:
-            if item.type != "agent/inbox/discarded":
+            if item.type not in ("agent/inbox/discarded", "agent/inbox/inserted"):
                 continue
             message = item.data.get("message")
-            message_id = message.get("id") if isinstance(message, Mapping) else None
             proxy = self.proxies.get(item.agent_id)
-            if proxy is not None and isinstance(message_id, str):
+            if proxy is None or not isinstance(message, Mapping):
+                continue
+            if item.type == "agent/inbox/inserted":
+                proxy.competing_input(message)
+            elif isinstance(message_id := message.get("id"), str):
                 proxy.discarded(message_id)
 
     async def _proxy_for(self, agent_id: str) -> DshAgent | None:

@@ -9,7 +9,9 @@
 // - executes the runtime's commands (followup, wake, cancel) on the exact live agent and answers
 //   only the requests the runtime made (an ack after the live items the command caused);
 // - at agent/pre-step asks the runtime for a verdict on messages of the kinds it owns
-//   (config.ownedKinds), with a deadline, failing closed; other messages are never delayed;
+//   (config.ownedKinds), with a deadline, failing closed; on enter it checks what the rest of
+//   DSH's waterfall answers and passes on only a valid decision (else it rejects); other
+//   messages are never delayed;
 // - dock mode (config.dock): takes DSH's agent-factory slot, re-hosts the official AgentLoop as
 //   named drivers (config.drivers) and asks the runtime which loop/driver every create and resume uses;
 //   a resume's `select` carries the binding stored in the session's own DSH log (the durable record:
@@ -26,6 +28,7 @@
 //   config.runCommands runs DSH commands in created agents once
 //   the runtime welcomed the plugin (as DSH's web UI does when a person types one).
 import { randomUUID } from 'node:crypto'
+import { isDeepStrictEqual } from 'node:util'
 import { AgentLoop } from '/snapshot/node/node_modules/@deepseek-ai/dsh-agent-loop/lib/index.js'
 import { appendPluginRecord } from '/snapshot/node/node_modules/@deepseek-ai/dsh-session/lib/index.js'
 
@@ -56,8 +59,9 @@ const INIT_COMMAND = 'loopx-init'
 const INIT_SOURCE_KIND = 'dsh-loopx-plugin/init-command'
 // a private CLI install may take pip minutes: the runtime bounds it (600 s) and answers then
 const INIT_TIMEOUT_MS = 15 * 60 * 1000
-// DSH's own context messages: not what a person typed
-const CONTEXT_KINDS = new Set(['runtime-context', 'skill-catalog'])
+// DSH's own context messages, not input a person or a plugin wrote: the runtime context, the
+// skill catalog, the project's agent instructions, the model-switch notice
+const CONTEXT_KINDS = new Set(['runtime-context', 'skill-catalog', 'agent-instructions', 'model-selection'])
 
 const log = (...args) => console.error('[loopdock]', ...args)
 
@@ -167,6 +171,35 @@ async function storedSession(ctx, sessionId) {
   } finally {
     try { await handle?.close() } catch { /* a read handle owns nothing */ }
   }
+}
+
+// Why a pre-step `decision` from the rest of DSH's waterfall may not pass, or undefined if
+// it may. DSH 0.2.1 ends the turn blocked on `kind: 'reject'` (passed on as it is) and
+// otherwise enters `decision.messages` (no list fails the turn; an empty one at step 1 ends
+// it without a model step). A valid enter is `{kind: 'enter', messages}` that carries every
+// owned message of the claimed batch once and unchanged, the batch's other messages
+// unchanged (or not at all), and nothing else but DSH's own context: an automatic message
+// enters exactly as the runtime judged it, and with no input it did not see.
+function invalidDecision(decision, claimed, ownedKinds) {
+  if (decision === null || typeof decision !== 'object') {
+    return `a later pre-step listener answered ${decision === null ? 'null' : typeof decision}`
+  }
+  if (decision.kind !== 'enter' || !Array.isArray(decision.messages)) {
+    return `a later pre-step listener answered neither enter with messages nor reject (${String(decision.kind).slice(0, 40)})`
+  }
+  const batch = new Map(claimed.map(m => [m?.id, m]))
+  const entered = new Set()
+  for (const m of decision.messages) {
+    const kind = m?.source?.kind
+    if (CONTEXT_KINDS.has(kind)) continue
+    const original = batch.get(m?.id)
+    if (original === undefined) return `a later pre-step listener added a message (${String(kind).slice(0, 60)})`
+    if (entered.has(m.id)) return `a later pre-step listener entered message ${m.id} twice`
+    if (m !== original && !isDeepStrictEqual(m, original)) return `a later pre-step listener changed message ${m.id}`
+    entered.add(m.id)
+  }
+  const dropped = claimed.find(m => ownedKinds.has(m?.source?.kind) && !entered.has(m.id))
+  return dropped ? `a later pre-step listener dropped message ${dropped.id}` : undefined
 }
 
 class BridgeError extends Error {
@@ -347,6 +380,10 @@ export function apply(ctx, config = {}) {
       const placement = data.placement ?? 'followup'
       if (!['followup', 'steer', 'inject'].includes(placement)) throw new BridgeError('BAD_DATA', `unknown placement ${placement}`)
       const agent = liveAgent(data.agentId)
+      if (ownedKinds.has(m.source.kind)) {
+        const why = fenced(agent)
+        if (why) throw new BridgeError('FENCED', why)
+      }
       agent[placement](Object.freeze({ ...m, id: m.id ?? randomUUID(), role: m.role ?? 'user' }))
     } else if (type === 'wake') {
       const agent = liveAgent(data.agentId)
@@ -497,9 +534,67 @@ export function apply(ctx, config = {}) {
   })
   ctx.on('agent/status', (p) => sendLive('agent/status', p.agent, { status: p.status }))
   for (const n of ['inserted', 'claimed', 'discarded']) {
-    ctx.on(`agent/inbox/${n}`, (p) => sendLive(`agent/inbox/${n}`, p.agent, { message: p.message, ...(p.turn !== undefined ? { turn: p.turn } : {}) }))
+    ctx.on(`agent/inbox/${n}`, (p) => {
+      // A listener that took the message out again while DSH was still announcing it (a
+      // nested splice: e.g. competing input a plugin queued in reply withdraws it) had its
+      // discard sent already: announcing it now would leave the runtime's mirror of the
+      // inbox holding a message DSH no longer has.
+      if (n === 'inserted' && !queued(p.agent).some(m => m?.id === p.message?.id)) return
+      sendLive(`agent/inbox/${n}`, p.agent, { message: p.message, ...(p.turn !== undefined ? { turn: p.turn } : {}) })
+    })
   }
   ctx.on('agent/disposed', (p) => { sendLive('agent/disposed', p.agent, {}); if (p.agent?.id) { rewake.delete(p.agent.id); sent.delete(p.agent.session?.id ?? p.agent.id); tracked.delete(p.agent.session?.id ?? p.agent.id) } })
+
+  // ---- fences: what an automatic message must not get past -----------------------------------
+  // Input a person or a plugin writes into an agent's inbox (anything but an owned kind and
+  // DSH's own context) competes with an automatic message and wins, as a person's input does
+  // on the runtime's own agents: an automatic message still queued is withdrawn when it
+  // arrives (DSH logs the discard, and the runtime retires the reservation), the runtime's
+  // followup of one is refused while such input waits, and a pre-step that finds it in its
+  // batch, waiting, or arriving while the step is judged is rejected.
+  // A DSH command (a person's `/name`, `/loopx-init`, ...) is a fence too: DSH logs its
+  // `command/run` before its handler runs and its `command/done` after. No automatic message
+  // is admitted across one: one still queued when it starts is withdrawn, the runtime's
+  // followup of one is refused while it runs, and a pre-step it runs during, or that one
+  // starts in while the step is judged, is rejected.
+  const competing = (m) => !ownedKinds.has(m?.source?.kind) && !CONTEXT_KINDS.has(m?.source?.kind)
+  const queued = (agent) => [...(agent?.inbox?.nextStep ?? []), ...(agent?.inbox?.nextTurn ?? [])]
+  const arrivals = new WeakMap() // session -> how often competing input arrived in its agent's inbox
+  const arrivalsOf = (session) => arrivals.get(session) ?? 0
+  const commands = new WeakMap() // session -> {started: how many commands started in it, running: their ids}
+  const commandsOf = (session) => commands.get(session) ?? { started: 0, running: new Set() }
+  const agentOf = new WeakMap() // session -> the agent it was last seen with (a replaced session keeps its agent's id)
+  for (const type of ['agent/created', 'agent/status']) ctx.on(type, (p) => { if (p.agent?.session) agentOf.set(p.agent.session, p.agent) })
+  function withdrawQueued(agent) {
+    for (const m of queued(agent)) {
+      if (!ownedKinds.has(m?.source?.kind)) continue
+      try { agent.inbox.remove(m.id) } catch (e) { log('could not withdraw a queued automatic message', e?.message ?? e) }
+    }
+  }
+  // why an automatic message may not go on in `agent` now, or undefined
+  function fenced(agent) {
+    if (ctx.agents.get(agent?.id) !== agent) return 'the agent is not live'
+    if (queued(agent).some(competing)) return 'input a person or a plugin wrote is waiting'
+    if (commandsOf(agent.session).running.size > 0) return 'a command is running in the agent'
+    return undefined
+  }
+  ctx.on('agent/inbox/inserted', (p) => {
+    const session = p.agent?.session
+    if (!session || !competing(p.message)) return
+    arrivals.set(session, arrivalsOf(session) + 1)
+    withdrawQueued(p.agent)
+  })
+  ctx.on('session/event', (session, event) => {
+    if (event?.type !== 'command/run' && event?.type !== 'command/done') return
+    const state = commandsOf(session)
+    commands.set(session, state)
+    if (event.type === 'command/done') { state.running.delete(event.data?.commandId); return }
+    state.started += 1
+    state.running.add(event.data?.commandId)
+    // (not while DSH publishes the append: a session refuses to append meanwhile)
+    const agent = agentOf.get(session) ?? ctx.agents.get(session.id)
+    if (agent?.session === session) queueMicrotask(() => withdrawQueued(agent))
+  })
 
   // ---- pre-step verdicts ----------------------------------------------------------------------
   const rewake = new Set() // agents whose put-back input must run once they are idle
@@ -509,21 +604,40 @@ export function apply(ctx, config = {}) {
     queueMicrotask(() => { try { if (p.agent.inbox?.hasPending !== false) p.agent.wakeDriver() } catch (e) { log('re-wake failed', e?.message ?? e) } })
   })
 
+  // The runtime's verdict comes first, then the rest of DSH's waterfall (the listeners after
+  // this one, and DSH's own innermost step): what they answer is checked before it is passed
+  // on (invalidDecision), and anything else fails closed.
   ctx.on('agent/pre-step', async (p, next) => {
     const messages = p.messages ?? []
     const owned = messages.filter(m => ownedKinds.has(m?.source?.kind))
     if (owned.length === 0) return next() // never delayed
-    let verdict
-    try {
-      const r = await request('preStep', {
-        agentId: p.agent.id, sessionId: p.agent.session?.id ?? p.agent.id, turn: p.turn, step: p.step,
-        messages: messages.map(plain),
-      }, verdictTimeoutMs)
-      verdict = r.type === 'verdict' ? r.data : { kind: 'reject', reason: `unexpected ${r.type}` }
-    } catch (e) {
-      verdict = { kind: 'reject', reason: String(e?.message ?? e) } // fail closed
+    const agent = p.agent
+    const session = agent.session
+    const arrived = arrivalsOf(session)
+    const started = commandsOf(session).started
+    // the fences on DSH's live state (the runtime may not have seen it yet): before the runtime
+    // is asked, and again after every wait
+    const moved = () => fenced(agent)
+      ?? (agent.session !== session ? 'the agent has another session' : undefined)
+      ?? (arrivalsOf(session) !== arrived ? 'input a person or a plugin wrote arrived meanwhile' : undefined)
+      ?? (commandsOf(session).started !== started ? 'a command ran in the agent meanwhile' : undefined)
+    let why = (messages.some(competing) ? 'input a person or a plugin wrote is in this step' : undefined)
+      ?? moved() ?? await askRuntime(p, messages) ?? moved()
+    if (why === undefined) {
+      let decision
+      try {
+        decision = await next()
+      } catch (e) {
+        if (p.signal?.aborted) throw e // the turn was cancelled: DSH ends it aborted
+        why = `a later pre-step listener failed: ${e?.message ?? e}`
+      }
+      if (why === undefined) {
+        if (decision?.kind === 'reject') return decision // a later veto: DSH ends the turn blocked
+        why = invalidDecision(decision, messages, ownedKinds) ?? moved()
+        if (why === undefined) return decision
+      }
+      log(`pre-step of ${p.agent.id}: ${why}; rejected`)
     }
-    if (verdict?.kind === 'enter') return next()
     // a reject consumes the whole claimed batch: put back what the runtime does not own
     const others = messages.filter(m => !ownedKinds.has(m?.source?.kind))
     if (others.length > 0) {
@@ -534,6 +648,21 @@ export function apply(ctx, config = {}) {
     }
     return { kind: 'reject' }
   })
+  // The runtime's verdict on a claimed batch: undefined to enter, else why not (failing closed).
+  async function askRuntime(p, messages) {
+    // what the claim changed in the inbox reaches the runtime before the question
+    if (ws && open && !syncing) flush(ws)
+    try {
+      const r = await request('preStep', {
+        agentId: p.agent.id, sessionId: p.agent.session?.id ?? p.agent.id, turn: p.turn, step: p.step,
+        messages: messages.map(plain),
+      }, verdictTimeoutMs)
+      if (r.type !== 'verdict') return `unexpected ${r.type}`
+      return r.data?.kind === 'enter' ? undefined : String(r.data?.reason ?? 'rejected')
+    } catch (e) {
+      return String(e?.message ?? e)
+    }
+  }
 
   // ---- /loopx-init: run by the runtime for the exact agent ----------------------------------------
   const cancelledInits = new Set() // agents whose /loopx-init was cancelled: no result message

@@ -29,13 +29,14 @@ from loopdock.bridge import (
     NotServedError,
     RemoteError,
     RunCommand,
+    SessionEvent,
     Verdict,
     Wake,
 )
 from loopdock.bridge import PreStep as WirePreStep
-from loopdock.bridge._dsh_agent import DshAgentClosedError
+from loopdock.bridge._dsh_agent import COMMAND_RAN, DshAgentClosedError
 from loopdock.bridge._handler import Disconnect
-from loopdock.runtime import AgentClosedError
+from loopdock.runtime import AgentClosedError, Event
 from loopdock.runtime._messages import (
     Message,
     ProducerSource,
@@ -108,6 +109,15 @@ def human(message_id: str, kind: str = "user") -> dict:
 def continuation(turn: str = "t1", kind: str = OWNED) -> Message:
     source = ProducerSource(kind, {"schemaVersion": "loopx_dsh_continuation_v0", "goalId": "g1", "turnInstanceId": turn})
     return Message("user", (TextBlock(f"continue {turn}"),), source)
+
+
+async def logged(handler: HostHandler, conn: FakeHost, session_id: str, *events: tuple[str, dict]) -> None:
+    """DSH logs ``events`` (type, data) in ``session_id``: the mirror's next seqs."""
+    log = handler.sessions.get(session_id, [])
+    seq = log[-1].seq + 1 if log else 0
+    await handler.on_events(
+        conn, [SessionEvent(session_id, Event(type_, seq + i, 0, data)) for i, (type_, data) in enumerate(events)]
+    )
 
 
 def pre_step(agent_id: str, *messages: dict, turn: int = 1) -> WirePreStep:
@@ -228,8 +238,9 @@ async def test_human_input_and_inbox_size_come_from_the_host_inbox(rt, tmp_path,
             assert proxy.inbox_size == 2 and not proxy.has_pending_human_input()
             await live(handler, conn, inbox("claimed", "a1", wire_message))
             verdict = await handler.on_pre_step(conn, pre_step("a1", wire_message))
-            assert verdict == Verdict("enter") and reservation.state == "admitted"
-            assert proxy.inbox_size == 1
+            assert verdict == Verdict("enter") and proxy.inbox_size == 1
+            await logged(handler, conn, "a1", ("user/message", wire_message))
+            assert await reservation.wait() == "admitted"
             nursery.cancel_scope.cancel()
 
 
@@ -483,6 +494,9 @@ async def test_pre_step_enter_admits_the_reservation(rt, tmp_path, autojump_cloc
             await live(handler, conn, status("a1", "running"))
             verdict = await handler.on_pre_step(conn, pre_step("a1", wire_message, turn=3))
             assert verdict == Verdict("enter")
+            # admitted once DSH logs the message: it entered a model step
+            assert await still_blocked(reservation.wait)
+            await logged(handler, conn, "a1", ("step/start", {"turn": 3, "step": 1}), ("user/message", wire_message))
             assert await reservation.wait() == "admitted"
             (seen,) = listener.seen
             assert (seen.agent_id, seen.session_id, seen.turn, seen.step) == ("a1", "a1", 3, 1)
@@ -497,6 +511,42 @@ async def test_pre_step_enter_admits_the_reservation(rt, tmp_path, autojump_cloc
             nursery.cancel_scope.cancel()
 
 
+async def test_after_the_runtime_s_enter_dsh_s_log_settles_the_reservation(rt, tmp_path, autojump_clock):
+    """The runtime's enter is not the last word: a later DSH listener may still veto the
+    step (or the plugin fail it closed). The reservation settles by what DSH logs: the
+    turn that claimed it ended without its message, so it never entered a model step."""
+    handler, conn = await open_host(rt, "a1")
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            proxy = await start_proxy(nursery, handler, "a1", tmp_path)
+            vetoed = proxy.reserve(continuation("t1"))
+            await conn.wait_sent(Followup)
+            await live(handler, conn, status("a1", "running"))
+            await logged(handler, conn, "a1", ("turn/start", {"turn": 1}))
+            assert await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message, turn=1)) == Verdict("enter")
+            # past the runtime's gate: no longer withdrawn, not admitted either
+            assert not proxy.withdraw(vetoed) and vetoed.state == "pending"
+            await live(handler, conn, inbox("inserted", "a1", human("h1")))  # put back after the veto
+            await logged(handler, conn, "a1", ("turn/end", {"turn": 1, "reason": {"kind": "blocked"}}))
+            assert await vetoed.wait() == "rejected"
+            assert vetoed.reason == "the turn ended blocked before the message entered a model step"
+            # DSH leaves the queue stalled after a blocked turn: woken once idle
+            assert await still_blocked(conn.wait_sent, Wake) and conn.of(Wake) == []
+            await live(handler, conn, status("a1", "idle"))
+            await conn.wait_sent(Wake)
+            await live(handler, conn, inbox("claimed", "a1", human("h1")))
+
+            # a cancel that ends the turn before the message entered: cancelled
+            cancelled = proxy.reserve(continuation("t2"))
+            await conn.wait_sent(Followup, 2)
+            await logged(handler, conn, "a1", ("turn/start", {"turn": 2}))
+            assert await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message, turn=2)) == Verdict("enter")
+            await logged(handler, conn, "a1", ("turn/end", {"turn": 2, "reason": {"kind": "aborted"}}))
+            assert await cancelled.wait() == "cancelled"
+            assert cancelled.reason == "the turn ended aborted before the message entered a model step"
+            nursery.cancel_scope.cancel()
+
+
 async def test_a_reject_wakes_the_agent_after_the_blocked_turn_only_if_input_is_queued(rt, tmp_path, autojump_clock):
     handler, conn = await open_host(rt, "a1")
     with trio.fail_after(600):
@@ -508,10 +558,11 @@ async def test_a_reject_wakes_the_agent_after_the_blocked_turn_only_if_input_is_
             # 1. something is queued behind the vetoed continuation: one wake, once idle
             first = proxy.reserve(continuation("t1"))
             await conn.wait_sent(Followup)
-            await live(handler, conn, status("a1", "running"), inbox("inserted", "a1", human("h1")))
+            await live(handler, conn, status("a1", "running"))
             verdict = await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message))
             assert verdict == Verdict("reject", "quota says no")
             assert (await first.wait(), first.reason) == ("rejected", "quota says no")
+            await live(handler, conn, inbox("inserted", "a1", human("h1")))  # queued during the blocked turn
             assert len(listener.seen) == 1
             assert await still_blocked(trio.sleep_forever) and conn.of(Wake) == []  # still running
             await live(handler, conn, status("a1", "idle"))
@@ -533,9 +584,9 @@ async def test_a_reject_wakes_the_agent_after_the_blocked_turn_only_if_input_is_
             conn.replies[Wake] = Ack(False, ErrorNotice("NOT_LIVE", "gone"))
             third = proxy.reserve(continuation("t3"))
             await conn.wait_sent(Followup, 3)
-            await live(handler, conn, status("a1", "running"), inbox("inserted", "a1", human("h2")))
+            await live(handler, conn, status("a1", "running"))
             await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message))
-            await live(handler, conn, status("a1", "idle"))
+            await live(handler, conn, inbox("inserted", "a1", human("h2")), status("a1", "idle"))
             await conn.wait_sent(Wake, 2)
             assert third.state == "rejected" and not proxy.closed
             nursery.cancel_scope.cancel()
@@ -599,13 +650,14 @@ async def test_every_reject_wakes_a_stalled_inbox_not_only_a_listeners(rt, tmp_p
             await conn.wait_sent(Wake)
 
             proxy.pre_step.add(Recorder(error=RuntimeError("listener bug")))
+            await live(handler, conn, inbox("claimed", "a1", human("h1")))
             reservation = proxy.reserve(continuation("t1"))
             await conn.wait_sent(Followup)
             await live(handler, conn, status("a1", "running"))
             with pytest.raises(RuntimeError):
                 await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message))
             assert reservation.state == "rejected"
-            await live(handler, conn, status("a1", "idle"))
+            await live(handler, conn, inbox("inserted", "a1", human("h2")), status("a1", "idle"))
             await conn.wait_sent(Wake, 2)
             assert conn.of(Wake) == [Wake("a1"), Wake("a1")]
             nursery.cancel_scope.cancel()
@@ -629,7 +681,8 @@ async def test_a_listener_that_raises_fails_the_pre_step_and_rejects_the_reserva
             later = proxy.reserve(continuation("t2"))
             await conn.wait_sent(Followup, 2)
             assert await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message)) == Verdict("enter")
-            assert later.state == "admitted" and not proxy.closed
+            await logged(handler, conn, "a1", ("user/message", conn.sent[-1].message))
+            assert await later.wait() == "admitted" and not proxy.closed
             nursery.cancel_scope.cancel()
 
 
@@ -753,7 +806,8 @@ async def test_an_agent_announced_again_gets_a_fresh_proxy(rt, tmp_path, autojum
             fresh = second.reserve(continuation("t2"))
             await new_conn.wait_sent(Followup)
             assert await handler.on_pre_step(new_conn, pre_step("a1", new_conn.sent[-1].message)) == Verdict("enter")
-            assert fresh.state == "admitted"
+            await logged(handler, new_conn, "a1", ("user/message", new_conn.sent[-1].message))
+            assert await fresh.wait() == "admitted"
 
             # disposed: the proxy ends and the mirror forgets it, without starting another
             await live(handler, new_conn, ("agent/disposed", "a1", {}))
@@ -853,6 +907,138 @@ async def test_a_message_the_host_discards_retires_its_reservation(rt, tmp_path,
             nursery.cancel_scope.cancel()
 
 
+def plugin_input(message_id: str, kind: str = "dsh-loopx-plugin/init-command") -> dict:
+    """Input a plugin writes into an agent's inbox (by default /loopx-init's start message)."""
+    return {"id": message_id, "role": "user", "content": [{"type": "text", "text": "checking LoopX"}],
+            "source": {"kind": kind, "phase": "start"}}
+
+
+async def test_input_a_plugin_writes_comes_first_as_a_person_s_does(rt, tmp_path, autojump_clock):
+    """On DSH an automatic message yields to every input a person or a plugin writes into the
+    inbox (the seed: the driver yields to ordinary human or plugin input), as it yields to
+    a person's on the runtime's own agents: such input is waiting input, a reservation still
+    queued when it arrives is cancelled, and a pre-step it comes with or waits behind is
+    rejected before the waterfall runs. DSH's own context and owned kinds are not input."""
+    handler = HostHandler(rt.dock)
+    conn = FakeHost()
+    handler.connected(conn)
+
+    async def on_agent(proxy: DshAgent) -> None:
+        pass
+
+    mirror = DshAgentMirror(handler, on_agent, lambda _: tmp_path, OWNED_KINDS)
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mirror.run)
+            await mirror.on_live(conn, [LiveEvent(*created("a1")), LiveEvent(*status("a1", "idle"))])
+            assert await still_blocked(trio.sleep_forever)
+            proxy = mirror.proxies["a1"]
+            listener = Recorder()
+            proxy.pre_step.add(listener)
+
+            # waiting input: a plugin's as a person's; not DSH's context, not an automatic message
+            for message in (plugin_input("c1", "runtime-context"), plugin_input("c2", "agent-instructions"),
+                            message_to_wire(continuation("t-x"))):
+                await mirror.on_live(conn, [LiveEvent(*inbox("inserted", "a1", message))])
+                assert not proxy.has_pending_human_input()
+                await mirror.on_live(conn, [LiveEvent(*inbox("discarded", "a1", message))])
+            await mirror.on_live(conn, [LiveEvent(*inbox("inserted", "a1", plugin_input("p1")))])
+            assert proxy.has_pending_human_input()
+
+            # waiting behind an automatic message: its pre-step is rejected
+            behind = proxy.reserve(continuation("t1"))
+            await conn.wait_sent(Followup)
+            verdict = await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message))
+            assert verdict == Verdict("reject", "input a person or a plugin wrote is waiting")
+            assert behind.state == "rejected" and listener.seen == []
+
+            # in the same step (a plugin's inject claimed with it): rejected
+            await mirror.on_live(conn, [LiveEvent(*inbox("claimed", "a1", plugin_input("p1")))])
+            along = proxy.reserve(continuation("t2"))
+            await conn.wait_sent(Followup, 2)
+            verdict = await handler.on_pre_step(conn, pre_step("a1", plugin_input("p1"), conn.sent[-1].message))
+            assert verdict == Verdict("reject", "input a person or a plugin wrote is in this step")
+            assert along.state == "rejected" and listener.seen == []
+
+            # arriving while one is queued: it comes first, the queued one is cancelled
+            queued = proxy.reserve(continuation("t3"))
+            await conn.wait_sent(Followup, 3)
+            wire_message = conn.sent[-1].message
+            await mirror.on_live(conn, [LiveEvent(*inbox("inserted", "a1", wire_message))])
+            await mirror.on_live(conn, [LiveEvent(*inbox("inserted", "a1", plugin_input("p2", "some-plugin")))])
+            assert (queued.state, queued.reason) == ("cancelled", "input a person or a plugin wrote came first")
+            assert proxy.has_pending_human_input()
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_dsh_command_is_a_fence_no_automatic_message_is_admitted_across(rt, tmp_path, autojump_clock):
+    """DSH logs ``command/run`` before a command's handler runs and ``command/done`` after
+    (a person's ``/name``, ``/loopx-init``): what was reserved before it is cancelled, as
+    on the runtime's own agents, and no pre-step enters while it runs."""
+    handler, conn = await open_host(rt, "a1")
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            proxy = await start_proxy(nursery, handler, "a1", tmp_path)
+            listener = Recorder()
+            proxy.pre_step.add(listener)
+            before = proxy.reserve(continuation("t1"))
+            await conn.wait_sent(Followup)
+            queued = conn.sent[-1].message
+            await logged(handler, conn, "a1", ("command/run", {"commandId": "cmd-1", "name": "loopx-init"}))
+            assert await before.wait() == "cancelled" and before.reason == COMMAND_RAN
+            verdict = await handler.on_pre_step(conn, pre_step("a1", queued))
+            assert verdict == Verdict("reject", NOT_PENDING)
+
+            # while it runs: a reservation made meanwhile does not enter
+            during = proxy.reserve(continuation("t2"))
+            await conn.wait_sent(Followup, 2)
+            verdict = await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message))
+            assert verdict == Verdict("reject", "a command is running in the agent")
+            assert during.state == "rejected" and listener.seen == []
+
+            # once it is done, one enters again
+            await logged(handler, conn, "a1", ("command/done", {"commandId": "cmd-1", "kind": "success"}))
+            after = proxy.reserve(continuation("t3"))
+            await conn.wait_sent(Followup, 3)
+            assert await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message)) == Verdict("enter")
+            assert after.state == "pending" and len(listener.seen) == 1
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_reservation_settled_while_its_pre_step_runs_does_not_enter(rt, tmp_path, autojump_clock):
+    """A command that starts (or a withdraw) while the waterfall judges the step settles the
+    reservation: the step is rejected however the waterfall ends."""
+    handler, conn = await open_host(rt, "a1")
+    judging, go_on = trio.Event(), trio.Event()
+
+    async def slow(pre: PreStep, next_):
+        judging.set()
+        await go_on.wait()
+        return await next_(pre)
+
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            proxy = await start_proxy(nursery, handler, "a1", tmp_path)
+            proxy.pre_step.add(slow)
+            reservation = proxy.reserve(continuation("t1"))
+            await conn.wait_sent(Followup)
+            verdicts: list[Verdict] = []
+            answered = trio.Event()
+
+            async def ask() -> None:
+                verdicts.append(await handler.on_pre_step(conn, pre_step("a1", conn.sent[-1].message)))
+                answered.set()
+
+            nursery.start_soon(ask)
+            await judging.wait()
+            await logged(handler, conn, "a1", ("command/run", {"commandId": "cmd-1", "name": "goal"}))
+            assert await reservation.wait() == "cancelled" and reservation.reason == COMMAND_RAN
+            go_on.set()
+            await answered.wait()
+            assert verdicts == [Verdict("reject", COMMAND_RAN)]
+            nursery.cancel_scope.cancel()
+
+
 async def test_host_commands_run_for_the_exact_proxy_and_fail_contained(rt, tmp_path, autojump_clock):
     handler = HostHandler(rt.dock)
     conn = FakeHost()
@@ -939,7 +1125,8 @@ async def test_the_continuation_s_activation_is_the_log_s_as_it_is_now(rt, tmp_p
     handler, conn = await open_host(rt, "a1")
     call = {"turn": 1, "step": 1, "callId": "c-1", "name": "skill", "arguments": '{"name": "loopx"}'}
     result = {"turn": 1, "step": 1, "message": {"role": "tool", "source": {"kind": "tool", "callId": "c-1"},
-                                                 "toolCallId": "c-1", "content": [], "isError": False}}
+                                                 "toolCallId": "c-1", "content": [{"type": "text", "text": "# loopx"}],
+                                                 "isError": False}}
     with trio.fail_after(600):
         async with trio.open_nursery() as nursery:
             proxy = await start_proxy(nursery, handler, "a1", tmp_path)
