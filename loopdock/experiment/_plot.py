@@ -52,7 +52,9 @@ def render_png(report: Report) -> bytes:
         # Cells are named in a legend beside the axes: labels next to points would overlap
         # wherever cells are close (and cells often are).
         for cell, (x, y) in zip(cells, points, strict=True):
-            axes.errorbar([x], [y], yerr=[[y - cell.success_low], [cell.success_high - y]], fmt="o", capsize=4,
+            # Error bars are distances: never negative, whatever rounding did to a bound.
+            below, above = max(0.0, y - cell.success_low), max(0.0, cell.success_high - y)
+            axes.errorbar([x], [y], yerr=[[below], [above]], fmt="o", capsize=4,
                           label=cell.label)  # fmt: skip
         front = pareto_front(points)
         if len(front) > 1:

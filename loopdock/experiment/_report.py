@@ -24,7 +24,7 @@ from ._history import RunHistory
 from ._records import RolloutResult
 from ._rollouts import cell_label
 from ._spec import Price
-from ._stats import mean_interval, percentile, wilson
+from ._stats import clip, mean_interval, percentile, wilson
 
 _LIMIT_PREFIXES = ("turn limit", "token limit", "time limit")
 
@@ -152,7 +152,8 @@ def _per_sample(results: Iterable[RolloutResult], prices: Mapping[str, Price]) -
 def _delta(kind: str, a: str, b: str, by_cell: Mapping[str, dict[tuple[str, str], tuple[float, float | None]]]) -> Delta:
     left, right = by_cell.get(a, {}), by_cell.get(b, {})
     shared = sorted(set(left) & set(right))
-    success = mean_interval([left[k][0] - right[k][0] for k in shared])
+    mean, low, high = mean_interval([left[k][0] - right[k][0] for k in shared])
+    success = mean, clip(low, -1.0, 1.0), clip(high, -1.0, 1.0)  # a difference of rates is within +-1
     cost_pairs = [(left[k][1], right[k][1]) for k in shared]
     cost: tuple[float, float, float] | None = None
     if cost_pairs and all(x is not None and y is not None for x, y in cost_pairs):

@@ -41,12 +41,20 @@ def wilson(successes: int, n: int) -> tuple[float, float]:
     z2 = Z95 * Z95
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)
     half = Z95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # Rounding puts the bound at 0/n or n/n a hair inside the scale (0.9999999999999999),
+    # and a bound must never sit on the wrong side of the rate it bounds.
+    return clip(centre - half, 0.0, p), clip(centre + half, p, 1.0)
+
+
+def clip(value: float, low: float, high: float) -> float:
+    """``value`` within ``[low, high]``; nan stays nan."""
+    return value if math.isnan(value) else min(high, max(low, value))
 
 
 def mean_interval(values: Sequence[float]) -> tuple[float, float, float]:
     """(mean, low, high): the mean with its 95% t interval; low and high are nan for a
-    single value, which says nothing about spread."""
+    single value or for values that are all equal: neither says anything about spread,
+    and a zero-width interval would read as certainty."""
     n = len(values)
     if n == 0:
         return math.nan, math.nan, math.nan
@@ -54,6 +62,8 @@ def mean_interval(values: Sequence[float]) -> tuple[float, float, float]:
     if n == 1:
         return mean, math.nan, math.nan
     variance = sum((v - mean) ** 2 for v in values) / (n - 1)
+    if variance == 0:
+        return mean, math.nan, math.nan
     half = t975(n - 1) * math.sqrt(variance / n)
     return mean, mean - half, mean + half
 

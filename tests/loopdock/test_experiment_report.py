@@ -84,7 +84,8 @@ def test_paired_deltas_pair_samples_and_average_repeats():
     assert (delta.kind, delta.a, delta.b, delta.pairs) == ("loop", "p/m x b", "p/m x a", 2)
     assert delta.success == pytest.approx(0.75)
     half = 12.706 * math.sqrt(((1 - 0.75) ** 2 + (0.5 - 0.75) ** 2) / 1 / 2)
-    assert (delta.success_low, delta.success_high) == (pytest.approx(0.75 - half), pytest.approx(0.75 + half))
+    assert 0.75 - half < -1 and 0.75 + half > 1  # two pairs: t's interval is wider than the scale
+    assert (delta.success_low, delta.success_high) == (-1.0, 1.0)
     assert report.tasks == (("t", (("p/m x a", 2, 5), ("p/m x b", 4, 4))),)
 
 
@@ -130,3 +131,29 @@ def test_the_cli_runs_reports_and_prints_json(tmp_path, capsys, main):
     assert (out_dir / "success-vs-cost.png").read_bytes().startswith(b"\x89PNG")
     assert main(["experiment", "report", "nope", "--home", str(home)]) == 2
     assert "UNKNOWN_RUN: no experiment run 'nope' in" in capsys.readouterr().err
+
+
+def test_cells_at_0_and_100_percent_have_intervals_on_the_scale_and_a_plot():
+    # Rounding once put 10/10 at 0.9999999999999999 and 0/3 a hair above 0: the plot then
+    # rejected a negative error bar and the report wrote no PNG and no HTML.
+    for n in range(1, 200):
+        assert wilson(n, n)[1] == 1.0 and wilson(0, n)[0] == 0.0
+        for k in range(n + 1):
+            low, high = wilson(k, n)
+            assert 0.0 <= low <= k / n <= high <= 1.0
+    results = [result("t", "1", "p/a", "std", r, 1.0) for r in range(1, 11)]
+    results += [result("t", "1", "p/a", "min", r, 0.0) for r in range(1, 11)]
+    report = build_report(RunHistory("r", (plan(results, ["p/a"], ["std", "min"]),), tuple(results), {}))
+    assert [(c.success_low, c.success_high) for c in report.cells][0][1] == 1.0
+    assert render_png(report).startswith(b"\x89PNG")
+
+
+def test_a_zero_width_delta_is_not_shown_as_significant():
+    # Four samples, loop b fails all four that a passes: every difference is -1, so the
+    # t interval has no width; it says nothing, and the page must not paint it red.
+    results = [result("t", str(s), "p/m", "a", 1, 1.0) for s in range(1, 5)]
+    results += [result("t", str(s), "p/m", "b", 1, 0.0) for s in range(1, 5)]
+    report = build_report(RunHistory("r", (plan(results, ["p/m"], ["a", "b"]),), tuple(results), {}))
+    [delta] = report.deltas
+    assert delta.success == -1.0 and math.isnan(delta.success_low) and math.isnan(delta.success_high)
+    assert "class='bad'" not in render_html(report, None)
