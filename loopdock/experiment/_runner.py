@@ -33,6 +33,7 @@ from ._errors import ExperimentError
 from ._gate import ProviderGate
 from ._history import RunHistory, read_run
 from ._records import (
+    BUDGET_REASON,
     RECORD_EVENT,
     RolloutResult,
     error_record,
@@ -48,8 +49,6 @@ from ._spec import Experiment, Limits, Price
 from ._workdir import prepare, work_root
 
 log = get_logger(__name__)
-
-BUDGET_REASON = "experiment budget exhausted"
 
 Outcome = Literal["scored", "model-error", "failed", "budget"]
 

@@ -62,10 +62,13 @@ def test_cells_count_scored_failed_and_pending_rollouts_and_price_them():
                          tuple(results), {})  # fmt: skip
     report = build_report(history, {"p/a": Price(1000, 2000)})
     [cell] = report.cells
-    assert (cell.samples, cell.successes, cell.failed, cell.pending) == (3, 2, 1, 1)
-    assert (cell.input_tokens, cell.output_tokens, cell.turns) == (300, 30, 2.0)
-    assert cell.cost == pytest.approx(3 * (100 * 1000 + 10 * 2000) / 1e6)
-    assert (cell.latency_p50_ms, cell.latency_p95_ms) == (200.0, pytest.approx(290.0))
+    # The failed rollout counts (as a score of 0, with its tokens and cost); the one never
+    # run is pending. Two samples are the unit: sample 1 passes 1 of 2, sample 2 1 of 2.
+    assert (cell.rollouts, cell.samples, cell.successes, cell.failed, cell.pending) == (4, 2, 2, 1, 1)
+    assert (cell.success_rate, cell.score) == (0.5, 0.5)
+    assert (cell.input_tokens, cell.output_tokens, cell.turns) == (400, 40, 2.0)
+    assert cell.cost == pytest.approx(4 * (100 * 1000 + 10 * 2000) / 1e6)
+    assert (cell.latency_p50_ms, cell.latency_p95_ms) == (250.0, pytest.approx(895.0))
     assert cells_json(report)["cells"][0]["costPerRollout"] == pytest.approx(0.12)
     # Without a price there is no cost, rather than a cost of 0.
     assert build_report(history).cells[0].cost is None
@@ -120,8 +123,9 @@ def test_the_cli_runs_reports_and_prints_json(tmp_path, capsys, main):
     assert "already holds a run 'tiny' (4 rollouts scored): pass --resume" in capsys.readouterr().err
     assert main(["experiment", "report", "tiny", "--home", str(home), "--json"]) == 0
     cells = json.loads(capsys.readouterr().out)["cells"]
-    assert [(c["model"], c["loop"], c["samples"], c["successes"], c["inputTokens"], c["cost"]) for c in cells] == [
-        ("ping/ping-1", "standard", 2, 2, 22, 0.0), ("ping/ping-1", "minimal-first", 2, 2, 22, 0.0)]  # fmt: skip
+    assert [(c["model"], c["loop"], c["rollouts"], c["samples"], c["successes"], c["inputTokens"], c["cost"])
+            for c in cells] == [("ping/ping-1", "standard", 2, 1, 2, 22, 0.0),
+                                ("ping/ping-1", "minimal-first", 2, 1, 2, 22, 0.0)]  # fmt: skip
     assert set(cells[0]["latencyMs"]) == {"p50", "p95"}
     out_dir = tmp_path / "out"
     assert main(["experiment", "report", "tiny", "--home", str(home), "--out", str(out_dir)]) == 0

@@ -54,20 +54,22 @@ def without_latency(report):
 EXPECTED_FIX_FILES = """\
 experiment fix-files: 60 rollouts planned, 60 scored, 0 failed, 0 not run yet; cost in CNY
 
-model                       loop            n  success  rate  95% CI        turns  in tok  out tok  cost/rollout    cost  p50 ms  p95 ms  failed  pending
-deepseek/deepseek-v4-flash  standard       15    15/15  1.00  [0.80, 1.00]    2.0   30000     1500        0.0048  0.0720       0       0       0        0
-deepseek/deepseek-v4-flash  minimal-first  15     0/15  0.00  [0.00, 0.20]    1.0   15000      750        0.0024  0.0360       0       0       0        0
-deepseek/deepseek-v4-pro    standard       15    15/15  1.00  [0.80, 1.00]    2.0   60000     3000        0.0414  0.6210       0       0       0        0
-deepseek/deepseek-v4-pro    minimal-first  15    15/15  1.00  [0.80, 1.00]    3.0   90000     4500        0.0621  0.9315       0       0       0        0
+model                       loop            n  samples  success  rate  95% CI        score  turns  in tok  out tok  cost/rollout    cost  p50 ms  p95 ms  failed  pending
+deepseek/deepseek-v4-flash  standard       15        5    15/15  1.00  [0.57, 1.00]   1.00    2.0   30000     1500        0.0048  0.0720       0       0       0        0
+deepseek/deepseek-v4-flash  minimal-first  15        5     0/15  0.00  [0.00, 0.43]   0.00    1.0   15000      750        0.0024  0.0360       0       0       0        0
+deepseek/deepseek-v4-pro    standard       15        5    15/15  1.00  [0.57, 1.00]   1.00    2.0   60000     3000        0.0414  0.6210       0       0       0        0
+deepseek/deepseek-v4-pro    minimal-first  15        5    15/15  1.00  [0.57, 1.00]   1.00    3.0   90000     4500        0.0621  0.9315       0       0       0        0
 
-paired deltas per sample (a - b; success and cost per rollout; 95% t interval)
+n: finished rollouts (a failed one scores 0); rate and score: means over samples of each sample's mean over its repeats; 95% CI: Wilson, over samples
 
-kind     a - b                                                                                    pairs  success  95% CI             cost  95% CI
-loop     deepseek/deepseek-v4-flash x minimal-first  -  deepseek/deepseek-v4-flash x standard         5    -1.00  [-1.00, -1.00]  -0.0024  [-0.0024, -0.0024]
-loop     deepseek/deepseek-v4-pro x minimal-first  -  deepseek/deepseek-v4-pro x standard             5    +0.00  [+0.00, +0.00]  +0.0207  [+0.0207, +0.0207]
-model    deepseek/deepseek-v4-pro x standard  -  deepseek/deepseek-v4-flash x standard                5    +0.00  [+0.00, +0.00]  +0.0366  [+0.0366, +0.0366]
-model    deepseek/deepseek-v4-pro x minimal-first  -  deepseek/deepseek-v4-flash x minimal-first      5    +1.00  [+1.00, +1.00]  +0.0597  [+0.0597, +0.0597]
-compare  deepseek/deepseek-v4-flash x standard  -  deepseek/deepseek-v4-pro x minimal-first           5    +0.00  [+0.00, +0.00]  -0.0573  [-0.0573, -0.0573]
+paired deltas per sample (a - b; score and cost per rollout; 95% t interval; p: exact sign-flip test, Holm-adjusted over all deltas; *: Holm p < 0.05)
+
+kind     a - b                                                                                    pairs  score  95% CI      p  p (Holm)       cost  95% CI
+loop     deepseek/deepseek-v4-flash x minimal-first  -  deepseek/deepseek-v4-flash x standard         5  -1.00  -       0.062     0.312    -0.0024  -
+loop     deepseek/deepseek-v4-pro x minimal-first  -  deepseek/deepseek-v4-pro x standard             5  +0.00  -       1.000     1.000    +0.0207  -
+model    deepseek/deepseek-v4-pro x standard  -  deepseek/deepseek-v4-flash x standard                5  +0.00  -       1.000     1.000    +0.0366  -
+model    deepseek/deepseek-v4-pro x minimal-first  -  deepseek/deepseek-v4-flash x minimal-first      5  +1.00  -       0.062     0.312    +0.0597  -
+compare  deepseek/deepseek-v4-flash x standard  -  deepseek/deepseek-v4-pro x minimal-first           5  +0.00  -       1.000     1.000    -0.0573  -
 """
 
 
@@ -119,8 +121,8 @@ async def test_the_smallest_file_runs_offline_and_is_fully_derived_from_the_logs
     cells = cells_json(build_report(history(home, "smallest")))["cells"]
     for cell in cells:
         del cell["latencyMs"]
-    expected = {"samples": 2, "successes": 2, "successRate": 1.0, "successInterval": [pytest.approx(0.34238), 1.0],
-                "score": 1.0, "failed": 0, "pending": 0, "limitHits": 0, "turns": 1.0, "inputTokens": 22,
+    expected = {"rollouts": 2, "samples": 1, "successes": 2, "successRate": 1.0, "successInterval": [pytest.approx(0.20655, abs=1e-5), 1.0],
+                "score": 1.0, "scoreInterval": [pytest.approx(0.20655, abs=1e-5), 1.0], "failed": 0, "pending": 0, "limitHits": 0, "turns": 1.0, "inputTokens": 22,
                 "outputTokens": 4, "cost": 0.0, "costPerRollout": 0.0}  # fmt: skip
     assert cells == [{"model": "ping/ping-1", "loop": "standard", **expected},
                      {"model": "ping/ping-1", "loop": "minimal-first", **expected}]  # fmt: skip
@@ -170,7 +172,7 @@ async def test_a_rollout_that_keeps_failing_is_left_for_the_next_run_which_retri
         first = await run(home, experiment, adapters={"s": adapter})
     assert (first.scored, first.failed, first.complete) == (1, 1, False)
     report = build_report(history(home, "retry"))
-    assert (report.cells[0].samples, report.cells[0].failed) == (1, 1)
+    assert (report.cells[0].rollouts, report.cells[0].failed) == (2, 1)
     broken["on"] = False
     adapter.requests.clear()
     with trio.fail_after(60):
