@@ -14,6 +14,7 @@ made durable; none of them has a score, so the next run runs them again.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -45,7 +46,7 @@ from ._records import (
 )
 from ._rollouts import Rollout, plan, rollout_session_id, run_session_id
 from ._scoring import Score, ScoreInput, ScorerFailed, Scoring, load_function
-from ._spec import Experiment, Limits, Price
+from ._spec import Experiment, Limits, Model, Price
 from ._workdir import prepare, work_root
 
 log = get_logger(__name__)
@@ -361,16 +362,33 @@ def _register_adapters(rt: Runtime, experiment: Experiment, adapters: Mapping[st
             rt.register_adapter(model.provider, adapter)
 
 
-def plan_fields(experiment: Experiment, rollouts: Sequence[Rollout], pending: int) -> dict[str, Any]:
+def _adapter_identity(rt: Runtime, model: Model) -> str:
+    if model.adapter is not None:
+        return model.adapter
+    adapter = rt.adapters.get(model.provider)
+    return f"{type(adapter).__module__}.{type(adapter).__qualname__}"
+
+
+def _json(value: Any) -> Any:
+    return json.loads(json.dumps(value))  # as the session log gives it back (tuples as lists)
+
+
+def plan_fields(rt: Runtime, experiment: Experiment, rollouts: Sequence[Rollout], pending: int) -> dict[str, Any]:
     """What the run's session records of one ``experiment run``: enough for a report to
-    know the matrix, the prices and which rollouts belong to it, without the file."""
+    know the matrix, the prices and which rollouts belong to it, without the file, and
+    for a resume to see what would change under its earlier results."""
     return {
         "run": experiment.name,
-        "tasks": [{"id": t.id, "samples": len(t.samples), "scorer": experiment.scorer_for(t).label} for t in experiment.tasks],
+        "tasks": [
+            {"id": t.id, "samples": len(t.samples), "scorer": experiment.scorer_for(t).label,
+             "scorerIdentity": _json(attrs.asdict(experiment.scorer_for(t)))}
+            for t in experiment.tasks
+        ],  # fmt: skip
         "models": [
-            {"label": m.label, "price": None if m.price is None else {"input": m.price.input, "output": m.price.output}}
+            {"label": m.label, "price": None if m.price is None else {"input": m.price.input, "output": m.price.output},
+             "adapter": _adapter_identity(rt, m)}
             for m in experiment.models
-        ],
+        ],  # fmt: skip
         "loops": [lp.label for lp in experiment.loops],
         "repeats": experiment.repeats,
         "limits": attrs.asdict(experiment.limits),
@@ -380,6 +398,45 @@ def plan_fields(experiment: Experiment, rollouts: Sequence[Rollout], pending: in
         "pending": pending,
         "keys": [r.key for r in rollouts],
     }
+
+
+# What a rollout's result depends on besides its key: a resume under a change of one of
+# these would mix results made under the old value with ones made under the new. The
+# budget is not among them: raising it to finish a run is what --resume is for.
+_RESULT_LIMITS = ("turns", "tokens", "time")
+
+
+def plan_changes(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """What ``now`` changes against the earlier plan ``before`` that would make their
+    results incomparable; a plan recorded before a field was recorded does not count."""
+    changes = []
+    old_limits, new_limits = before.get("limits") or {}, now["limits"]
+    for name in _RESULT_LIMITS:
+        if name in old_limits and old_limits[name] != new_limits[name]:
+            changes.append(f"limits.{name} {old_limits[name]} -> {new_limits[name]}")
+    old_tasks = {t["id"]: t for t in before.get("tasks", ())}
+    for task in now["tasks"]:
+        old = old_tasks.get(task["id"])
+        if old is not None and "scorerIdentity" in old and old["scorerIdentity"] != task["scorerIdentity"]:
+            changes.append(f"the scorer of task {task['id']} ({old['scorer']} -> {task['scorer']})")
+    old_models = {m["label"]: m for m in before.get("models", ())}
+    for model in now["models"]:
+        old = old_models.get(model["label"])
+        if old is not None and "adapter" in old and old["adapter"] != model["adapter"]:
+            changes.append(f"the adapter of {model['label']} ({old['adapter']} -> {model['adapter']})")
+    return changes
+
+
+def _check_unchanged(history: RunHistory, fields: Mapping[str, Any]) -> None:
+    if history.plan is None or not any(r.finished for r in history.results):
+        return
+    changes = plan_changes(history.plan, fields)
+    if changes:
+        raise ExperimentError(
+            "INVALID_EXPERIMENT",
+            f"run {history.run!r} has results made under another plan; resuming would mix them with new ones. "
+            f"Changed: {'; '.join(changes)}. Restore the file, or give the experiment another name",
+        )
 
 
 async def _record_plan(rt: Runtime, fields: Mapping[str, Any]) -> None:
@@ -415,12 +472,14 @@ async def run_in_runtime(
     rollouts = list(plan(experiment))
     done = {key for key, result in history.latest().items() if result.done}
     pending = [r for r in rollouts if r.key not in done]
+    fields = plan_fields(rt, experiment, rollouts, len(pending))
+    _check_unchanged(history, fields)
     run = _Run(rt, experiment, history, scoring, on_progress or (lambda _: None))
     guess = None
     if experiment.limits.budget is not None:
         guess = estimate(experiment, pending, history.results)
         check_estimate(experiment, guess, run.budget.spent)
-    await _record_plan(rt, plan_fields(experiment, rollouts, len(pending)))
+    await _record_plan(rt, fields)
     run.total = len(rollouts)
     run.done = len(rollouts) - len(pending)
     for rollout in rollouts:

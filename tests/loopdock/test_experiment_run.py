@@ -383,3 +383,32 @@ async def test_a_cancelled_run_leaves_its_rollouts_durable_and_unscored_and_resu
     with trio.fail_after(60):
         summary = await run(home, experiment, adapters={"h": adapter})
     assert (summary.skipped, summary.scored, calls) == (1, 1, ["slow"])
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"limits": {"tokens": 500}}, "limits.tokens None -> 500"),
+        ({"scorer": {"kind": "includes", "ignore_case": False}}, "the scorer of task greet (includes -> includes)"),
+        ({"models": [{"provider": "ping", "model": "ping-1", "adapter": "loopdock.runtime.models:PingAdapter"}]},
+         "the adapter of ping/ping-1 (loopdock.runtime.models._ping.PingAdapter -> loopdock.runtime.models:PingAdapter)"),
+    ],
+)
+async def test_resume_refuses_a_plan_that_changes_what_results_depend_on(tmp_path, change, named):
+    home = tmp_path / "home"
+    first = parse_experiment({**SMALLEST, "repeats": 1, "loops": ["standard"]}, base=tmp_path, default_name="same")
+    with trio.fail_after(60):
+        assert (await run(home, first)).complete
+        before = session_ids(home)
+        changed = parse_experiment({**SMALLEST, "repeats": 2, "loops": ["standard"], **change}, base=tmp_path,
+                                   default_name="same")  # fmt: skip
+        with pytest.raises(ExperimentError) as info:
+            await run(home, changed)
+    assert info.value.code == "INVALID_EXPERIMENT"
+    assert f"Changed: {named}." in str(info.value) and "give the experiment another name" in str(info.value)
+    assert session_ids(home) == before  # nothing ran, nothing was recorded
+    # A larger budget is what --resume is for: not a change of plan.
+    with trio.fail_after(60):
+        more = parse_experiment({**SMALLEST, "repeats": 2, "loops": ["standard"], "limits": {"budget": 5}},
+                                base=tmp_path, default_name="same")  # fmt: skip
+        assert (await run(home, more)).complete
