@@ -90,7 +90,9 @@ def render_html(report: Report, png: bytes | None, plot_note: str = "") -> str:
     for r in report.rollouts:
         ended = r.ended or {}
         why = ended.get("reason") or ended.get("cause") or ""
-        ended_text = f"{ended.get('kind', '')}{': ' + str(why) if why else ''}" if ended else (r.error or "")
+        ended_text = f"{ended.get('kind', '')}{': ' + str(why) if why else ''}" if ended else ""
+        if r.error:  # why it failed comes first: a scorer fails after a turn that completed
+            ended_text = f"{r.error}{' (turn ' + ended_text + ')' if ended_text else ''}"
         answer = f"<details><summary>{_e(r.answer[:60])}</summary><pre>{_e(r.answer)}\n\n{_e(r.explanation)}</pre></details>" \
             if r.answer else ""  # fmt: skip
         out.append(_row([

@@ -6,6 +6,14 @@ import math
 
 from ._report import Cell, Delta, Report
 
+MAX_FAILURE_LINES = 20
+
+
+def cut(text: str, width: int) -> str:
+    """``text`` on one line, at most ``width`` characters."""
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 3] + "..."
+
 
 def fmt(value: float | None, digits: int = 2) -> str:
     if value is None or math.isnan(value):
@@ -92,6 +100,14 @@ def render_text(report: Report) -> str:
         labels = [label for label, _, _ in report.tasks[0][1]]
         rows = [[task, *(f"{s}/{n}" for _, s, n in row)] for task, row in report.tasks]
         lines += _table(["task", *labels], rows, right=set(range(1, len(labels) + 1)))
+    failures = [r for r in report.rollouts if r.failed]
+    if failures:
+        lines += ["", f"failed rollouts ({len(failures)}; each counts as a score of 0)", ""]
+        rows = [[f"{r.model_label} x {r.loop_label}", r.task, r.sample, str(r.repeat), str(r.attempt),
+                 cut(r.error or "", 120)] for r in failures[:MAX_FAILURE_LINES]]  # fmt: skip
+        lines += _table(["cell", "task", "sample", "repeat", "attempt", "why"], rows, right={3, 4})
+        if len(failures) > MAX_FAILURE_LINES:
+            lines.append(f"... and {len(failures) - MAX_FAILURE_LINES} more (report.html lists them all)")
     if report.judge_input_tokens or report.judge_output_tokens:
         lines += ["", f"judge: {report.judge_input_tokens} input and {report.judge_output_tokens} output tokens"]
     return "\n".join(lines) + "\n"
