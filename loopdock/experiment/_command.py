@@ -25,6 +25,8 @@ from ._runner import run_experiment
 from ._spec import Price
 from ._text import render_text
 
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
+
 
 def add_arguments(parser: argparse.ArgumentParser, parents: Sequence[argparse.ArgumentParser] = ()) -> None:
     """The actions of ``loopdock experiment``; ``parents``: the options every command
@@ -80,7 +82,17 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 "with it, or give the experiment another name",
             )
     display = ProgressDisplay(err, tty=err.isatty(), currency=experiment.currency)
-    summary = trio.run(lambda: run_experiment(experiment, home=home, on_progress=display))
+    resume = f"loopdock experiment run {args.file} --resume" + (f" --home {args.home}" if args.home else "")
+    try:
+        summary = trio.run(lambda: run_experiment(experiment, home=home, on_progress=display))
+    except BaseException as exc:
+        if not _interrupted(exc):
+            raise
+        # Every running rollout's turn ended aborted and its session is durable: a resume
+        # runs them again. One line, not a traceback through every actor's nursery.
+        display.interrupted()
+        print(f"interrupted: {display.done}/{display.total} rollouts scored; go on with: {resume}", file=err, flush=True)
+        return EXIT_INTERRUPTED
     spent = f"; spent {summary.spent:.4g} {summary.currency}" if summary.spent else ""
     print(
         f"experiment {summary.run}: {summary.total} rollouts, {summary.skipped} scored before, {summary.scored} "
@@ -90,9 +102,18 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     for provider, count in summary.throttles.items():
         print(f"{provider} pushed back {count} times (retried calls or failed rollouts); its concurrency was lowered", file=out)
     if not summary.complete:
-        print(f"rerun with --resume to run the rest: loopdock experiment run {args.file} --resume", file=out)
+        print(f"rerun with --resume to run the rest: {resume}", file=out)
     print(f"report: loopdock experiment report {summary.run}" + (f" --home {args.home}" if args.home else ""), file=out)
     return 0 if summary.complete else 1
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Ctrl-C: a KeyboardInterrupt, alone or in groups of nothing else."""
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_interrupted(inner) for inner in exc.exceptions)
+    return False
 
 
 def _check_run_name(name: str) -> str:
@@ -140,7 +161,7 @@ def _export(args: argparse.Namespace, out: TextIO) -> int:
 
 def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Run ``loopdock experiment ...``; the exit status: 0 done, 1 a run left rollouts
-    to do (rerun with --resume). Errors are raised (ExperimentError) for the CLI to print."""
+    to do (rerun with --resume), 130 a run stopped by Ctrl-C (resume it with --resume). Errors are raised (ExperimentError) for the CLI to print."""
     if args.experiment_command == "run":
         return _run(args, out, err)
     if args.experiment_command == "report":

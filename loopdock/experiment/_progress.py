@@ -36,10 +36,13 @@ class ProgressDisplay:
         self._currency = currency
         self._drawn = 0  # lines of the last redraw, to move back over
         self._last_failure = ""
+        self.done = 0  # rollouts with a score, as the newest progress said
+        self.total = 0
         self._started = time.monotonic()
         self._done_at_start = 0
 
     def __call__(self, progress: Progress) -> None:
+        self.done, self.total = progress.done, progress.total
         if progress.kind == "planned":
             self._done_at_start = progress.done
             self._started = time.monotonic()
@@ -48,6 +51,10 @@ class ProgressDisplay:
             self._redraw(progress)
         elif progress.result is not None:
             self._line(progress)
+
+    def interrupted(self) -> None:
+        """The run stopped: leave the terminal below the bars."""
+        self._drawn = 0
 
     def _line(self, progress: Progress) -> None:
         r = progress.result
