@@ -90,14 +90,24 @@ class RunSummary:
 
 class _Meter:
     """One rollout's usage as its log records it: enforces the turn and token limits and
-    the run's budget at every step's entry (a step already running is not cut off)."""
+    the run's budget at every step's entry as ceilings. A step is admitted only if what
+    it is expected to use fits: its input is at least the previous step's input and
+    output (the context only grows), its output about the previous one's. A step already
+    running is not cut off: it may use more than expected (docs/experiments.md)."""
 
-    def __init__(self, session: SessionActor, price: Price | None, budget: Budget, limits: Limits) -> None:
+    def __init__(
+        self, session: SessionActor, price: Price | None, budget: Budget, limits: Limits, largest_step: list[int],
+    ) -> None:  # fmt: skip
         self._session = session
         self._price = price
         self._budget = budget
         self._limits = limits
         self._seen = 0
+        self._last: tuple[int, int] | None = None  # (input, output) of this rollout's newest step
+        # The model's largest (input, output) step in this run so far, shared by its
+        # rollouts: the expected cost of a rollout's first step against the budget.
+        self._largest = largest_step
+        self._reserved = 0.0
         self.tokens = 0
 
     async def catch_up(self) -> None:
@@ -106,18 +116,41 @@ class _Meter:
             used_in, used_out = usage_of(event)
             if used_in or used_out:
                 self.tokens += used_in + used_out
+                self._last = used_in, used_out
+                if used_in + used_out > sum(self._largest):
+                    self._largest[:] = [used_in, used_out]
                 if self._price is not None:
                     self._budget.add(self._price.cost(used_in, used_out))
         self._seen += len(events)
+        self.release()  # the step it was held for is counted now
+
+    def release(self) -> None:
+        self._budget.release(self._reserved)
+        self._reserved = 0.0
+
+    def _next_step(self) -> tuple[int, int] | None:
+        if self._last is None:
+            return None
+        used_in, used_out = self._last
+        return used_in + used_out, used_out
 
     async def pre_step(self, pre: PreStep, next_: Next[PreStep, Verdict]) -> Verdict:
         await self.catch_up()
         limits = self._limits
         if limits.turns is not None and pre.step > limits.turns:
             return Reject(f"turn limit {limits.turns} reached")
-        if limits.tokens is not None and self.tokens >= limits.tokens:
-            return Reject(f"token limit {limits.tokens} reached ({self.tokens} used)")
-        if self._budget.exhausted:
+        expected = self._next_step()
+        more = sum(expected) if expected else 0
+        if limits.tokens is not None and self.tokens + more > limits.tokens:
+            return Reject(f"token limit {limits.tokens} reached ({self.tokens} used, the next step about {more} more)")
+        if self._price is not None and self._budget.limit is not None:
+            step_in, step_out = expected or (self._largest[0], self._largest[1])
+            cost = self._price.cost(step_in, step_out)
+            if not self._budget.fits(cost):
+                return Reject(BUDGET_REASON)
+            self._budget.reserve(cost)
+            self._reserved = cost
+        elif self._budget.exhausted:
             return Reject(BUDGET_REASON)
         return await next_(pre)
 
@@ -164,6 +197,7 @@ class _Run:
         self.not_started = 0
         self.running = 0
         self.cell_done: dict[str, int] = {}
+        self.largest_step: dict[str, list[int]] = {}  # model label -> [input, output] of its largest step
         self.cell_total: dict[str, int] = {}
 
     def _judge_cost(self, result: RolloutResult) -> float:
@@ -239,7 +273,8 @@ class _Run:
         def setup(ctx: AgentContext) -> None:
             # Inside the publication transaction: the session exists only with its identity.
             ctx.session.append(RECORD_EVENT, rollout_record(experiment.name, rollout, attempt))
-            m = _Meter(ctx.session, price, self.budget, experiment.limits)
+            largest = self.largest_step.setdefault(rollout.model.label, [0, 0])
+            m = _Meter(ctx.session, price, self.budget, experiment.limits, largest)
             meter.append(m)
             ctx.on("agent/pre-step", m.pre_step, prepend=True)
             ctx.on("agent/request", watch_retries)
@@ -282,6 +317,8 @@ class _Run:
             await agent.session.flush()
             return outcome, fold_rollout(session_id, await agent.session.read_events())
         finally:
+            if meter:
+                meter[0].release()  # a rollout that ends early holds no share of the budget
             with trio.CancelScope(shield=True):
                 await handle.dispose()
 

@@ -199,8 +199,10 @@ async def test_turn_and_token_limits_end_a_rollout_at_a_step_boundary_and_it_is_
     assert (by_turns.status, by_turns.value, by_turns.steps) == ("scored", 0.0, 3)
     assert by_turns.ended == {"kind": "blocked", "reason": "turn limit 3 reached"}
     [by_tokens] = history(home, "tokens").results
-    assert (by_tokens.steps, by_tokens.input_tokens + by_tokens.output_tokens) == (3, 150)
-    assert by_tokens.ended == {"kind": "blocked", "reason": "token limit 120 reached (150 used)"}
+    # A ceiling: after two steps of 50 the next would send at least 50 + 10 again; 160 > 120
+    # stops it before it starts (a floor let a third step run to 150).
+    assert (by_tokens.steps, by_tokens.input_tokens + by_tokens.output_tokens) == (2, 100)
+    assert by_tokens.ended == {"kind": "blocked", "reason": "token limit 120 reached (100 used, the next step about 60 more)"}
     assert build_report(history(home, "turns")).cells[0].limit_hits == 1
 
 
@@ -269,6 +271,23 @@ async def test_the_budget_stops_the_run_and_a_larger_one_finishes_it(tmp_path):
         second = await run(home, parse_experiment(larger, base=tmp_path, default_name="budget"), adapters={"paid": adapter})
     assert (second.skipped, second.scored, second.complete, second.spent) == (4, 2, True, pytest.approx(3.0))
     assert len(adapter.requests) == 6
+
+
+async def test_the_budget_is_a_ceiling_the_run_does_not_cross(tmp_path):
+    # Each rollout is one step of 0.3: after three (0.9), a fourth would end at 1.2 over the
+    # budget of 1, so it is not started (the budget used to be checked as a floor: 0.9 < 1).
+    def respond(request):
+        return Reply(text="pong", usage=Usage(30_000, 0))
+
+    priced = [{"provider": "paid", "model": "p", "price": {"input": 10, "output": 10}}]
+    spec = {**SMALLEST, "models": priced, "loops": ["standard"], "repeats": 6, "concurrency": 1,
+            "limits": {"tokens": 1_000, "budget": 1.0}}  # fmt: skip
+    adapter = ScriptedAdapter(respond)
+    with trio.fail_after(60):
+        summary = await run(tmp_path / "home", parse_experiment(spec, base=tmp_path, default_name="ceiling"),
+                            adapters={"paid": adapter})  # fmt: skip
+    assert (summary.scored, summary.not_started, len(adapter.requests)) == (3, 3, 3)
+    assert summary.spent == pytest.approx(0.9) and summary.spent <= 1.0
 
 
 async def test_a_judge_grades_and_its_tokens_are_kept(tmp_path):
