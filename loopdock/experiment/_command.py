@@ -13,7 +13,7 @@ import trio
 from loopdock.runtime import YamlFileError, load_yaml_file, resolve_home
 
 from ._bench import bench_command
-from ._config import RUN_NAME, load_experiment, parse_prices
+from ._config import RUN_NAME, limit_samples, load_experiment, parse_prices
 from ._errors import ExperimentError
 from ._history import open_store, read_run, read_run_at
 from ._html import render_html
@@ -41,6 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser, parents: Sequence[argparse.Ar
     )  # fmt: skip
     run.add_argument("file", help="the experiment (YAML)")
     run.add_argument("--resume", action="store_true", help="go on with an earlier run of the same name")
+    run.add_argument("--limit", type=_positive, metavar="N",
+                     help="run only the first N samples of each task (a smoke run; --resume without it runs the rest)")
     run.add_argument("--home", help=home_help)
     report = actions.add_parser("report", help="the report of a run: table, paired deltas, plot and HTML", parents=common)
     report.add_argument("run", help="the run's name")
@@ -60,6 +62,16 @@ def add_arguments(parser: argparse.ArgumentParser, parents: Sequence[argparse.Ar
     bench.add_argument("--turns", type=int, default=2, help="model calls per rollout (default 2: a tool call, an answer)")
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return value
+
+
 def _prices(path: str) -> dict[str, Price]:
     try:
         value = load_yaml_file(path, what="prices file")
@@ -70,6 +82,8 @@ def _prices(path: str) -> dict[str, Price]:
 
 def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     experiment = load_experiment(args.file)
+    if args.limit is not None:
+        experiment = limit_samples(experiment, args.limit)
     home = resolve_home(args.home)
     if not args.resume and (home / "sessions.db").is_file():
         with open_store(home) as store:

@@ -454,6 +454,13 @@ def parse_experiment(value: object, *, base: Path, default_name: str | None = No
     return experiment
 
 
+def limit_samples(experiment: Experiment, limit: int) -> Experiment:
+    """``experiment`` with only the first ``limit`` samples of each task (a smoke run);
+    their rollouts keep their keys, so a later run without a limit goes on from them."""
+    tasks = tuple(attrs.evolve(task, samples=task.samples[:limit]) for task in experiment.tasks)
+    return attrs.evolve(experiment, tasks=tasks)
+
+
 def load_experiment(path: str | os.PathLike[str]) -> Experiment:
     """Read an experiment file (YAML). Errors are ``INVALID_EXPERIMENT`` naming the file
     and the field path."""

@@ -161,3 +161,18 @@ def test_a_zero_width_delta_is_not_shown_as_significant():
     [delta] = report.deltas
     assert delta.success == -1.0 and math.isnan(delta.success_low) and math.isnan(delta.success_high)
     assert "class='bad'" not in render_html(report, None)
+
+
+def test_limit_runs_the_first_samples_and_a_resume_runs_the_rest(tmp_path, capsys, main):
+    experiment = tmp_path / "smoke.yml"
+    experiment.write_text("{tasks: [{id: greet, samples: [{input: a, target: pong}, {input: b, target: pong}, "
+                          "{input: c, target: pong}]}], scorer: includes, models: [ping/ping-1], "
+                          "loops: [standard, minimal-first]}\n")  # fmt: skip
+    home = tmp_path / "home"
+    assert main(["experiment", "run", str(experiment), "--home", str(home), "--limit", "1"]) == 0
+    assert "experiment smoke: 2 rollouts, 0 scored before, 2 scored now" in capsys.readouterr().out
+    assert main(["experiment", "run", str(experiment), "--home", str(home), "--resume"]) == 0
+    assert "experiment smoke: 6 rollouts, 2 scored before, 4 scored now" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["experiment", "run", str(experiment), "--home", str(home), "--limit", "0"])
+    assert "--limit: must be a whole number >= 1, got '0'" in capsys.readouterr().err
