@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
@@ -20,10 +21,10 @@ from ._html import render_html
 from ._inspect import export_inspect
 from ._plot import render_png
 from ._progress import ProgressDisplay
-from ._report import build_report, cells_json
+from ._report import Report, build_report, cells_json
 from ._runner import run_experiment
 from ._spec import Price
-from ._text import render_text
+from ._text import fmt, render_text
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
@@ -49,6 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser, parents: Sequence[argparse.Ar
     report.add_argument("--home", help=home_help)
     report.add_argument("--json", action="store_true", help="print the cells as JSON (and write no files)")
     report.add_argument("--out", help="directory for report.html and success-vs-cost.png (default: HOME/reports/RUN)")
+    report.add_argument("--fail-under", type=float, metavar="SCORE",
+                        help="exit 1 if any cell's mean score is below SCORE (0..1), or has none: a gate for CI")
     report.add_argument("--prices", help="YAML mapping 'provider/model' to {input, output} per million tokens")
     export = actions.add_parser("export", help="write the run as Inspect AI logs (.eval) for `inspect view`",
                                 parents=common)
@@ -136,13 +139,13 @@ def _check_run_name(name: str) -> str:
     return name
 
 
-def _report(args: argparse.Namespace, out: TextIO) -> int:
+def _report(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     home = resolve_home(args.home)
     history = read_run_at(home, _check_run_name(args.run))
     report = build_report(history, _prices(args.prices) if args.prices else None)
     if args.json:
         print(json.dumps(cells_json(report), indent=2), file=out)
-        return 0
+        return _gate(report, args.fail_under, err)
     print(render_text(report), file=out, end="")
     folder = Path(args.out) if args.out else home / "reports" / report.run
     folder.mkdir(parents=True, exist_ok=True)
@@ -158,7 +161,18 @@ def _report(args: argparse.Namespace, out: TextIO) -> int:
         print(f"plot: {folder / 'success-vs-cost.png'}", file=out)
     (folder / "report.html").write_text(render_html(report, png, note), encoding="utf-8")
     print(f"html: {folder / 'report.html'}", file=out)
-    return 0
+    return _gate(report, args.fail_under, err)
+
+
+def _gate(report: Report, threshold: float | None, err: TextIO) -> int:
+    """0, or 1 if a cell's mean score is below ``threshold`` (a cell with no finished
+    rollout has no score, and fails too)."""
+    if threshold is None:
+        return 0
+    below = [c for c in report.cells if math.isnan(c.score) or c.score < threshold]
+    for cell in below:
+        print(f"below --fail-under {threshold:g}: {cell.label} scores {fmt(cell.score)}", file=err)
+    return 1 if below else 0
 
 
 def _export(args: argparse.Namespace, out: TextIO) -> int:
@@ -175,11 +189,12 @@ def _export(args: argparse.Namespace, out: TextIO) -> int:
 
 def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Run ``loopdock experiment ...``; the exit status: 0 done, 1 a run left rollouts
-    to do (rerun with --resume), 130 a run stopped by Ctrl-C (resume it with --resume). Errors are raised (ExperimentError) for the CLI to print."""
+    to do (rerun with --resume) or a report's cell scored under ``--fail-under``, 130 a
+    run stopped by Ctrl-C (resume it with --resume). Errors are raised (ExperimentError) for the CLI to print."""
     if args.experiment_command == "run":
         return _run(args, out, err)
     if args.experiment_command == "report":
-        return _report(args, out)
+        return _report(args, out, err)
     if args.experiment_command == "export":
         return _export(args, out)
     return bench_command(args, out, err)

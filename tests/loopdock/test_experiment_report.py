@@ -176,3 +176,24 @@ def test_limit_runs_the_first_samples_and_a_resume_runs_the_rest(tmp_path, capsy
     with pytest.raises(SystemExit):
         main(["experiment", "run", str(experiment), "--home", str(home), "--limit", "0"])
     assert "--limit: must be a whole number >= 1, got '0'" in capsys.readouterr().err
+
+
+def test_fail_under_gates_ci_on_every_cells_score(tmp_path, capsys, main):
+    experiment = tmp_path / "gate.yml"
+    experiment.write_text("{tasks: [{id: greet, input: hello, target: pong}], scorer: includes, "
+                          "models: [ping/ping-1], loops: [standard]}\n")  # fmt: skip
+    home = tmp_path / "home"
+    assert main(["experiment", "run", str(experiment), "--home", str(home)]) == 0
+    capsys.readouterr()
+    report = ["experiment", "report", "gate", "--home", str(home), "--out", str(tmp_path / "out")]
+    assert main([*report, "--fail-under", "1"]) == 0
+    assert main(report) == 0
+    capsys.readouterr()
+    (tmp_path / "gate.yml").write_text("{name: gate2, tasks: [{id: greet, input: hello, target: nope}], "
+                                       "scorer: includes, models: [ping/ping-1], loops: [standard]}\n")  # fmt: skip
+    assert main(["experiment", "run", str(experiment), "--home", str(home)]) == 0
+    capsys.readouterr()
+    assert main(["experiment", "report", "gate2", "--home", str(home), "--json", "--fail-under", "0.5"]) == 1
+    out = capsys.readouterr()
+    assert "below --fail-under 0.5: ping/ping-1 x standard scores 0.00" in out.err
+    assert json.loads(out.out)["cells"][0]["score"] == 0.0  # stdout stays JSON
