@@ -84,18 +84,30 @@ def estimate(experiment: Experiment, pending: Iterable[Rollout], history: Sequen
 
 
 class Budget:
-    """What the run has spent (earlier invocations included) against ``limits.budget``."""
+    """What the run has spent (earlier invocations included) against ``limits.budget``,
+    and what the steps admitted but not yet counted are expected to spend (``reserved``):
+    a step is admitted only if its expected cost fits beside both."""
 
     def __init__(self, limit: float | None, spent: float = 0.0) -> None:
         self.limit = limit
         self.spent = spent
+        self.reserved = 0.0
 
     def add(self, cost: float) -> None:
         self.spent += cost
 
+    def fits(self, cost: float) -> bool:
+        return self.limit is None or self.spent + self.reserved + cost <= self.limit
+
+    def reserve(self, cost: float) -> None:
+        self.reserved += cost
+
+    def release(self, cost: float) -> None:
+        self.reserved = max(0.0, self.reserved - cost)
+
     @property
     def exhausted(self) -> bool:
-        return self.limit is not None and self.spent >= self.limit
+        return self.limit is not None and self.spent + self.reserved >= self.limit
 
 
 def check_estimate(experiment: Experiment, guess: Estimate, spent: float) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
@@ -13,17 +14,19 @@ import trio
 from loopdock.runtime import YamlFileError, load_yaml_file, resolve_home
 
 from ._bench import bench_command
-from ._config import RUN_NAME, load_experiment, parse_prices
+from ._config import RUN_NAME, limit_samples, load_experiment, parse_prices
 from ._errors import ExperimentError
 from ._history import open_store, read_run, read_run_at
 from ._html import render_html
 from ._inspect import export_inspect
 from ._plot import render_png
 from ._progress import ProgressDisplay
-from ._report import build_report, cells_json
+from ._report import Report, build_report, cells_json
 from ._runner import run_experiment
 from ._spec import Price
-from ._text import render_text
+from ._text import fmt, render_text
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 
 def add_arguments(parser: argparse.ArgumentParser, parents: Sequence[argparse.ArgumentParser] = ()) -> None:
@@ -39,12 +42,16 @@ def add_arguments(parser: argparse.ArgumentParser, parents: Sequence[argparse.Ar
     )  # fmt: skip
     run.add_argument("file", help="the experiment (YAML)")
     run.add_argument("--resume", action="store_true", help="go on with an earlier run of the same name")
+    run.add_argument("--limit", type=_positive, metavar="N",
+                     help="run only the first N samples of each task (a smoke run; --resume without it runs the rest)")
     run.add_argument("--home", help=home_help)
     report = actions.add_parser("report", help="the report of a run: table, paired deltas, plot and HTML", parents=common)
     report.add_argument("run", help="the run's name")
     report.add_argument("--home", help=home_help)
     report.add_argument("--json", action="store_true", help="print the cells as JSON (and write no files)")
     report.add_argument("--out", help="directory for report.html and success-vs-cost.png (default: HOME/reports/RUN)")
+    report.add_argument("--fail-under", type=float, metavar="SCORE",
+                        help="exit 1 if any cell's mean score is below SCORE (0..1), or has none: a gate for CI")
     report.add_argument("--prices", help="YAML mapping 'provider/model' to {input, output} per million tokens")
     export = actions.add_parser("export", help="write the run as Inspect AI logs (.eval) for `inspect view`",
                                 parents=common)
@@ -58,6 +65,16 @@ def add_arguments(parser: argparse.ArgumentParser, parents: Sequence[argparse.Ar
     bench.add_argument("--turns", type=int, default=2, help="model calls per rollout (default 2: a tool call, an answer)")
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return value
+
+
 def _prices(path: str) -> dict[str, Price]:
     try:
         value = load_yaml_file(path, what="prices file")
@@ -68,6 +85,8 @@ def _prices(path: str) -> dict[str, Price]:
 
 def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     experiment = load_experiment(args.file)
+    if args.limit is not None:
+        experiment = limit_samples(experiment, args.limit)
     home = resolve_home(args.home)
     if not args.resume and (home / "sessions.db").is_file():
         with open_store(home) as store:
@@ -80,7 +99,17 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 "with it, or give the experiment another name",
             )
     display = ProgressDisplay(err, tty=err.isatty(), currency=experiment.currency)
-    summary = trio.run(lambda: run_experiment(experiment, home=home, on_progress=display))
+    resume = f"loopdock experiment run {args.file} --resume" + (f" --home {args.home}" if args.home else "")
+    try:
+        summary = trio.run(lambda: run_experiment(experiment, home=home, on_progress=display))
+    except BaseException as exc:
+        if not _interrupted(exc):
+            raise
+        # Every running rollout's turn ended aborted and its session is durable: a resume
+        # runs them again. One line, not a traceback through every actor's nursery.
+        display.interrupted()
+        print(f"interrupted: {display.done}/{display.total} rollouts scored; go on with: {resume}", file=err, flush=True)
+        return EXIT_INTERRUPTED
     spent = f"; spent {summary.spent:.4g} {summary.currency}" if summary.spent else ""
     print(
         f"experiment {summary.run}: {summary.total} rollouts, {summary.skipped} scored before, {summary.scored} "
@@ -90,9 +119,18 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     for provider, count in summary.throttles.items():
         print(f"{provider} pushed back {count} times (retried calls or failed rollouts); its concurrency was lowered", file=out)
     if not summary.complete:
-        print(f"rerun with --resume to run the rest: loopdock experiment run {args.file} --resume", file=out)
+        print(f"rerun with --resume to run the rest: {resume}", file=out)
     print(f"report: loopdock experiment report {summary.run}" + (f" --home {args.home}" if args.home else ""), file=out)
     return 0 if summary.complete else 1
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Ctrl-C: a KeyboardInterrupt, alone or in groups of nothing else."""
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_interrupted(inner) for inner in exc.exceptions)
+    return False
 
 
 def _check_run_name(name: str) -> str:
@@ -101,13 +139,13 @@ def _check_run_name(name: str) -> str:
     return name
 
 
-def _report(args: argparse.Namespace, out: TextIO) -> int:
+def _report(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     home = resolve_home(args.home)
     history = read_run_at(home, _check_run_name(args.run))
     report = build_report(history, _prices(args.prices) if args.prices else None)
     if args.json:
         print(json.dumps(cells_json(report), indent=2), file=out)
-        return 0
+        return _gate(report, args.fail_under, err)
     print(render_text(report), file=out, end="")
     folder = Path(args.out) if args.out else home / "reports" / report.run
     folder.mkdir(parents=True, exist_ok=True)
@@ -123,7 +161,18 @@ def _report(args: argparse.Namespace, out: TextIO) -> int:
         print(f"plot: {folder / 'success-vs-cost.png'}", file=out)
     (folder / "report.html").write_text(render_html(report, png, note), encoding="utf-8")
     print(f"html: {folder / 'report.html'}", file=out)
-    return 0
+    return _gate(report, args.fail_under, err)
+
+
+def _gate(report: Report, threshold: float | None, err: TextIO) -> int:
+    """0, or 1 if a cell's mean score is below ``threshold`` (a cell with no finished
+    rollout has no score, and fails too)."""
+    if threshold is None:
+        return 0
+    below = [c for c in report.cells if math.isnan(c.score) or c.score < threshold]
+    for cell in below:
+        print(f"below --fail-under {threshold:g}: {cell.label} scores {fmt(cell.score)}", file=err)
+    return 1 if below else 0
 
 
 def _export(args: argparse.Namespace, out: TextIO) -> int:
@@ -140,11 +189,12 @@ def _export(args: argparse.Namespace, out: TextIO) -> int:
 
 def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Run ``loopdock experiment ...``; the exit status: 0 done, 1 a run left rollouts
-    to do (rerun with --resume). Errors are raised (ExperimentError) for the CLI to print."""
+    to do (rerun with --resume) or a report's cell scored under ``--fail-under``, 130 a
+    run stopped by Ctrl-C (resume it with --resume). Errors are raised (ExperimentError) for the CLI to print."""
     if args.experiment_command == "run":
         return _run(args, out, err)
     if args.experiment_command == "report":
-        return _report(args, out)
+        return _report(args, out, err)
     if args.experiment_command == "export":
         return _export(args, out)
     return bench_command(args, out, err)

@@ -402,6 +402,20 @@ _TOP_KEYS = (
 )  # fmt: skip
 
 
+def _one_adapter_per_provider(models: tuple[Model, ...]) -> None:
+    # An adapter is registered per provider: a second factory for one would be ignored.
+    factories: dict[str, tuple[int, str]] = {}
+    for index, model in enumerate(models):
+        if model.adapter is None:
+            continue
+        first = factories.setdefault(model.provider, (index, model.adapter))
+        if first[1] != model.adapter:
+            raise _error(
+                f"models[{index}].adapter {model.adapter} differs from models[{first[0]}].adapter {first[1]}, "
+                f"but both are provider {model.provider!r}, which has one adapter: give each factory its own provider name"
+            )
+
+
 def parse_experiment(value: object, *, base: Path, default_name: str | None = None) -> Experiment:
     """Validate an experiment (as loaded from YAML) into an ``Experiment``; relative paths
     start at ``base``."""
@@ -416,6 +430,7 @@ def parse_experiment(value: object, *, base: Path, default_name: str | None = No
     prices = parse_prices(fields["prices"], "prices") if "prices" in fields else {}
     models = tuple(_model(m, f"models[{i}]", prices) for i, m in enumerate(_list(fields["models"], "models")))
     _unique(models, lambda m: m.label, "models")
+    _one_adapter_per_provider(models)
     loops = tuple(_loop(lp, f"loops[{i}]") for i, lp in enumerate(_list(fields["loops"], "loops")))
     _unique(loops, lambda lp: lp.label, "loops")
     retries = fields.get("retries", 2)
@@ -437,6 +452,13 @@ def parse_experiment(value: object, *, base: Path, default_name: str | None = No
     )
     _check_targets(experiment)
     return experiment
+
+
+def limit_samples(experiment: Experiment, limit: int) -> Experiment:
+    """``experiment`` with only the first ``limit`` samples of each task (a smoke run);
+    their rollouts keep their keys, so a later run without a limit goes on from them."""
+    tasks = tuple(attrs.evolve(task, samples=task.samples[:limit]) for task in experiment.tasks)
+    return attrs.evolve(experiment, tasks=tasks)
 
 
 def load_experiment(path: str | os.PathLike[str]) -> Experiment:

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import base64
 import html
-import math
 from collections.abc import Collection
 
 from ._report import Report
-from ._text import fmt, interval, money, signed
+from ._text import fmt, interval, money, p_value, rate_interval, signed
 
 _STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; padding: 0 1em; }
@@ -43,19 +42,20 @@ def render_html(report: Report, png: bytes | None, plot_note: str = "") -> str:
         f"<h1>experiment {_e(report.run)}</h1>",
         f"<p>{report.planned} rollouts planned, {report.scored} scored, "
         f"{sum(c.failed for c in report.cells)} failed, {sum(c.pending for c in report.cells)} not run yet. "
-        f"Cost in {_e(report.currency)}. Success is a score of 1, with a 95% Wilson interval; "
-        f"latency is per rollout, on the runner's clock.</p>",
+        f"Cost in {_e(report.currency)}. n counts finished rollouts, a failed one as a score of 0. Success "
+        f"is a score of 1; rate and score are means over samples of each sample's mean over its repeats, "
+        f"with a 95% Wilson interval over the samples; latency is per rollout, on the runner's clock.</p>",
         "<h2>Cells</h2><table>",
-        _head(["model", "loop", "n", "success", "rate", "95% CI", "turns", "in tok", "out tok", "cost/rollout",
-               "cost", "p50 ms", "p95 ms", "limit hits", "failed", "pending"]),  # fmt: skip
+        _head(["model", "loop", "n", "samples", "success", "rate", "95% CI", "score", "turns", "in tok", "out tok",
+               "cost/rollout", "cost", "p50 ms", "p95 ms", "limit hits", "failed", "pending"]),  # fmt: skip
     ]
     for c in report.cells:
         out.append(_row([
-            _e(c.model), _e(c.loop), str(c.samples), f"{c.successes}/{c.samples}", fmt(c.success_rate),
-            f"[{c.success_low:.2f}, {c.success_high:.2f}]", fmt(c.turns, 1), str(c.input_tokens),
-            str(c.output_tokens), money(c.cost_per_rollout), money(c.cost), fmt(c.latency_p50_ms, 0),
-            fmt(c.latency_p95_ms, 0), str(c.limit_hits), str(c.failed), str(c.pending),
-        ], numeric=set(range(2, 16)) - {5}))  # fmt: skip
+            _e(c.model), _e(c.loop), str(c.rollouts), str(c.samples), f"{c.successes}/{c.rollouts}",
+            fmt(c.success_rate), rate_interval(c.success_low, c.success_high), fmt(c.score), fmt(c.turns, 1),
+            str(c.input_tokens), str(c.output_tokens), money(c.cost_per_rollout), money(c.cost),
+            fmt(c.latency_p50_ms, 0), fmt(c.latency_p95_ms, 0), str(c.limit_hits), str(c.failed), str(c.pending),
+        ], numeric=set(range(2, 18)) - {6}))  # fmt: skip
     out.append("</table>")
     if png is not None:
         data = base64.b64encode(png).decode()
@@ -64,16 +64,19 @@ def render_html(report: Report, png: bytes | None, plot_note: str = "") -> str:
         out.append(f"<p class='muted'>{_e(plot_note)}</p>")
     if report.deltas:
         out += ["<h2>Paired deltas (a &minus; b, per sample)</h2>",
-                "<p>For every (task, sample) both cells ran: the mean over repeats on one side minus the "
-                "other's, then the mean of those differences with a 95% t interval.</p><table>",
-                _head(["kind", "a", "b", "pairs", "success", "95% CI", "cost per rollout", "95% CI"])]  # fmt: skip
+                "<p>For every (task, sample) both cells finished: the mean score over repeats on one side "
+                "minus the other's, then the mean of those differences with a 95% t interval. p: the exact "
+                "sign-flip (paired permutation) test; Holm: adjusted for all the comparisons on this page. "
+                "Coloured only where the Holm-adjusted p is below 0.05.</p><table>",
+                _head(["kind", "a", "b", "pairs", "score", "95% CI", "p", "p (Holm)", "cost per rollout",
+                       "95% CI"])]  # fmt: skip
         for d in report.deltas:
-            tone = "" if math.isnan(d.success_low) or d.success_low <= 0 <= d.success_high else (
-                "good" if d.success_low > 0 else "bad")  # fmt: skip
+            tone = ("good" if d.success > 0 else "bad") if d.significant else ""
             out.append(_row([
                 _e(d.kind), _e(d.a), _e(d.b), str(d.pairs), f"<span class='{tone}'>{signed(d.success)}</span>",
-                interval(d.success_low, d.success_high), signed(d.cost, 4), interval(d.cost_low, d.cost_high, 4),
-            ], numeric={3, 4, 6}))  # fmt: skip
+                interval(d.success_low, d.success_high), p_value(d.p_value), p_value(d.p_holm), signed(d.cost, 4),
+                interval(d.cost_low, d.cost_high, 4),
+            ], numeric={3, 4, 6, 7, 8}))  # fmt: skip
         out.append("</table>")
     if report.tasks:
         labels = [label for label, _, _ in report.tasks[0][1]]
@@ -87,7 +90,9 @@ def render_html(report: Report, png: bytes | None, plot_note: str = "") -> str:
     for r in report.rollouts:
         ended = r.ended or {}
         why = ended.get("reason") or ended.get("cause") or ""
-        ended_text = f"{ended.get('kind', '')}{': ' + str(why) if why else ''}" if ended else (r.error or "")
+        ended_text = f"{ended.get('kind', '')}{': ' + str(why) if why else ''}" if ended else ""
+        if r.error:  # why it failed comes first: a scorer fails after a turn that completed
+            ended_text = f"{r.error}{' (turn ' + ended_text + ')' if ended_text else ''}"
         answer = f"<details><summary>{_e(r.answer[:60])}</summary><pre>{_e(r.answer)}\n\n{_e(r.explanation)}</pre></details>" \
             if r.answer else ""  # fmt: skip
         out.append(_row([

@@ -1,8 +1,10 @@
 """Export a run to Inspect AI's log format (``.eval``), so ``inspect view`` opens it.
 
 One log per (task, model, loop), as Inspect keeps one per task and model: the loop is
-the log's solver, each scored rollout a sample whose epoch is its repeat, with the
-transcript from its session log, its score and its token usage. Built with inspect_ai's
+the log's solver, each finished rollout a sample whose epoch is its repeat, with the
+transcript from its session log, its score, its token usage and cost; a failed rollout
+is a sample with its error and a score of 0 (as the report counts it). The log's stderr
+treats samples, not epochs, as the unit (the mean over a sample's epochs first). Built with inspect_ai's
 own log classes and written with its own writer, so the files are what its reader
 expects; inspect_ai is an optional extra (``pip install 'loopdock[inspect]'``).
 """
@@ -19,10 +21,12 @@ from typing import Any
 
 from loopdock.runtime import Event, SessionStore
 
+from ._budget import rollout_cost
 from ._errors import ExperimentError
 from ._history import RunHistory
 from ._records import RolloutResult
-from ._report import Report
+from ._report import Report, plan_prices
+from ._spec import Price
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -66,13 +70,13 @@ def _messages(events: Sequence[Event]) -> list[Any]:
     return messages
 
 
-def _sample(result: RolloutResult, events: Sequence[Event], sample_input: str) -> Any:
-    from inspect_ai.log import EvalSample
+def _sample(result: RolloutResult, events: Sequence[Event], sample_input: str, cost: float | None) -> Any:
+    from inspect_ai.log import EvalError, EvalSample
     from inspect_ai.model import ChatCompletionChoice, ChatMessageAssistant, ModelOutput, ModelUsage
     from inspect_ai.scorer import Score
 
     usage = ModelUsage(input_tokens=result.input_tokens, output_tokens=result.output_tokens,
-                       total_tokens=result.input_tokens + result.output_tokens)  # fmt: skip
+                       total_tokens=result.input_tokens + result.output_tokens, total_cost=cost)  # fmt: skip
     output = ModelOutput(
         model=result.model,
         choices=[ChatCompletionChoice(message=ChatMessageAssistant(content=result.answer), stop_reason="stop")],
@@ -86,8 +90,9 @@ def _sample(result: RolloutResult, events: Sequence[Event], sample_input: str) -
         target=list(result.target) if len(result.target) != 1 else result.target[0],
         messages=_messages(events),
         output=output,
-        scores={result.scorer.split(" ")[0] or "score": Score(value=result.value or 0.0, answer=result.answer,
-                                                              explanation=result.explanation)},  # fmt: skip
+        scores={result.scorer.split(" ")[0] or "score": Score(value=result.score, answer=result.answer,
+                                                              explanation=result.explanation or result.error)},  # fmt: skip
+        error=EvalError(message=result.error or "", traceback="", traceback_ansi="") if result.failed else None,
         metadata={"loopdock": {"session": result.session_id, "attempt": result.attempt, "turns": result.steps,
                                "ended": dict(result.ended or {})}},  # fmt: skip
         model_usage={result.model_label: usage},
@@ -101,20 +106,30 @@ def _first_user_text(events: Sequence[Event]) -> str:
     return next((_text(e.data) for e in events if e.type == "user/message"), "")
 
 
-def _log(run: str, group: list[tuple[RolloutResult, list[Event]]], planned: int, repeats: int) -> Any:
+def _sample_means(group: Sequence[tuple[RolloutResult, list[Event]]]) -> list[float]:
+    by_sample: dict[str, list[float]] = {}
+    for result, _ in group:
+        by_sample.setdefault(result.sample, []).append(result.score)
+    return [sum(v) / len(v) for v in by_sample.values()]
+
+
+def _log(run: str, group: list[tuple[RolloutResult, list[Event]]], planned: int, repeats: int,
+         prices: Mapping[str, Price]) -> Any:  # fmt: skip
     from inspect_ai.log import EvalConfig, EvalDataset, EvalLog, EvalMetric, EvalResults, EvalScore, EvalSpec, EvalStats
     from inspect_ai.model import ModelUsage
 
     first = group[0][0]
-    samples = [_sample(r, events, _first_user_text(events)) for r, events in group]
-    values = [r.value or 0.0 for r, _ in group]
+    costs = [rollout_cost(r, prices) for r, _ in group]
+    samples = [_sample(r, events, _first_user_text(events), c) for (r, events), c in zip(group, costs, strict=True)]
+    values = _sample_means(group)
     mean = sum(values) / len(values)
     stderr = (sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values)) ** 0.5 if len(values) > 1 else 0.0
-    scorer = first.scorer.split(" ")[0] or "score"
+    scorer = next((r.scorer for r, _ in group if r.scorer), "").split(" ")[0] or "score"
     started = min(r.started_ms for r, _ in group)
     finished = max(e[-1].time for _, e in group if e)
     usage = ModelUsage(input_tokens=sum(r.input_tokens for r, _ in group),
-                       output_tokens=sum(r.output_tokens for r, _ in group))  # fmt: skip
+                       output_tokens=sum(r.output_tokens for r, _ in group),
+                       total_cost=None if any(c is None for c in costs) else sum(c for c in costs if c is not None))  # fmt: skip
     usage.total_tokens = usage.input_tokens + usage.output_tokens
     eval_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"loopdock:{run}:{first.task}:{first.model_label}:{first.loop_label}"))
     spec = EvalSpec(
@@ -135,7 +150,7 @@ def _log(run: str, group: list[tuple[RolloutResult, list[Event]]], planned: int,
         results=EvalResults(
             total_samples=planned,
             completed_samples=len(group),
-            scores=[EvalScore(name=scorer, scorer=scorer, scored_samples=len(group), metrics={
+            scores=[EvalScore(name=scorer, scorer=scorer, scored_samples=sum(1 for r, _ in group if r.done), metrics={
                 "accuracy": EvalMetric(name="accuracy", value=mean),
                 "stderr": EvalMetric(name="stderr", value=stderr),
             })],
@@ -154,13 +169,14 @@ def export_inspect(store: SessionStore, history: RunHistory, report: Report, out
     except ImportError:
         raise ExperimentError("MISSING_EXTRA", "the export needs inspect_ai: pip install 'loopdock[inspect]'") from None
     plan = history.plan or {}
+    prices = plan_prices(history)
     repeats = int(plan.get("repeats") or max((r.repeat for r in report.rollouts), default=1))
     groups: dict[tuple[str, str, str], list[tuple[RolloutResult, list[Event]]]] = {}
     planned: dict[tuple[str, str, str], int] = {}
     for result in report.rollouts:
         key = (result.task, result.model_label, result.loop_label)
         planned[key] = planned.get(key, 0) + 1
-        if result.done:
+        if result.finished:
             loaded = store.load(result.session_id)
             groups.setdefault(key, []).append((result, loaded[1] if loaded else []))
     tasks = {t["id"]: t["samples"] for t in plan.get("tasks", ())}
@@ -170,6 +186,6 @@ def export_inspect(store: SessionStore, history: RunHistory, report: Report, out
         total = int(tasks.get(task, 0)) * repeats or planned[(task, model, loop)]
         name = _UNSAFE.sub("-", f"{history.run}_{task}_{model}_{loop}") + ".eval"
         path = out / name
-        write_eval_log(_log(history.run, group, total, repeats), str(path))
+        write_eval_log(_log(history.run, group, total, repeats, prices), str(path))
         files.append(path)
     return sorted(files)

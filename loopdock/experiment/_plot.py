@@ -43,7 +43,7 @@ def render_png(report: Report) -> bytes:
         raise ExperimentError(
             "MISSING_EXTRA", "the plot needs matplotlib: pip install 'loopdock[bench]'"
         ) from None
-    cells = [c for c in report.cells if c.samples]
+    cells = [c for c in report.cells if c.rollouts]
     # Free cells (the offline ping model) all sit at 0: tokens then tell them apart.
     by_cost = all(c.cost is not None for c in cells) and any(c.cost for c in cells)
     points = [(_x(c, by_cost), c.success_rate) for c in cells]
@@ -52,7 +52,9 @@ def render_png(report: Report) -> bytes:
         # Cells are named in a legend beside the axes: labels next to points would overlap
         # wherever cells are close (and cells often are).
         for cell, (x, y) in zip(cells, points, strict=True):
-            axes.errorbar([x], [y], yerr=[[y - cell.success_low], [cell.success_high - y]], fmt="o", capsize=4,
+            # Error bars are distances: never negative, whatever rounding did to a bound.
+            below, above = max(0.0, y - cell.success_low), max(0.0, cell.success_high - y)
+            axes.errorbar([x], [y], yerr=[[below], [above]], fmt="o", capsize=4,
                           label=cell.label)  # fmt: skip
         front = pareto_front(points)
         if len(front) > 1:
@@ -60,7 +62,7 @@ def render_png(report: Report) -> bytes:
                       label="Pareto front")  # fmt: skip
         axes.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, borderaxespad=0)
         axes.set_xlabel(f"cost per rollout ({report.currency})" if by_cost else "tokens per rollout")
-        axes.set_ylabel("success rate (95% Wilson interval)")
+        axes.set_ylabel("success rate (95% Wilson interval over samples)")
         axes.set_ylim(-0.05, 1.05)
         axes.set_title(f"experiment {report.run}: success vs {'cost' if by_cost else 'tokens'}")
         axes.grid(alpha=0.3)

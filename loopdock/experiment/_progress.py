@@ -11,7 +11,9 @@ import time
 from typing import TextIO
 
 from ._runner import Progress
+from ._text import cut
 
+REASON_WIDTH = 160  # of a failure's reason on one progress line
 BAR_WIDTH = 24
 
 
@@ -33,10 +35,14 @@ class ProgressDisplay:
         self._tty = tty
         self._currency = currency
         self._drawn = 0  # lines of the last redraw, to move back over
+        self._last_failure = ""
+        self.done = 0  # rollouts with a score, as the newest progress said
+        self.total = 0
         self._started = time.monotonic()
         self._done_at_start = 0
 
     def __call__(self, progress: Progress) -> None:
+        self.done, self.total = progress.done, progress.total
         if progress.kind == "planned":
             self._done_at_start = progress.done
             self._started = time.monotonic()
@@ -46,10 +52,16 @@ class ProgressDisplay:
         elif progress.result is not None:
             self._line(progress)
 
+    def interrupted(self) -> None:
+        """The run stopped: leave the terminal below the bars."""
+        self._drawn = 0
+
     def _line(self, progress: Progress) -> None:
         r = progress.result
         assert r is not None
         outcome = f"scored {r.value:g}" if r.value is not None else (progress.note or r.status)
+        if r.error:
+            outcome += f" ({cut(r.error, REASON_WIDTH)})"
         print(
             f"[{progress.done}/{progress.total}] {outcome}: task {r.task} sample {r.sample} "
             f"{r.model_label} x {r.loop_label} repeat {r.repeat} attempt {r.attempt} "
@@ -69,6 +81,12 @@ class ProgressDisplay:
         ]
         width = max((len(label) for label, _, _ in progress.cells), default=0)
         lines += [f"  {label:<{width}}  [{_bar(done, total)}] {done}/{total}" for label, done, total in progress.cells]
+        r = progress.result
+        if r is not None and r.error:
+            self._last_failure = (f"last failure: task {r.task} sample {r.sample} {r.model_label} x {r.loop_label}: "
+                                  f"{cut(r.error, REASON_WIDTH)}")  # fmt: skip
+        if self._last_failure:
+            lines.append(self._last_failure)
         up = f"\x1b[{self._drawn}F" if self._drawn else ""
         self._out.write(up + "".join(f"\x1b[2K{line}\n" for line in lines))
         self._out.flush()

@@ -29,6 +29,7 @@ from ._rollouts import Rollout
 EXPERIMENT_KIND = "loopdock-experiment"
 RECORD_EVENT = "system/message"
 SCHEMA_VERSION = 1
+BUDGET_REASON = "experiment budget exhausted"
 _MAX_ANSWER = 4000
 
 Status = Literal["scored", "error", "incomplete"]
@@ -145,6 +146,23 @@ class RolloutResult:
     @property
     def done(self) -> bool:
         return self.status == "scored"
+
+    @property
+    def failed(self) -> bool:
+        """The attempt ended without a score for a reason of its own (the model, the
+        scorer, a limit), not because the run's budget stopped it before it began."""
+        return self.status == "error" and self.error != BUDGET_REASON
+
+    @property
+    def finished(self) -> bool:
+        """Counted in a report: scored, or failed (a score of 0). An attempt still
+        running (or cut off by a kill) and one the budget stopped are not finished."""
+        return self.done or self.failed
+
+    @property
+    def score(self) -> float:
+        """The value a report counts: the score, 0 for a failed attempt."""
+        return self.value if self.done and self.value is not None else 0.0
 
 
 def usage_of(event: Event) -> tuple[int, int]:

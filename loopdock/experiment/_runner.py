@@ -14,6 +14,7 @@ made durable; none of them has a score, so the next run runs them again.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -33,6 +34,7 @@ from ._errors import ExperimentError
 from ._gate import ProviderGate
 from ._history import RunHistory, read_run
 from ._records import (
+    BUDGET_REASON,
     RECORD_EVENT,
     RolloutResult,
     error_record,
@@ -44,12 +46,10 @@ from ._records import (
 )
 from ._rollouts import Rollout, plan, rollout_session_id, run_session_id
 from ._scoring import Score, ScoreInput, ScorerFailed, Scoring, load_function
-from ._spec import Experiment, Limits, Price
+from ._spec import Experiment, Limits, Model, Price
 from ._workdir import prepare, work_root
 
 log = get_logger(__name__)
-
-BUDGET_REASON = "experiment budget exhausted"
 
 Outcome = Literal["scored", "model-error", "failed", "budget"]
 
@@ -90,14 +90,24 @@ class RunSummary:
 
 class _Meter:
     """One rollout's usage as its log records it: enforces the turn and token limits and
-    the run's budget at every step's entry (a step already running is not cut off)."""
+    the run's budget at every step's entry as ceilings. A step is admitted only if what
+    it is expected to use fits: its input is at least the previous step's input and
+    output (the context only grows), its output about the previous one's. A step already
+    running is not cut off: it may use more than expected (docs/experiments.md)."""
 
-    def __init__(self, session: SessionActor, price: Price | None, budget: Budget, limits: Limits) -> None:
+    def __init__(
+        self, session: SessionActor, price: Price | None, budget: Budget, limits: Limits, largest_step: list[int],
+    ) -> None:  # fmt: skip
         self._session = session
         self._price = price
         self._budget = budget
         self._limits = limits
         self._seen = 0
+        self._last: tuple[int, int] | None = None  # (input, output) of this rollout's newest step
+        # The model's largest (input, output) step in this run so far, shared by its
+        # rollouts: the expected cost of a rollout's first step against the budget.
+        self._largest = largest_step
+        self._reserved = 0.0
         self.tokens = 0
 
     async def catch_up(self) -> None:
@@ -106,18 +116,41 @@ class _Meter:
             used_in, used_out = usage_of(event)
             if used_in or used_out:
                 self.tokens += used_in + used_out
+                self._last = used_in, used_out
+                if used_in + used_out > sum(self._largest):
+                    self._largest[:] = [used_in, used_out]
                 if self._price is not None:
                     self._budget.add(self._price.cost(used_in, used_out))
         self._seen += len(events)
+        self.release()  # the step it was held for is counted now
+
+    def release(self) -> None:
+        self._budget.release(self._reserved)
+        self._reserved = 0.0
+
+    def _next_step(self) -> tuple[int, int] | None:
+        if self._last is None:
+            return None
+        used_in, used_out = self._last
+        return used_in + used_out, used_out
 
     async def pre_step(self, pre: PreStep, next_: Next[PreStep, Verdict]) -> Verdict:
         await self.catch_up()
         limits = self._limits
         if limits.turns is not None and pre.step > limits.turns:
             return Reject(f"turn limit {limits.turns} reached")
-        if limits.tokens is not None and self.tokens >= limits.tokens:
-            return Reject(f"token limit {limits.tokens} reached ({self.tokens} used)")
-        if self._budget.exhausted:
+        expected = self._next_step()
+        more = sum(expected) if expected else 0
+        if limits.tokens is not None and self.tokens + more > limits.tokens:
+            return Reject(f"token limit {limits.tokens} reached ({self.tokens} used, the next step about {more} more)")
+        if self._price is not None and self._budget.limit is not None:
+            step_in, step_out = expected or (self._largest[0], self._largest[1])
+            cost = self._price.cost(step_in, step_out)
+            if not self._budget.fits(cost):
+                return Reject(BUDGET_REASON)
+            self._budget.reserve(cost)
+            self._reserved = cost
+        elif self._budget.exhausted:
             return Reject(BUDGET_REASON)
         return await next_(pre)
 
@@ -164,6 +197,7 @@ class _Run:
         self.not_started = 0
         self.running = 0
         self.cell_done: dict[str, int] = {}
+        self.largest_step: dict[str, list[int]] = {}  # model label -> [input, output] of its largest step
         self.cell_total: dict[str, int] = {}
 
     def _judge_cost(self, result: RolloutResult) -> float:
@@ -239,7 +273,8 @@ class _Run:
         def setup(ctx: AgentContext) -> None:
             # Inside the publication transaction: the session exists only with its identity.
             ctx.session.append(RECORD_EVENT, rollout_record(experiment.name, rollout, attempt))
-            m = _Meter(ctx.session, price, self.budget, experiment.limits)
+            largest = self.largest_step.setdefault(rollout.model.label, [0, 0])
+            m = _Meter(ctx.session, price, self.budget, experiment.limits, largest)
             meter.append(m)
             ctx.on("agent/pre-step", m.pre_step, prepend=True)
             ctx.on("agent/request", watch_retries)
@@ -282,6 +317,8 @@ class _Run:
             await agent.session.flush()
             return outcome, fold_rollout(session_id, await agent.session.read_events())
         finally:
+            if meter:
+                meter[0].release()  # a rollout that ends early holds no share of the budget
             with trio.CancelScope(shield=True):
                 await handle.dispose()
 
@@ -362,16 +399,33 @@ def _register_adapters(rt: Runtime, experiment: Experiment, adapters: Mapping[st
             rt.register_adapter(model.provider, adapter)
 
 
-def plan_fields(experiment: Experiment, rollouts: Sequence[Rollout], pending: int) -> dict[str, Any]:
+def _adapter_identity(rt: Runtime, model: Model) -> str:
+    if model.adapter is not None:
+        return model.adapter
+    adapter = rt.adapters.get(model.provider)
+    return f"{type(adapter).__module__}.{type(adapter).__qualname__}"
+
+
+def _json(value: Any) -> Any:
+    return json.loads(json.dumps(value))  # as the session log gives it back (tuples as lists)
+
+
+def plan_fields(rt: Runtime, experiment: Experiment, rollouts: Sequence[Rollout], pending: int) -> dict[str, Any]:
     """What the run's session records of one ``experiment run``: enough for a report to
-    know the matrix, the prices and which rollouts belong to it, without the file."""
+    know the matrix, the prices and which rollouts belong to it, without the file, and
+    for a resume to see what would change under its earlier results."""
     return {
         "run": experiment.name,
-        "tasks": [{"id": t.id, "samples": len(t.samples), "scorer": experiment.scorer_for(t).label} for t in experiment.tasks],
+        "tasks": [
+            {"id": t.id, "samples": len(t.samples), "scorer": experiment.scorer_for(t).label,
+             "scorerIdentity": _json(attrs.asdict(experiment.scorer_for(t)))}
+            for t in experiment.tasks
+        ],  # fmt: skip
         "models": [
-            {"label": m.label, "price": None if m.price is None else {"input": m.price.input, "output": m.price.output}}
+            {"label": m.label, "price": None if m.price is None else {"input": m.price.input, "output": m.price.output},
+             "adapter": _adapter_identity(rt, m)}
             for m in experiment.models
-        ],
+        ],  # fmt: skip
         "loops": [lp.label for lp in experiment.loops],
         "repeats": experiment.repeats,
         "limits": attrs.asdict(experiment.limits),
@@ -381,6 +435,45 @@ def plan_fields(experiment: Experiment, rollouts: Sequence[Rollout], pending: in
         "pending": pending,
         "keys": [r.key for r in rollouts],
     }
+
+
+# What a rollout's result depends on besides its key: a resume under a change of one of
+# these would mix results made under the old value with ones made under the new. The
+# budget is not among them: raising it to finish a run is what --resume is for.
+_RESULT_LIMITS = ("turns", "tokens", "time")
+
+
+def plan_changes(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """What ``now`` changes against the earlier plan ``before`` that would make their
+    results incomparable; a plan recorded before a field was recorded does not count."""
+    changes = []
+    old_limits, new_limits = before.get("limits") or {}, now["limits"]
+    for name in _RESULT_LIMITS:
+        if name in old_limits and old_limits[name] != new_limits[name]:
+            changes.append(f"limits.{name} {old_limits[name]} -> {new_limits[name]}")
+    old_tasks = {t["id"]: t for t in before.get("tasks", ())}
+    for task in now["tasks"]:
+        old = old_tasks.get(task["id"])
+        if old is not None and "scorerIdentity" in old and old["scorerIdentity"] != task["scorerIdentity"]:
+            changes.append(f"the scorer of task {task['id']} ({old['scorer']} -> {task['scorer']})")
+    old_models = {m["label"]: m for m in before.get("models", ())}
+    for model in now["models"]:
+        old = old_models.get(model["label"])
+        if old is not None and "adapter" in old and old["adapter"] != model["adapter"]:
+            changes.append(f"the adapter of {model['label']} ({old['adapter']} -> {model['adapter']})")
+    return changes
+
+
+def _check_unchanged(history: RunHistory, fields: Mapping[str, Any]) -> None:
+    if history.plan is None or not any(r.finished for r in history.results):
+        return
+    changes = plan_changes(history.plan, fields)
+    if changes:
+        raise ExperimentError(
+            "INVALID_EXPERIMENT",
+            f"run {history.run!r} has results made under another plan; resuming would mix them with new ones. "
+            f"Changed: {'; '.join(changes)}. Restore the file, or give the experiment another name",
+        )
 
 
 async def _record_plan(rt: Runtime, fields: Mapping[str, Any]) -> None:
@@ -416,12 +509,14 @@ async def run_in_runtime(
     rollouts = list(plan(experiment))
     done = {key for key, result in history.latest().items() if result.done}
     pending = [r for r in rollouts if r.key not in done]
+    fields = plan_fields(rt, experiment, rollouts, len(pending))
+    _check_unchanged(history, fields)
     run = _Run(rt, experiment, history, scoring, on_progress or (lambda _: None))
     guess = None
     if experiment.limits.budget is not None:
         guess = estimate(experiment, pending, history.results)
         check_estimate(experiment, guess, run.budget.spent)
-    await _record_plan(rt, plan_fields(experiment, rollouts, len(pending)))
+    await _record_plan(rt, fields)
     run.total = len(rollouts)
     run.done = len(rollouts) - len(pending)
     for rollout in rollouts:

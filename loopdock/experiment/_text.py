@@ -6,6 +6,14 @@ import math
 
 from ._report import Cell, Delta, Report
 
+MAX_FAILURE_LINES = 20
+
+
+def cut(text: str, width: int) -> str:
+    """``text`` on one line, at most ``width`` characters."""
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 3] + "..."
+
 
 def fmt(value: float | None, digits: int = 2) -> str:
     if value is None or math.isnan(value):
@@ -41,11 +49,21 @@ def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[s
     return [line(headers), *(line(r) for r in rows)]
 
 
+def p_value(value: float) -> str:
+    if math.isnan(value):
+        return "-"
+    return "<0.001" if value < 0.001 else f"{value:.3f}"
+
+
+def rate_interval(low: float, high: float) -> str:
+    return f"[{low:.2f}, {high:.2f}]"
+
+
 def _cell_row(cell: Cell) -> list[str]:
     rate = fmt(cell.success_rate)
     return [
-        cell.model, cell.loop, str(cell.samples), f"{cell.successes}/{cell.samples}", rate,
-        f"[{cell.success_low:.2f}, {cell.success_high:.2f}]", fmt(cell.turns, 1),
+        cell.model, cell.loop, str(cell.rollouts), str(cell.samples), f"{cell.successes}/{cell.rollouts}", rate,
+        rate_interval(cell.success_low, cell.success_high), fmt(cell.score), fmt(cell.turns, 1),
         str(cell.input_tokens), str(cell.output_tokens), money(cell.cost_per_rollout), money(cell.cost),
         fmt(cell.latency_p50_ms, 0), fmt(cell.latency_p95_ms, 0), str(cell.failed), str(cell.pending),
     ]  # fmt: skip
@@ -54,8 +72,8 @@ def _cell_row(cell: Cell) -> list[str]:
 def _delta_row(delta: Delta) -> list[str]:
     return [
         delta.kind, f"{delta.a}  -  {delta.b}", str(delta.pairs), signed(delta.success),
-        interval(delta.success_low, delta.success_high), signed(delta.cost, 4),
-        interval(delta.cost_low, delta.cost_high, 4),
+        interval(delta.success_low, delta.success_high), p_value(delta.p_value), p_value(delta.p_holm),
+        "*" if delta.significant else "", signed(delta.cost, 4), interval(delta.cost_low, delta.cost_high, 4),
     ]  # fmt: skip
 
 
@@ -67,18 +85,29 @@ def render_text(report: Report) -> str:
         f"{failed} failed, {pending} not run yet; cost in {report.currency}",
         "",
     ]
-    headers = ["model", "loop", "n", "success", "rate", "95% CI", "turns", "in tok", "out tok",
+    headers = ["model", "loop", "n", "samples", "success", "rate", "95% CI", "score", "turns", "in tok", "out tok",
                "cost/rollout", "cost", "p50 ms", "p95 ms", "failed", "pending"]  # fmt: skip
-    lines += _table(headers, [_cell_row(c) for c in report.cells], right=set(range(2, 15)) - {5})
+    lines += _table(headers, [_cell_row(c) for c in report.cells], right=set(range(2, 17)) - {6})
+    lines += ["", "n: finished rollouts (a failed one scores 0); rate and score: means over samples of each "
+              "sample's mean over its repeats; 95% CI: Wilson, over samples"]  # fmt: skip
     if report.deltas:
-        lines += ["", "paired deltas per sample (a - b; success and cost per rollout; 95% t interval)", ""]
-        headers = ["kind", "a - b", "pairs", "success", "95% CI", "cost", "95% CI"]
-        lines += _table(headers, [_delta_row(d) for d in report.deltas], right={2, 3, 5})
+        lines += ["", "paired deltas per sample (a - b; score and cost per rollout; 95% t interval; p: exact "
+                  "sign-flip test, Holm-adjusted over all deltas; *: Holm p < 0.05)", ""]  # fmt: skip
+        headers = ["kind", "a - b", "pairs", "score", "95% CI", "p", "p (Holm)", "", "cost", "95% CI"]
+        lines += _table(headers, [_delta_row(d) for d in report.deltas], right={2, 3, 5, 6, 8})
     if len(report.tasks) > 1:
         lines += ["", "success per task", ""]
         labels = [label for label, _, _ in report.tasks[0][1]]
         rows = [[task, *(f"{s}/{n}" for _, s, n in row)] for task, row in report.tasks]
         lines += _table(["task", *labels], rows, right=set(range(1, len(labels) + 1)))
+    failures = [r for r in report.rollouts if r.failed]
+    if failures:
+        lines += ["", f"failed rollouts ({len(failures)}; each counts as a score of 0)", ""]
+        rows = [[f"{r.model_label} x {r.loop_label}", r.task, r.sample, str(r.repeat), str(r.attempt),
+                 cut(r.error or "", 120)] for r in failures[:MAX_FAILURE_LINES]]  # fmt: skip
+        lines += _table(["cell", "task", "sample", "repeat", "attempt", "why"], rows, right={3, 4})
+        if len(failures) > MAX_FAILURE_LINES:
+            lines.append(f"... and {len(failures) - MAX_FAILURE_LINES} more (report.html lists them all)")
     if report.judge_input_tokens or report.judge_output_tokens:
         lines += ["", f"judge: {report.judge_input_tokens} input and {report.judge_output_tokens} output tokens"]
     return "\n".join(lines) + "\n"

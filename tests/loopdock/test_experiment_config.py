@@ -173,3 +173,13 @@ def test_file_errors_name_the_file(tmp_path):
     assert str(info.value) == f"{path}: repeats must be a positive integer, got 0"
     with pytest.raises(ExperimentError, match="experiment file .*nope.yml not found"):
         load_experiment(tmp_path / "nope.yml")
+
+
+def test_two_adapter_factories_for_one_provider_are_refused():
+    # The adapter is registered per provider: the second factory used to be ignored.
+    models = [{"provider": "s", "model": "a", "adapter": "m:one"}, {"provider": "s", "model": "b", "adapter": "m:two"}]
+    rejects({**SMALLEST, "models": models},
+            "models[1].adapter m:two differs from models[0].adapter m:one, but both are provider 's', which has "
+            "one adapter: give each factory its own provider name")  # fmt: skip
+    same = [{**models[0]}, {**models[1], "adapter": "m:one"}]
+    assert len(parse_experiment({**SMALLEST, "models": same}, base=ROOT, default_name="x").models) == 2

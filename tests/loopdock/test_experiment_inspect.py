@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from loopdock import Runtime
@@ -50,3 +51,46 @@ def test_the_export_reads_back_with_inspect_ais_reader(tmp_path):
     flash = logs[("deepseek/deepseek-v4-flash", "minimal-first")]
     assert flash.results.scores[0].metrics["accuracy"].value == 0.0
     assert flash.samples[0].output.completion == "I cannot change files with these tools."
+
+
+def test_a_failure_says_why_on_the_progress_line_the_report_the_page_and_the_export(tmp_path):
+    # The reason used to be only in the database: "attempt 1 failed", an empty cell, no sample.
+    import io
+
+    from inspect_ai.log import read_eval_log
+
+    from loopdock.experiment import parse_experiment
+    from loopdock.experiment._html import render_html
+    from loopdock.experiment._progress import ProgressDisplay
+    from loopdock.experiment._text import render_text
+
+    (tmp_path / "bad_scorer.py").write_text("def score(state):\n    return 3\n")
+    experiment = parse_experiment(
+        {"tasks": [{"id": "greet", "input": "hello", "target": "pong"}], "models": [{"provider": "ping", "model": "ping-1",
+         "price": {"input": 1000, "output": 1000}}], "loops": ["standard"],
+         "scorer": {"kind": "python", "function": "bad_scorer:score"}},
+        base=tmp_path, default_name="bad")  # fmt: skip
+    why = "scorer failed: scorer bad_scorer:score returned the value 3.0; values are in 0..1"
+    progress = io.StringIO()
+    home = tmp_path / "home"
+
+    async def main():
+        async with Runtime.open(home) as rt:
+            with trio.fail_after(60):
+                await run_in_runtime(rt, experiment, on_progress=ProgressDisplay(progress, tty=False, currency="USD"))
+
+    trio.run(main)
+    assert f"attempt 1 failed ({why}): task greet sample 1" in progress.getvalue()
+    with SessionStore.open(home / "sessions.db") as store:
+        history = read_run(store, "bad")
+        report = build_report(history)
+        [file] = export_inspect(store, history, report, tmp_path / "logs")
+    text = render_text(report)
+    assert "failed rollouts (1; each counts as a score of 0)" in text and why in text
+    assert why in render_html(report, None)
+    log = read_eval_log(str(file))
+    [sample] = log.samples
+    assert sample.error is not None and sample.error.message == why
+    assert sample.scores["score"].value == 0.0
+    assert sample.model_usage["ping/ping-1"].total_cost == pytest.approx(report.cells[0].cost)
+    assert log.results.completed_samples == 1 and log.results.scores[0].scored_samples == 0

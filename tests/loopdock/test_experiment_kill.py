@@ -129,3 +129,38 @@ async def test_a_run_killed_mid_way_resumes_without_repeating_what_was_scored(tm
     for result in latest.values():
         if result.sample.startswith("s"):
             assert result.attempt == attempts_before.get(result.key, 0) + 1
+
+
+async def test_ctrl_c_ends_with_one_line_naming_the_resume_command_and_exit_130(tmp_path):
+    (tmp_path / "stand_models.py").write_text(STAND_MODELS)
+    experiment = tmp_path / "killed.yml"
+    experiment.write_text(EXPERIMENT)
+    home = tmp_path / "home"
+    env = {**os.environ, "STAND_CALLS": str(tmp_path / "calls.txt"), "STAND_BLOCK": "1"}
+    with trio.fail_after(120):
+        process = await trio.lowlevel.open_process(
+            _command(experiment, home), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=tmp_path
+        )
+        assert process.stderr is not None
+        buffer = b""
+        try:
+            while buffer.count(b"stand: holding slow") < 2 or buffer.count(b"scored 1: task t sample f") < 3:
+                chunk = await process.stderr.receive_some()
+                assert chunk, f"the run ended early: {buffer.decode(errors='replace')}"
+                buffer += chunk
+            before = len(buffer)
+            process.send_signal(signal.SIGINT)  # what Ctrl-C sends
+            while chunk := await process.stderr.receive_some():
+                buffer += chunk
+        finally:
+            if process.returncode is None:
+                process.kill()
+        await process.wait()
+    after = buffer[before:].decode()
+    assert process.returncode == 130, after
+    assert after.splitlines() == [
+        f"interrupted: 3/5 rollouts scored; go on with: loopdock experiment run {experiment} --resume --home {home}"
+    ]
+    # The held rollouts ended without a score: the resume the line names runs them again.
+    history, _ = _state(home)
+    assert sorted(r.sample for r in history.latest().values() if not r.done) == ["s1", "s2"]

@@ -62,10 +62,13 @@ def test_cells_count_scored_failed_and_pending_rollouts_and_price_them():
                          tuple(results), {})  # fmt: skip
     report = build_report(history, {"p/a": Price(1000, 2000)})
     [cell] = report.cells
-    assert (cell.samples, cell.successes, cell.failed, cell.pending) == (3, 2, 1, 1)
-    assert (cell.input_tokens, cell.output_tokens, cell.turns) == (300, 30, 2.0)
-    assert cell.cost == pytest.approx(3 * (100 * 1000 + 10 * 2000) / 1e6)
-    assert (cell.latency_p50_ms, cell.latency_p95_ms) == (200.0, pytest.approx(290.0))
+    # The failed rollout counts (as a score of 0, with its tokens and cost); the one never
+    # run is pending. Two samples are the unit: sample 1 passes 1 of 2, sample 2 1 of 2.
+    assert (cell.rollouts, cell.samples, cell.successes, cell.failed, cell.pending) == (4, 2, 2, 1, 1)
+    assert (cell.success_rate, cell.score) == (0.5, 0.5)
+    assert (cell.input_tokens, cell.output_tokens, cell.turns) == (400, 40, 2.0)
+    assert cell.cost == pytest.approx(4 * (100 * 1000 + 10 * 2000) / 1e6)
+    assert (cell.latency_p50_ms, cell.latency_p95_ms) == (250.0, pytest.approx(895.0))
     assert cells_json(report)["cells"][0]["costPerRollout"] == pytest.approx(0.12)
     # Without a price there is no cost, rather than a cost of 0.
     assert build_report(history).cells[0].cost is None
@@ -84,7 +87,8 @@ def test_paired_deltas_pair_samples_and_average_repeats():
     assert (delta.kind, delta.a, delta.b, delta.pairs) == ("loop", "p/m x b", "p/m x a", 2)
     assert delta.success == pytest.approx(0.75)
     half = 12.706 * math.sqrt(((1 - 0.75) ** 2 + (0.5 - 0.75) ** 2) / 1 / 2)
-    assert (delta.success_low, delta.success_high) == (pytest.approx(0.75 - half), pytest.approx(0.75 + half))
+    assert 0.75 - half < -1 and 0.75 + half > 1  # two pairs: t's interval is wider than the scale
+    assert (delta.success_low, delta.success_high) == (-1.0, 1.0)
     assert report.tasks == (("t", (("p/m x a", 2, 5), ("p/m x b", 4, 4))),)
 
 
@@ -119,8 +123,9 @@ def test_the_cli_runs_reports_and_prints_json(tmp_path, capsys, main):
     assert "already holds a run 'tiny' (4 rollouts scored): pass --resume" in capsys.readouterr().err
     assert main(["experiment", "report", "tiny", "--home", str(home), "--json"]) == 0
     cells = json.loads(capsys.readouterr().out)["cells"]
-    assert [(c["model"], c["loop"], c["samples"], c["successes"], c["inputTokens"], c["cost"]) for c in cells] == [
-        ("ping/ping-1", "standard", 2, 2, 22, 0.0), ("ping/ping-1", "minimal-first", 2, 2, 22, 0.0)]  # fmt: skip
+    assert [(c["model"], c["loop"], c["rollouts"], c["samples"], c["successes"], c["inputTokens"], c["cost"])
+            for c in cells] == [("ping/ping-1", "standard", 2, 1, 2, 22, 0.0),
+                                ("ping/ping-1", "minimal-first", 2, 1, 2, 22, 0.0)]  # fmt: skip
     assert set(cells[0]["latencyMs"]) == {"p50", "p95"}
     out_dir = tmp_path / "out"
     assert main(["experiment", "report", "tiny", "--home", str(home), "--out", str(out_dir)]) == 0
@@ -130,3 +135,65 @@ def test_the_cli_runs_reports_and_prints_json(tmp_path, capsys, main):
     assert (out_dir / "success-vs-cost.png").read_bytes().startswith(b"\x89PNG")
     assert main(["experiment", "report", "nope", "--home", str(home)]) == 2
     assert "UNKNOWN_RUN: no experiment run 'nope' in" in capsys.readouterr().err
+
+
+def test_cells_at_0_and_100_percent_have_intervals_on_the_scale_and_a_plot():
+    # Rounding once put 10/10 at 0.9999999999999999 and 0/3 a hair above 0: the plot then
+    # rejected a negative error bar and the report wrote no PNG and no HTML.
+    for n in range(1, 200):
+        assert wilson(n, n)[1] == 1.0 and wilson(0, n)[0] == 0.0
+        for k in range(n + 1):
+            low, high = wilson(k, n)
+            assert 0.0 <= low <= k / n <= high <= 1.0
+    results = [result("t", "1", "p/a", "std", r, 1.0) for r in range(1, 11)]
+    results += [result("t", "1", "p/a", "min", r, 0.0) for r in range(1, 11)]
+    report = build_report(RunHistory("r", (plan(results, ["p/a"], ["std", "min"]),), tuple(results), {}))
+    assert [(c.success_low, c.success_high) for c in report.cells][0][1] == 1.0
+    assert render_png(report).startswith(b"\x89PNG")
+
+
+def test_a_zero_width_delta_is_not_shown_as_significant():
+    # Four samples, loop b fails all four that a passes: every difference is -1, so the
+    # t interval has no width; it says nothing, and the page must not paint it red.
+    results = [result("t", str(s), "p/m", "a", 1, 1.0) for s in range(1, 5)]
+    results += [result("t", str(s), "p/m", "b", 1, 0.0) for s in range(1, 5)]
+    report = build_report(RunHistory("r", (plan(results, ["p/m"], ["a", "b"]),), tuple(results), {}))
+    [delta] = report.deltas
+    assert delta.success == -1.0 and math.isnan(delta.success_low) and math.isnan(delta.success_high)
+    assert "class='bad'" not in render_html(report, None)
+
+
+def test_limit_runs_the_first_samples_and_a_resume_runs_the_rest(tmp_path, capsys, main):
+    experiment = tmp_path / "smoke.yml"
+    experiment.write_text("{tasks: [{id: greet, samples: [{input: a, target: pong}, {input: b, target: pong}, "
+                          "{input: c, target: pong}]}], scorer: includes, models: [ping/ping-1], "
+                          "loops: [standard, minimal-first]}\n")  # fmt: skip
+    home = tmp_path / "home"
+    assert main(["experiment", "run", str(experiment), "--home", str(home), "--limit", "1"]) == 0
+    assert "experiment smoke: 2 rollouts, 0 scored before, 2 scored now" in capsys.readouterr().out
+    assert main(["experiment", "run", str(experiment), "--home", str(home), "--resume"]) == 0
+    assert "experiment smoke: 6 rollouts, 2 scored before, 4 scored now" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["experiment", "run", str(experiment), "--home", str(home), "--limit", "0"])
+    assert "--limit: must be a whole number >= 1, got '0'" in capsys.readouterr().err
+
+
+def test_fail_under_gates_ci_on_every_cells_score(tmp_path, capsys, main):
+    experiment = tmp_path / "gate.yml"
+    experiment.write_text("{tasks: [{id: greet, input: hello, target: pong}], scorer: includes, "
+                          "models: [ping/ping-1], loops: [standard]}\n")  # fmt: skip
+    home = tmp_path / "home"
+    assert main(["experiment", "run", str(experiment), "--home", str(home)]) == 0
+    capsys.readouterr()
+    report = ["experiment", "report", "gate", "--home", str(home), "--out", str(tmp_path / "out")]
+    assert main([*report, "--fail-under", "1"]) == 0
+    assert main(report) == 0
+    capsys.readouterr()
+    (tmp_path / "gate.yml").write_text("{name: gate2, tasks: [{id: greet, input: hello, target: nope}], "
+                                       "scorer: includes, models: [ping/ping-1], loops: [standard]}\n")  # fmt: skip
+    assert main(["experiment", "run", str(experiment), "--home", str(home)]) == 0
+    capsys.readouterr()
+    assert main(["experiment", "report", "gate2", "--home", str(home), "--json", "--fail-under", "0.5"]) == 1
+    out = capsys.readouterr()
+    assert "below --fail-under 0.5: ping/ping-1 x standard scores 0.00" in out.err
+    assert json.loads(out.out)["cells"][0]["score"] == 0.0  # stdout stays JSON

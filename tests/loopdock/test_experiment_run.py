@@ -54,20 +54,22 @@ def without_latency(report):
 EXPECTED_FIX_FILES = """\
 experiment fix-files: 60 rollouts planned, 60 scored, 0 failed, 0 not run yet; cost in CNY
 
-model                       loop            n  success  rate  95% CI        turns  in tok  out tok  cost/rollout    cost  p50 ms  p95 ms  failed  pending
-deepseek/deepseek-v4-flash  standard       15    15/15  1.00  [0.80, 1.00]    2.0   30000     1500        0.0048  0.0720       0       0       0        0
-deepseek/deepseek-v4-flash  minimal-first  15     0/15  0.00  [0.00, 0.20]    1.0   15000      750        0.0024  0.0360       0       0       0        0
-deepseek/deepseek-v4-pro    standard       15    15/15  1.00  [0.80, 1.00]    2.0   60000     3000        0.0414  0.6210       0       0       0        0
-deepseek/deepseek-v4-pro    minimal-first  15    15/15  1.00  [0.80, 1.00]    3.0   90000     4500        0.0621  0.9315       0       0       0        0
+model                       loop            n  samples  success  rate  95% CI        score  turns  in tok  out tok  cost/rollout    cost  p50 ms  p95 ms  failed  pending
+deepseek/deepseek-v4-flash  standard       15        5    15/15  1.00  [0.57, 1.00]   1.00    2.0   30000     1500        0.0048  0.0720       0       0       0        0
+deepseek/deepseek-v4-flash  minimal-first  15        5     0/15  0.00  [0.00, 0.43]   0.00    1.0   15000      750        0.0024  0.0360       0       0       0        0
+deepseek/deepseek-v4-pro    standard       15        5    15/15  1.00  [0.57, 1.00]   1.00    2.0   60000     3000        0.0414  0.6210       0       0       0        0
+deepseek/deepseek-v4-pro    minimal-first  15        5    15/15  1.00  [0.57, 1.00]   1.00    3.0   90000     4500        0.0621  0.9315       0       0       0        0
 
-paired deltas per sample (a - b; success and cost per rollout; 95% t interval)
+n: finished rollouts (a failed one scores 0); rate and score: means over samples of each sample's mean over its repeats; 95% CI: Wilson, over samples
 
-kind     a - b                                                                                    pairs  success  95% CI             cost  95% CI
-loop     deepseek/deepseek-v4-flash x minimal-first  -  deepseek/deepseek-v4-flash x standard         5    -1.00  [-1.00, -1.00]  -0.0024  [-0.0024, -0.0024]
-loop     deepseek/deepseek-v4-pro x minimal-first  -  deepseek/deepseek-v4-pro x standard             5    +0.00  [+0.00, +0.00]  +0.0207  [+0.0207, +0.0207]
-model    deepseek/deepseek-v4-pro x standard  -  deepseek/deepseek-v4-flash x standard                5    +0.00  [+0.00, +0.00]  +0.0366  [+0.0366, +0.0366]
-model    deepseek/deepseek-v4-pro x minimal-first  -  deepseek/deepseek-v4-flash x minimal-first      5    +1.00  [+1.00, +1.00]  +0.0597  [+0.0597, +0.0597]
-compare  deepseek/deepseek-v4-flash x standard  -  deepseek/deepseek-v4-pro x minimal-first           5    +0.00  [+0.00, +0.00]  -0.0573  [-0.0573, -0.0573]
+paired deltas per sample (a - b; score and cost per rollout; 95% t interval; p: exact sign-flip test, Holm-adjusted over all deltas; *: Holm p < 0.05)
+
+kind     a - b                                                                                    pairs  score  95% CI      p  p (Holm)       cost  95% CI
+loop     deepseek/deepseek-v4-flash x minimal-first  -  deepseek/deepseek-v4-flash x standard         5  -1.00  -       0.062     0.312    -0.0024  -
+loop     deepseek/deepseek-v4-pro x minimal-first  -  deepseek/deepseek-v4-pro x standard             5  +0.00  -       1.000     1.000    +0.0207  -
+model    deepseek/deepseek-v4-pro x standard  -  deepseek/deepseek-v4-flash x standard                5  +0.00  -       1.000     1.000    +0.0366  -
+model    deepseek/deepseek-v4-pro x minimal-first  -  deepseek/deepseek-v4-flash x minimal-first      5  +1.00  -       0.062     0.312    +0.0597  -
+compare  deepseek/deepseek-v4-flash x standard  -  deepseek/deepseek-v4-pro x minimal-first           5  +0.00  -       1.000     1.000    -0.0573  -
 """
 
 
@@ -119,8 +121,8 @@ async def test_the_smallest_file_runs_offline_and_is_fully_derived_from_the_logs
     cells = cells_json(build_report(history(home, "smallest")))["cells"]
     for cell in cells:
         del cell["latencyMs"]
-    expected = {"samples": 2, "successes": 2, "successRate": 1.0, "successInterval": [pytest.approx(0.34238), 1.0],
-                "score": 1.0, "failed": 0, "pending": 0, "limitHits": 0, "turns": 1.0, "inputTokens": 22,
+    expected = {"rollouts": 2, "samples": 1, "successes": 2, "successRate": 1.0, "successInterval": [pytest.approx(0.20655, abs=1e-5), 1.0],
+                "score": 1.0, "scoreInterval": [pytest.approx(0.20655, abs=1e-5), 1.0], "failed": 0, "pending": 0, "limitHits": 0, "turns": 1.0, "inputTokens": 22,
                 "outputTokens": 4, "cost": 0.0, "costPerRollout": 0.0}  # fmt: skip
     assert cells == [{"model": "ping/ping-1", "loop": "standard", **expected},
                      {"model": "ping/ping-1", "loop": "minimal-first", **expected}]  # fmt: skip
@@ -170,7 +172,7 @@ async def test_a_rollout_that_keeps_failing_is_left_for_the_next_run_which_retri
         first = await run(home, experiment, adapters={"s": adapter})
     assert (first.scored, first.failed, first.complete) == (1, 1, False)
     report = build_report(history(home, "retry"))
-    assert (report.cells[0].samples, report.cells[0].failed) == (1, 1)
+    assert (report.cells[0].rollouts, report.cells[0].failed) == (2, 1)
     broken["on"] = False
     adapter.requests.clear()
     with trio.fail_after(60):
@@ -197,8 +199,10 @@ async def test_turn_and_token_limits_end_a_rollout_at_a_step_boundary_and_it_is_
     assert (by_turns.status, by_turns.value, by_turns.steps) == ("scored", 0.0, 3)
     assert by_turns.ended == {"kind": "blocked", "reason": "turn limit 3 reached"}
     [by_tokens] = history(home, "tokens").results
-    assert (by_tokens.steps, by_tokens.input_tokens + by_tokens.output_tokens) == (3, 150)
-    assert by_tokens.ended == {"kind": "blocked", "reason": "token limit 120 reached (150 used)"}
+    # A ceiling: after two steps of 50 the next would send at least 50 + 10 again; 160 > 120
+    # stops it before it starts (a floor let a third step run to 150).
+    assert (by_tokens.steps, by_tokens.input_tokens + by_tokens.output_tokens) == (2, 100)
+    assert by_tokens.ended == {"kind": "blocked", "reason": "token limit 120 reached (100 used, the next step about 60 more)"}
     assert build_report(history(home, "turns")).cells[0].limit_hits == 1
 
 
@@ -267,6 +271,23 @@ async def test_the_budget_stops_the_run_and_a_larger_one_finishes_it(tmp_path):
         second = await run(home, parse_experiment(larger, base=tmp_path, default_name="budget"), adapters={"paid": adapter})
     assert (second.skipped, second.scored, second.complete, second.spent) == (4, 2, True, pytest.approx(3.0))
     assert len(adapter.requests) == 6
+
+
+async def test_the_budget_is_a_ceiling_the_run_does_not_cross(tmp_path):
+    # Each rollout is one step of 0.3: after three (0.9), a fourth would end at 1.2 over the
+    # budget of 1, so it is not started (the budget used to be checked as a floor: 0.9 < 1).
+    def respond(request):
+        return Reply(text="pong", usage=Usage(30_000, 0))
+
+    priced = [{"provider": "paid", "model": "p", "price": {"input": 10, "output": 10}}]
+    spec = {**SMALLEST, "models": priced, "loops": ["standard"], "repeats": 6, "concurrency": 1,
+            "limits": {"tokens": 1_000, "budget": 1.0}}  # fmt: skip
+    adapter = ScriptedAdapter(respond)
+    with trio.fail_after(60):
+        summary = await run(tmp_path / "home", parse_experiment(spec, base=tmp_path, default_name="ceiling"),
+                            adapters={"paid": adapter})  # fmt: skip
+    assert (summary.scored, summary.not_started, len(adapter.requests)) == (3, 3, 3)
+    assert summary.spent == pytest.approx(0.9) and summary.spent <= 1.0
 
 
 async def test_a_judge_grades_and_its_tokens_are_kept(tmp_path):
@@ -381,3 +402,32 @@ async def test_a_cancelled_run_leaves_its_rollouts_durable_and_unscored_and_resu
     with trio.fail_after(60):
         summary = await run(home, experiment, adapters={"h": adapter})
     assert (summary.skipped, summary.scored, calls) == (1, 1, ["slow"])
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"limits": {"tokens": 500}}, "limits.tokens None -> 500"),
+        ({"scorer": {"kind": "includes", "ignore_case": False}}, "the scorer of task greet (includes -> includes)"),
+        ({"models": [{"provider": "ping", "model": "ping-1", "adapter": "loopdock.runtime.models:PingAdapter"}]},
+         "the adapter of ping/ping-1 (loopdock.runtime.models._ping.PingAdapter -> loopdock.runtime.models:PingAdapter)"),
+    ],
+)
+async def test_resume_refuses_a_plan_that_changes_what_results_depend_on(tmp_path, change, named):
+    home = tmp_path / "home"
+    first = parse_experiment({**SMALLEST, "repeats": 1, "loops": ["standard"]}, base=tmp_path, default_name="same")
+    with trio.fail_after(60):
+        assert (await run(home, first)).complete
+        before = session_ids(home)
+        changed = parse_experiment({**SMALLEST, "repeats": 2, "loops": ["standard"], **change}, base=tmp_path,
+                                   default_name="same")  # fmt: skip
+        with pytest.raises(ExperimentError) as info:
+            await run(home, changed)
+    assert info.value.code == "INVALID_EXPERIMENT"
+    assert f"Changed: {named}." in str(info.value) and "give the experiment another name" in str(info.value)
+    assert session_ids(home) == before  # nothing ran, nothing was recorded
+    # A larger budget is what --resume is for: not a change of plan.
+    with trio.fail_after(60):
+        more = parse_experiment({**SMALLEST, "repeats": 2, "loops": ["standard"], "limits": {"budget": 5}},
+                                base=tmp_path, default_name="same")  # fmt: skip
+        assert (await run(home, more)).complete
