@@ -18,9 +18,10 @@ One bounded sequence, shared by both entry points:
 4. ``install_skills``: ``workflow-skills --install --skills-dir <agents-home>/skills
    --host-surface deepseek-harness-native`` (with ``--cli-bin <launcher>``, shell-quoted,
    for a managed install, so generated skill commands run the same CLI). Every
-   packaged-skill status must be ``created|updated|unchanged`` and the entry's
-   ``created|updated|unchanged|upgraded_legacy_managed``; anything missing or unknown
-   fails closed. Never retried.
+   packaged-skill status must be ``created|updated|unchanged``, ``loopx-project`` (the
+   skill the generated entry sends the model to for everything advanced) must be among
+   them, and the entry's status must be ``created|updated|unchanged|upgraded_legacy_managed``;
+   anything missing or unknown fails closed. Never retried.
 5. ``readback``: the read-only inspection must report the managed install ready with
    nothing left to install.
 
@@ -90,6 +91,10 @@ MIN_LOOPX_VERSION = (0, 5, 4)
 LOOPX_REQUIREMENT = "loopx>=0.5.4"
 PYTHON_CANDIDATES = ("python3", "python3.11", "python3.12", "python3.13", "python3.14")
 MIN_PYTHON = (3, 11)
+#: The packaged skill the generated ``loopx`` entry depends on ("use the installed
+#: loopx-project Skill for advanced operations"): an install that does not report it
+#: has not installed what the entry needs.
+REQUIRED_SKILLS = frozenset({"loopx-project"})
 
 PACKAGED_STATUSES = frozenset({"created", "updated", "unchanged"})
 ENTRY_STATUSES = frozenset({"created", "updated", "unchanged", "upgraded_legacy_managed"})
@@ -446,8 +451,11 @@ def _skills_failure_kind(result: TransportFailure | MalformedOutput | LoopxFailu
 
 
 def _install_statuses(result: SkillsResult) -> str | bool:
-    """skillsChanged when every status is known; else the failure kind."""
+    """skillsChanged when every status is known and every required skill has one; else
+    the failure kind."""
     if result.operation != "install" or not result.installed or result.entry_status is None:
+        return "missing_status"
+    if not REQUIRED_SKILLS <= result.installed.keys():
         return "missing_status"
     if not set(result.installed.values()) <= PACKAGED_STATUSES or result.entry_status not in ENTRY_STATUSES:
         return "unknown_status"

@@ -273,17 +273,19 @@ def skills_result(installed, entry, operation="install"):
 @pytest.mark.parametrize(
     ("installed", "entry", "expected"),
     [
-        ({"a": "unchanged", "b": "unchanged"}, "unchanged", False),
-        ({"a": "created", "b": "unchanged"}, "unchanged", True),
-        ({"a": "updated"}, "unchanged", True),
-        ({"a": "unchanged"}, "created", True),
-        ({"a": "unchanged"}, "updated", True),
-        ({"a": "unchanged"}, "upgraded_legacy_managed", True),
-        ({"a": "unchanged"}, "skipped_user_file", "unknown_status"),
-        ({"a": "would_create"}, "unchanged", "unknown_status"),
-        ({"a": "retired"}, "created", "unknown_status"),
+        ({"loopx-project": "unchanged", "b": "unchanged"}, "unchanged", False),
+        ({"loopx-project": "unchanged", "b": "created"}, "unchanged", True),
+        ({"loopx-project": "updated"}, "unchanged", True),
+        ({"loopx-project": "unchanged"}, "created", True),
+        ({"loopx-project": "unchanged"}, "updated", True),
+        ({"loopx-project": "unchanged"}, "upgraded_legacy_managed", True),
+        ({"loopx-project": "unchanged"}, "skipped_user_file", "unknown_status"),
+        ({"loopx-project": "would_create"}, "unchanged", "unknown_status"),
+        ({"loopx-project": "unchanged", "b": "retired"}, "created", "unknown_status"),
         ({}, "created", "missing_status"),
-        ({"a": "created"}, None, "missing_status"),
+        ({"loopx-project": "created"}, None, "missing_status"),
+        # Every status known, but not the one for the skill the entry sends the model to.
+        ({"loopx-pr-review": "created", "loopx-self-repair": "unchanged"}, "created", "missing_status"),
     ],
 )
 def test_every_status_is_validated_and_projected_to_skills_changed(installed, entry, expected):
@@ -291,7 +293,7 @@ def test_every_status_is_validated_and_projected_to_skills_changed(installed, en
 
 
 def test_an_inspection_answer_to_an_install_is_missing_its_statuses():
-    assert _init._install_statuses(skills_result({"a": "created"}, "created", operation="inspect")) == "missing_status"
+    assert _init._install_statuses(skills_result({"loopx-project": "created"}, "created", operation="inspect")) == "missing_status"
 
 
 # -- The real CLI: healthy skip, skills, statuses, readback -----------------------------------------
@@ -621,6 +623,10 @@ async def test_an_install_that_leaves_no_usable_cli_fails_at_resolve(loopx_stand
         ({"stdout": {**INSTALL_OK, "entry": {"skill_id": "loopx", "status": "skipped_user_file"}}}, "unknown_status"),
         ({"stdout": {k: v for k, v in INSTALL_OK.items() if k != "entry"}}, "missing_status"),
         ({"stdout": {**INSTALL_OK, "installed": {}}}, "missing_status"),
+        # Every reported status is fine, but loopx-project (the skill the generated entry
+        # sends the model to) is not among them: not installed as the entry needs.
+        ({"stdout": {**INSTALL_OK, "installed": {"loopx-pr-review": "created", "loopx-self-repair": "created"}}},
+         "missing_status"),
         ({"stdout": "/secret/path NOISY-OUTPUT not json"}, "malformed"),
         ({"exit": 1, "stdout": "NOISY-OUTPUT crashed"}, "transport"),
     ],
