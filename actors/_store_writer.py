@@ -169,7 +169,7 @@ class StoreWriter:
             except StoreError as exc:
                 if retry and exc.transient:  # nothing was written: all of it again, later
                     self.retries += 1
-                    for session, write in zip(sessions, writes):
+                    for session, write in zip(sessions, writes, strict=True):
                         session.requeue(write)  # schedules it again
                     self._set_trouble(exc)
                     return
@@ -182,7 +182,7 @@ class StoreWriter:
                 log.warning("store commits succeed again", retries=self.retries)
                 self._set_trouble(None)
             # A session whose part was refused fails alone; the rest of the batch is durable.
-            for session, write in zip(sessions, writes):
+            for session, write in zip(sessions, writes, strict=True):
                 session.commit_done(write, error if error is not None else refused.get(write.session_id))
 
     def _set_trouble(self, trouble: StoreError | None) -> None:

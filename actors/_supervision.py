@@ -116,7 +116,8 @@ async def supervised(
             except Exception as broken:  # a report must not take the supervisor down
                 log.error("failure report failed", actor=name, error=repr(broken))
             if rest is not None:  # cancelled (or interrupted) as it failed: that goes through
-                raise rest
+                # The failure in ``raised`` is reported above: only the rest propagates.
+                raise rest from None
             if not restart:
                 status.started()
                 return

@@ -29,7 +29,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -175,15 +176,32 @@ async def _run_client(params: dict[str, Any], progress: Progress) -> dict[str, A
     return json.loads(b"".join(chunks))
 
 
+def _make_scratch() -> tempfile.TemporaryDirectory[str]:
+    scratch = tempfile.TemporaryDirectory(prefix="loopdock-bench-bridge-")
+    Path(scratch.name, "project").mkdir()
+    return scratch
+
+
+@asynccontextmanager
+async def _scratch() -> AsyncIterator[Path]:
+    """A temporary folder with an empty ``project`` folder, removed afterwards; both on
+    the disk in a worker thread, as the runtime does its own disk work."""
+    scratch = await trio.to_thread.run_sync(_make_scratch)
+    try:
+        yield Path(scratch.name)
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(scratch.cleanup)
+
+
 async def run_bridge(params: dict[str, Any], progress: Progress) -> dict[str, Any]:
     """``params``: ``sequential``, ``warmup``, ``bursts``, ``burst_size``, ``agents``,
     ``ingest_events``, ``ingest_sessions``, ``relay_events``, ``relay_window``,
     ``goalbar_wakes``, ``goalbar_flood``."""
     token = secrets.token_urlsafe(24)
-    with tempfile.TemporaryDirectory(prefix="loopdock-bench-bridge-") as scratch:
-        project = Path(scratch, "project")
-        project.mkdir()
-        async with Runtime.open(Path(scratch, "home"), gc_threshold=GC_THRESHOLD) as rt:
+    async with _scratch() as scratch:
+        project = scratch / "project"
+        async with Runtime.open(scratch / "home", gc_threshold=GC_THRESHOLD) as rt:
             host = HostHandler(rt.dock)
             readers: dict[Path, MirrorLoopx] = {}
 

@@ -233,7 +233,7 @@ async def _ingest(host: Peer, events: int, sessions: int, batch: int) -> dict[st
     before reading the next one, so that pong means every event was mirrored."""
     per_session = max(1, events // sessions)
     by_session = [_events_frames(f"{INGEST_PREFIX}{s}", 0, per_session, batch) for s in range(sessions)]
-    frames = [frame for group in zip(*by_session) for _, frame in group]
+    frames = [frame for group in zip(*by_session, strict=True) for _, frame in group]
     total_chars = sum(len(f) for f in frames)
     _, ping, done, slot = host.new_request(Ping())
     started = time.perf_counter()

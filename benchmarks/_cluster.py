@@ -235,7 +235,7 @@ async def _failover(server: RedisServer, cfg: dict[str, Any], scratch: Path) -> 
     finally:
         group.stop_all()
     lost = doubled = 0
-    for events, message in zip(logs, sent):
+    for events, message in zip(logs, sent, strict=True):
         count = [e.data.get("id") for e in events if e.type == "user/message"].count(message.id)
         lost += count == 0
         doubled += count > 1

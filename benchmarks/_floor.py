@@ -75,8 +75,7 @@ async def _concurrent(n: int, k: int, waves: int, progress: Progress, label: str
                 send_reply, receive_reply = trio.open_memory_channel[int](1)
                 servers.start_soon(_serve, receive_request, send_reply)
                 pairs.append((send_request, receive_reply))
-            await trio.sleep(0)  # let every server block on its channel: n idle "agents"
-            await trio.testing.wait_all_tasks_blocked()
+            await trio.testing.wait_all_tasks_blocked()  # every server blocks on its channel: n idle "agents"
             if wave == 0:
                 mem_per_task = (settled_rss() - before) / n
 

@@ -31,7 +31,8 @@ def stats(values: list[float]) -> dict[str, Any]:
 
 
 def _ratio_stats(a: list[float], b: list[float]) -> dict[str, Any]:
-    return stats([x / y for x, y in zip(a, b) if y])
+    # Repeat i of one run over repeat i of the other: both ran every repeat.
+    return stats([x / y for x, y in zip(a, b, strict=True) if y])
 
 
 def compute(results: dict[str, Any]) -> None:

@@ -293,7 +293,7 @@ def is_cluster(results: dict[str, Any]) -> bool:
 def replace_blocks(text: str, generated: dict[str, str]) -> str:
     for name, body in generated.items():
         pattern = re.compile(rf"(<!-- bench:{name} -->\n)(?:.*?\n)?(<!-- /bench:{name} -->)", re.S)
-        text, count = pattern.subn(lambda m: m.group(1) + body + "\n" + m.group(2), text)
+        text, count = pattern.subn(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)
         if count == 0 and f"<!-- bench:{name} -->" in text:
             raise ValueError(f"unterminated bench block {name!r}")
     return text

@@ -116,8 +116,10 @@ async def dsh_process(
     """Run ``dsh args`` in ``cwd`` with ``env``, its stdout and stderr written to ``output``.
     On leaving the block a process still running is killed and reaped, also when the block
     fails or is cancelled."""
-    with open(output, "wb") as out:
-        proc = await trio.lowlevel.open_process([str(dsh), *args], cwd=cwd, env=dict(env), stdout=out, stderr=out)
+    async with await trio.open_file(output, "wb") as out:
+        proc = await trio.lowlevel.open_process(
+            [str(dsh), *args], cwd=cwd, env=dict(env), stdout=out.wrapped, stderr=out.wrapped
+        )
         try:
             yield proc
         finally:

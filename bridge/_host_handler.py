@@ -408,12 +408,12 @@ class HostHandler(HandlerLayer):
 
     # -- commands ------------------------------------------------------------------------------
 
-    async def _command(self, message: Followup | Wake | Cancel, timeout: float) -> None:
+    async def _command(self, message: Followup | Wake | Cancel, reply_timeout: float) -> None:
         conn = self.host
         name = type(message).__name__.lower()
         if conn is None or conn.closed is not None:
             raise NoHostError(f"no DSH host is connected: cannot {name} {message.agent_id}")
-        reply = await conn.request(message, timeout)
+        reply = await conn.request(message, reply_timeout)
         if not isinstance(reply, Ack):
             raise HostCommandError("BAD_REPLY", f"the host answered {reply!r}", command=name, agent_id=message.agent_id)
         if not reply.ok:
@@ -431,16 +431,20 @@ class HostHandler(HandlerLayer):
         message: Mapping[str, Any],
         placement: Placement = "followup",
         *,
-        timeout: float = REQUEST_TIMEOUT,
+        reply_timeout: float = REQUEST_TIMEOUT,
     ) -> None:
         """Put ``message`` (a DSH message; its ``source`` a producer-owned kind) into the
-        live agent's inbox: ``followup`` (next turn, wakes it), ``steer`` or ``inject``."""
-        await self._command(Followup(agent_id, message, placement), timeout)
+        live agent's inbox: ``followup`` (next turn, wakes it), ``steer`` or ``inject``.
+        RequestTimeoutError if the host does not answer within ``reply_timeout`` seconds
+        (the same for ``wake`` and ``cancel``)."""
+        await self._command(Followup(agent_id, message, placement), reply_timeout)
 
-    async def wake(self, agent_id: str, *, timeout: float = REQUEST_TIMEOUT) -> None:
+    async def wake(self, agent_id: str, *, reply_timeout: float = REQUEST_TIMEOUT) -> None:
         """Wake the live agent (its inbox stalls after a pre-step reject)."""
-        await self._command(Wake(agent_id), timeout)
+        await self._command(Wake(agent_id), reply_timeout)
 
-    async def cancel(self, agent_id: str, cause: str, *, keep_inbox: bool = True, timeout: float = REQUEST_TIMEOUT) -> None:
+    async def cancel(
+        self, agent_id: str, cause: str, *, keep_inbox: bool = True, reply_timeout: float = REQUEST_TIMEOUT
+    ) -> None:
         """Cancel the live agent's turn (its inbox is kept unless ``keep_inbox`` is false)."""
-        await self._command(Cancel(agent_id, cause, keep_inbox), timeout)
+        await self._command(Cancel(agent_id, cause, keep_inbox), reply_timeout)

@@ -307,10 +307,12 @@ class BridgeConnection:
 
     # -- requests to the peer ----------------------------------------------------------
 
-    async def request(self, message: BridgeMessage, timeout: float = REQUEST_TIMEOUT) -> BridgeMessage:
+    async def request(self, message: BridgeMessage, reply_timeout: float = REQUEST_TIMEOUT) -> BridgeMessage:
         """Send a request (``Followup``, ``Wake``, ``Cancel``, ``Ping``) and return its reply.
 
-        Raises RequestTimeoutError after ``timeout`` seconds without a reply, RemoteError
+        Raises RequestTimeoutError after ``reply_timeout`` seconds without a reply (the
+        protocol's deadline: the request is forgotten, and the error's code goes on the
+        wire to whoever asked), RemoteError
         if the peer answered with an ``error`` frame, BridgeClosedError if the connection
         is or gets closed first, ProtocolError (BAD_DATA) if ``message`` is not JSON.
         Cancelling the caller forgets the request.
@@ -325,10 +327,10 @@ class BridgeConnection:
             # Encoded here, so that a message that is not JSON fails its caller (BAD_DATA).
             if not self._queue(encode(frame)):
                 raise BridgeClosedError(f"bridge connection {self.id} was dropped")
-            with trio.move_on_after(timeout):
+            with trio.move_on_after(reply_timeout):
                 await waiter.done.wait()
             if not waiter.done.is_set():
-                raise RequestTimeoutError(f"no reply to {frame.type} {frame.id} within {timeout} s")
+                raise RequestTimeoutError(f"no reply to {frame.type} {frame.id} within {reply_timeout} s")
             if waiter.error is not None:
                 raise waiter.error
             assert waiter.message is not None

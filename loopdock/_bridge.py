@@ -43,7 +43,9 @@ from loopdock.bridge import (
     serve_bridge,
     stable_plugin,
 )
-from loopdock.runtime import Changes, InvalidOptionsError, PortInUseError
+from loopdock.runtime import Changes, PortInUseError
+
+from ._project import checked_project
 
 
 class ServedRuntime(Protocol):
@@ -217,6 +219,9 @@ class Bridge:
         self._ready.append((self._serial, proxy))
         self._changes.notify()
 
+    def _announced_after(self, serial: int) -> bool:
+        return any(announced > serial for announced, _ in self._ready)
+
     async def dsh_agents(self) -> AsyncIterator[DshAgent]:
         """Every live DSH agent, as the runtime's proxy: those live now, then each one a
         DSH host starts (or resumes), once its companions run (its LoopX continuation:
@@ -224,12 +229,18 @@ class Bridge:
         left out. Runs until cancelled."""
         after = 0
         while True:
-            await self._changes.wait_until(lambda: any(serial > after for serial, _ in self._ready))
+            await self._changes.wait_until(functools.partial(self._announced_after, after))
             for serial, proxy in list(self._ready):
                 if serial > after:
                     after = serial
                     if not proxy.closed:
                         yield proxy
+
+
+def _refresh_plugin_copy(home: Path) -> None:
+    """A plugin copy a dsh-patch or dsh-install made follows this loopdock's version."""
+    if (home / PLUGIN_DIR).exists():
+        stable_plugin(home)
 
 
 @asynccontextmanager
@@ -250,17 +261,13 @@ async def open_bridge(
     subscribed now, with the runtime's agents live now shown at once. ``cluster``:
     ``serve --cluster``'s follower. A taken port raises PortInUseError."""
     host = host or DEFAULT_HOST
-    project_dir = Path(project if project is not None else Path.cwd()).absolute()
-    if not project_dir.is_dir():
-        raise InvalidOptionsError(f"the bridge's LoopX project is not a directory: {str(project_dir)[:200]}")
+    project_dir = await trio.to_thread.run_sync(checked_project, project, "the bridge's LoopX project")
     existing: list[str] = []
     if live is None:  # both at once (no checkpoint between): each agent shows exactly once
         live, existing = rt.subscribe_live(), rt.list_agents()
     with live:
         token = await trio.to_thread.run_sync(load_or_create_token, rt.home)
-        # A plugin copy a dsh-patch or dsh-install made follows this loopdock's version.
-        if (rt.home / PLUGIN_DIR).exists():
-            await trio.to_thread.run_sync(stable_plugin, rt.home)
+        await trio.to_thread.run_sync(_refresh_plugin_copy, rt.home)
         refused: PortInUseError | None = None
         body_error: BaseException | None = None
         async with goalbar_service(rt) as service, trio.open_nursery() as nursery:

@@ -9,7 +9,8 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
@@ -101,14 +102,32 @@ async def _check_turns(handles: Sequence[AgentHandle], since: int = 0) -> None:
         raise TurnFailedError("a turn ended with an error: " + "; ".join(str(f)[:300] for f in failed))
 
 
+def _make_demo_scratch() -> tempfile.TemporaryDirectory[str]:
+    scratch = tempfile.TemporaryDirectory(prefix="loopdock-demo-")
+    work = Path(scratch.name, "work")
+    work.mkdir()
+    for name in ("README.md", "notes.txt"):
+        (work / name).write_text(f"{name}: demo file\n")
+    return scratch
+
+
+@asynccontextmanager
+async def _demo_scratch() -> AsyncIterator[Path]:
+    """A temporary folder with the demo's ``work`` folder (two files in it), removed
+    afterwards; both on the disk in a worker thread."""
+    scratch = await trio.to_thread.run_sync(_make_demo_scratch)
+    try:
+        yield Path(scratch.name)
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(scratch.cleanup)
+
+
 async def _demo(home: str | None, out: TextIO) -> None:
     provider = "deepseek" if os.environ.get("DEEPSEEK_API_KEY") else "ping"
-    with tempfile.TemporaryDirectory(prefix="loopdock-demo-") as scratch:
-        work = Path(scratch, "work")
-        work.mkdir()
-        for name in ("README.md", "notes.txt"):
-            (work / name).write_text(f"{name}: demo file\n")
-        async with Runtime.open(home or Path(scratch, "home")) as rt:
+    async with _demo_scratch() as scratch:
+        work = scratch / "work"
+        async with Runtime.open(home or scratch / "home") as rt:
             handles = []
             for name, model, loop in DEMO_AGENTS:
                 handle = await rt.create_agent(

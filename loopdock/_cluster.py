@@ -65,7 +65,8 @@ _SEND_BATCH = 512
 #: How long the log watcher blocks before it looks for sessions newly waited on.
 _WATCH_BLOCK_MS = 20
 
-#: How long ``create_agent``/``resume_agent`` wait for a worker's answer by default.
+#: How long ``create_agent``, ``resume_agent``, ``fork_session`` and ``dispose`` wait for
+#: a worker's answer by default (their ``reply_timeout``; then NoWorkerError).
 REPLY_TIMEOUT = 30.0
 #: What ``wait_idle`` reads of a log: turns opening and closing, and messages consumed.
 _IDLE_TYPES = CONSUMING_TYPES | {"turn/start"}
@@ -255,34 +256,34 @@ class ClusterRuntime:
         agent_preset: str | None = None,
         cwd: str | None = None,
         meta: Mapping[str, Any] | None = None,
-        timeout: float = REPLY_TIMEOUT,
+        reply_timeout: float = REPLY_TIMEOUT,
     ) -> RemoteHandle:
         """Create an agent on the worker owning its shard; raises the worker's refusal
         (e.g. UNKNOWN_LOOP, SESSION_EXISTS) as ClusterRequestError."""
         body = {"loop": loop, "driver": driver, "agent_options": dict(agent_options or {}) or None,
                 "agent_preset": agent_preset, "cwd": cwd, "meta": dict(meta) if meta else None}
-        await self._request("create", check_session_id(session_id), body, timeout)
+        await self._request("create", check_session_id(session_id), body, reply_timeout)
         return RemoteHandle(RemoteAgent(self, session_id), self)
 
     async def resume_agent(
         self, *, resume_session_id: str, loop: str | None = None, driver: str | None = None,
-        timeout: float = REPLY_TIMEOUT,
+        reply_timeout: float = REPLY_TIMEOUT,
     ) -> RemoteHandle:
         """Make a persisted session live again on its owner (LOOP_SWITCH if ``loop`` or
         ``driver`` is not the bound one)."""
         session_id = check_session_id(resume_session_id, what="resume session id")
-        await self._request("resume", session_id, {"loop": loop, "driver": driver}, timeout)
+        await self._request("resume", session_id, {"loop": loop, "driver": driver}, reply_timeout)
         return RemoteHandle(RemoteAgent(self, session_id), self)
 
     async def fork_session(
-        self, source_id: str, new_id: str, *, upto_seq: int | None = None, timeout: float = REPLY_TIMEOUT
+        self, source_id: str, new_id: str, *, upto_seq: int | None = None, reply_timeout: float = REPLY_TIMEOUT
     ) -> str:
         """Copy the longest prefix of a session that ends at a turn boundary (at or before
         ``upto_seq``) into a new one, as the embedded ``fork_session``; the worker owning
         the new session's shard makes it, durable when this returns. ``resume_agent``
         makes it live."""
         body = {"source": check_session_id(source_id, what="source session id"), "upto_seq": upto_seq}
-        await self._request("fork", check_session_id(new_id), body, timeout)
+        await self._request("fork", check_session_id(new_id), body, reply_timeout)
         return new_id
 
     def get_agent(self, agent_id: str) -> RemoteAgent:
@@ -343,13 +344,16 @@ class ClusterRuntime:
             for outgoing in batch:
                 outgoing.sent.set()
 
-    async def _request(self, kind: str, session_id: str, body: Mapping[str, Any], timeout: float) -> None:
+    async def _request(self, kind: str, session_id: str, body: Mapping[str, Any], reply_timeout: float) -> None:
+        """Post a control message and wait for its worker's reply: a blocking pop on the
+        reply key, for at most ``reply_timeout`` seconds (Redis's own deadline, in whole
+        seconds), then NoWorkerError."""
         message = InboxMessage(MESSAGE_IDS.new(), kind, session_id, body)  # type: ignore[arg-type]
         self.post(message)
         await self.wait_sent()
-        reply = await self._redis.blpop([keys.reply(message.id)], timeout=max(1, math.ceil(timeout)))
+        reply = await self._redis.blpop([keys.reply(message.id)], timeout=max(1, math.ceil(reply_timeout)))
         if reply is None:
-            raise NoWorkerError(f"no worker answered {kind} {session_id!r} within {timeout:g} s")
+            raise NoWorkerError(f"no worker answered {kind} {session_id!r} within {reply_timeout:g} s")
         answer = json.loads(reply[1])
         if not answer.get("ok"):
             raise ClusterRequestError(str(answer.get("code")), str(answer.get("error")))
@@ -360,9 +364,9 @@ class RemoteHandle:
     agent: RemoteAgent
     _rt: ClusterRuntime
 
-    async def dispose(self, timeout: float = REPLY_TIMEOUT) -> None:
+    async def dispose(self, reply_timeout: float = REPLY_TIMEOUT) -> None:
         """Deactivate the agent on its worker (its session stays; resume brings it back)."""
-        await self._rt._request("dispose", self.agent.id, {}, timeout)
+        await self._rt._request("dispose", self.agent.id, {}, reply_timeout)
 
 
 class RemoteAgent:

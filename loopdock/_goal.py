@@ -16,11 +16,14 @@ import hashlib
 import os
 import shutil
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TextIO
 
-from loopdock.runtime import InvalidOptionsError, LoopdockError
+import trio
+
+from loopdock.runtime import LoopdockError
 from loopdock.runtime.loopx import HOST_SURFACE, LoopxClient, LoopxOk, check_thread_id
+
+from ._project import checked_project
 
 
 class GoalBindError(LoopdockError):
@@ -54,10 +57,8 @@ async def bind_command(
     out: TextIO,
 ) -> None:
     check_thread_id(session_id)  # LoopX's thread-id rules, before any call
-    directory = Path(project or Path.cwd()).absolute()
-    if not directory.is_dir():
-        raise InvalidOptionsError(f"--project is not a directory: {str(directory)[:200]}")
-    if shutil.which("loopx") is None:
+    directory = await trio.to_thread.run_sync(checked_project, project or None, "--project")
+    if await trio.to_thread.run_sync(shutil.which, "loopx") is None:
         raise GoalBindError("no loopx command on PATH: pip install loopx (LoopX also needs Node >= 22.22.3 on PATH)")
     lane = agent_id or default_agent_id(session_id)
     client = LoopxClient(["loopx"], project=directory, env=dict(os.environ), timeout=120)

@@ -7,7 +7,6 @@ import signal
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 import trio
@@ -20,6 +19,7 @@ from loopdock.runtime.tools import ShellPolicy
 
 from ._bridge import open_bridge, page_urls
 from ._open_cluster import open_cluster
+from ._project import checked_project
 from ._runtime import Runtime
 
 if TYPE_CHECKING:
@@ -91,9 +91,7 @@ async def serve_command(
     (REGISTRY_MISMATCH), its agents show on the console, and ``config`` may not name
     agents (they would run here, outside the cluster)."""
     host = host or DEFAULT_HOST
-    project_dir = Path(project if project is not None else Path.cwd()).absolute()
-    if not project_dir.is_dir():
-        raise InvalidOptionsError(f"--project is not a directory: {str(project_dir)[:200]}")
+    project_dir = await trio.to_thread.run_sync(checked_project, project, "--project")
     # A bad file: one line, now.
     dock_config = await trio.to_thread.run_sync(load_config, config) if config is not None else None
     if cluster is not None:

@@ -154,7 +154,7 @@ def print_list(found: Sequence[Summary], out: TextIO) -> None:
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip(), file=out)
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip(), file=out)
 
 
 def _text(message: Mapping[str, Any]) -> str:

@@ -14,7 +14,8 @@ import os
 import secrets
 import signal
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -114,37 +115,71 @@ async def run_worker(
     worker_home = Path(home) if home is not None else resolve_home(None) / "workers" / name
     refused: Exception | None = None
     redis = connect(url)
-    async with redis:
-        try:
-            ownership = Ownership(name, await cluster_shards(redis, shards))
-            store = RedisSessionStore(redis, ownership, retry_for=lease_ttl)
-            # A worker owns its process, as serve does (see loopdock._serve).
-            async with Runtime.open(
-                worker_home, config=dock_config, shell=shell, store=store, hide_environment=True,
-                gc_threshold=GC_THRESHOLD,
-            ) as rt:
-                host = ShardHost(redis, store, rt.supervisor, rt.dock, ttl=lease_ttl)
-                keeper = LeaseKeeper(
-                    redis, ownership, ttl=lease_ttl, fingerprint=fingerprint(rt.dock),
-                    acquired=host.acquired, drain=host.drain, lost=host.lost,
-                )
-                await keeper.check_registry()
-                try:
-                    async with trio.open_nursery() as nursery:
-                        await nursery.start(essential, host.run, "shard host")
-                        await nursery.start(essential, keeper.run, "lease keeper")
-                        log.info("worker serving", worker=name, shards=ownership.shards)
-                        task_status.started(Worker(name, rt, ownership, keeper, host))
-                except* WorkerStoppedError as group:
-                    refused = group.exceptions[0]
-                finally:
-                    with trio.CancelScope(shield=True), trio.move_on_after(lease_ttl):
-                        await keeper.leave()
-                        await host.aclose()
-        except (ClusterConfigError, ClusterUnreachableError, RegistryMismatchError) as exc:
-            refused = exc  # raised below, outside the client's task group, as itself
+    # The client's connections are its own tasks under this call: a cancellation that
+    # reached them made the leave below fail ("Connection lost") and left the shards to
+    # expire. So the client runs shielded from the caller's cancellation, which stops the
+    # worker through ``stop`` instead, and closes after the leave.
+    async with _shielded_from_caller() as stop, redis:
+        with stop:
+            try:
+                ownership = Ownership(name, await cluster_shards(redis, shards))
+                store = RedisSessionStore(redis, ownership, retry_for=lease_ttl)
+                # A worker owns its process, as serve does (see loopdock._serve).
+                async with Runtime.open(
+                    worker_home, config=dock_config, shell=shell, store=store, hide_environment=True,
+                    gc_threshold=GC_THRESHOLD,
+                ) as rt:
+                    host = ShardHost(redis, store, rt.supervisor, rt.dock, ttl=lease_ttl)
+                    keeper = LeaseKeeper(
+                        redis, ownership, ttl=lease_ttl, fingerprint=fingerprint(rt.dock),
+                        acquired=host.acquired, drain=host.drain, lost=host.lost,
+                    )
+                    await keeper.check_registry()
+                    try:
+                        async with trio.open_nursery() as nursery:
+                            await nursery.start(essential, host.run, "shard host")
+                            await nursery.start(essential, keeper.run, "lease keeper")
+                            log.info("worker serving", worker=name, shards=ownership.shards)
+                            task_status.started(Worker(name, rt, ownership, keeper, host))
+                    except* WorkerStoppedError as group:
+                        refused = group.exceptions[0]
+                    finally:
+                        with trio.CancelScope(shield=True), trio.move_on_after(lease_ttl):
+                            await keeper.leave()
+                            await host.aclose()
+            except (ClusterConfigError, ClusterUnreachableError, RegistryMismatchError) as exc:
+                refused = exc  # raised below, outside the client's task group, as itself
     if refused is not None:
         raise refused
+
+
+@asynccontextmanager
+async def _shielded_from_caller() -> AsyncIterator[trio.CancelScope]:
+    """Run the block shielded from the caller's cancellation, which cancels the scope this
+    yields instead: what the block opens before entering that scope keeps running until
+    the block ends. The caller's cancellation propagates afterwards; what the block raises
+    comes out as itself."""
+    stop = trio.CancelScope()
+    failed: BaseException | None = None
+
+    async def relay() -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            stop.cancel()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(relay)
+            with trio.CancelScope(shield=True):
+                try:
+                    yield stop
+                except BaseException as exc:  # raised below: not in a group of the relay's nursery
+                    failed = exc
+            nursery.cancel_scope.cancel()
+    finally:
+        if failed is not None:
+            raise failed
 
 
 async def worker_command(url: str, out: TextIO, **options: Any) -> None:

@@ -214,26 +214,26 @@ async def run_child(
     *,
     cwd: Path,
     env: Mapping[str, str],
-    timeout: float,
     max_stdout: int,
     max_stderr: int,
     grace: float = 0.0,
     leave_on_exit: bool = False,
-) -> Completed | Literal["timeout"]:
+) -> Completed:
     """Run ``argv`` in ``cwd`` with exactly ``env`` (a bare program name is looked up on
-    ``env``'s PATH) and stdin from ``/dev/null``, for at most ``timeout`` seconds.
+    ``env``'s PATH) and stdin from ``/dev/null``, until it exits or the caller's
+    cancellation: a time limit is the caller's cancel scope (``trio.move_on_after``).
 
     Output is read as it streams: past ``max_stdout`` or ``max_stderr`` bytes the run is
-    stopped and :attr:`Completed.overflow` says which stream. A stop (an overflow, the
-    timeout, which returns ``"timeout"``, or the caller's cancellation) sends SIGTERM to
-    the program's process group, waits up to ``grace`` seconds for the program, then
-    SIGKILLs every process in its tree; the program's own exit does the latter at once.
-    Either way this returns (or raises ``Cancelled``) only after that tree is gone.
+    stopped and :attr:`Completed.overflow` says which stream. A stop (an overflow, or the
+    caller's cancellation, a time limit's too) sends SIGTERM to the program's process
+    group, waits up to ``grace`` seconds for the program (shielded), then SIGKILLs every
+    process in its tree; the program's own exit does the latter at once. Either way this
+    returns (or raises ``Cancelled``) only after that tree is gone.
 
     ``leave_on_exit``: for a trusted program that starts a daemon of its own on purpose
     (LoopX's effect-runtime server, which later calls reuse): when the program exits by
     itself, what it left running is left alone (a stop still kills everything). What is
-    left must not hold the program's stdout or stderr, or the call runs into its timeout.
+    left must not hold the program's stdout or stderr, or the call runs until cancelled.
 
     Raises OSError when the program cannot be started (missing, not executable, no such
     ``cwd``) or the launcher cannot be.
@@ -258,12 +258,9 @@ async def run_child(
     control = trio.SocketStream(trio.socket.from_stdlib_socket(parent))
     run = _Run(process, control, max_stdout, max_stderr)
     try:
-        with trio.move_on_after(timeout) as deadline:
-            await control.send_all(_env_block(env))
-            await run.collect()
+        await control.send_all(_env_block(env))
+        await run.collect()
     finally:
         with trio.CancelScope(shield=True):
             await run.finish(grace)
-    if deadline.cancelled_caught:
-        return "timeout"
     return run.completed()

@@ -270,7 +270,7 @@ class ShardHost:
             return set()
         async with self._redis.pipeline(transaction=False) as pipe:
             requests = [pipe.sismember(keys.done(m.session), m.id) for m in messages]
-        return {m.id for m, request in zip(messages, requests) if await request}
+        return {m.id for m, request in zip(messages, requests, strict=True) if await request}
 
     async def _take_over(self, shard: int) -> None:
         if shard not in self.ownership.tokens:
@@ -366,14 +366,14 @@ class ShardHost:
             wire = message_from_wire(body.get("message"))
             if wire.id != message.id:
                 raise _Refused("BAD_INBOX_MESSAGE", "an inbox message's id must be its message's id")
-            self.ownership.pending[message.id] = Pending(shard, lane, entry_id)
+            self.ownership.add_pending(message.id, Pending(shard, lane, entry_id))
             try:
                 if message.kind == "reserve":  # its settlement is read from the log by whoever waits
                     agent.reserve(wire, _placement(body.get("placement")))
                 else:
                     getattr(agent, message.kind)(wire)
             except BaseException:
-                self.ownership.pending.pop(message.id, None)
+                self.ownership.drop_pending(message.id)
                 raise
         elif message.kind == "withdraw":
             live = self.handles.get(message.session)

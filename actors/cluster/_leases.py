@@ -97,8 +97,8 @@ class LeaseKeeper:
     async def release(self, shard: int) -> None:
         """Hand ``shard`` back: the host drains it, then the lease is deleted."""
         await self._drain(shard)
-        token = self.ownership.tokens.pop(shard, None)
         self.valid_until.pop(shard, None)
+        token = self.ownership.drop_token(shard)
         if token is not None:
             await self._release(keys=[keys.lease(shard)], args=[token])
             log.info("shard released", shard=shard)
@@ -112,7 +112,7 @@ class LeaseKeeper:
     async def _beat(self) -> dict[str, str]:
         reply: Any = await self._heartbeat(keys=[keys.WORKERS], args=[self.ownership.worker, self.ttl_ms, self.fingerprint])
         items = [str(x) for x in reply][:-1]
-        return dict(zip(items[0::2], items[1::2]))
+        return dict(zip(items[0::2], items[1::2], strict=True))  # worker, fingerprint pairs
 
     async def _renew_held(self, sent: float) -> None:
         held = sorted(self.ownership.tokens.items())
@@ -121,7 +121,7 @@ class LeaseKeeper:
         answer: Any = await self._renew(
             keys=[keys.lease(shard) for shard, _ in held], args=[self.ttl_ms, *(token for _, token in held)]
         )
-        for (shard, token), still in zip(held, answer):
+        for (shard, token), still in zip(held, answer, strict=True):  # one answer per lease
             if int(still) and self.ownership.tokens.get(shard) == token:
                 self.valid_until[shard] = sent + self.ttl * SAFETY
             elif self.ownership.tokens.get(shard) == token:
@@ -141,8 +141,8 @@ class LeaseKeeper:
             token: Any = await self._acquire(keys=[keys.lease(shard), keys.epoch(shard)], args=[self.ownership.worker, self.ttl_ms])
             if not token:
                 continue
-            self.ownership.tokens[shard] = str(token)
             self.valid_until[shard] = sent + self.ttl * SAFETY
+            self.ownership.add_token(shard, str(token))
             log.info("shard acquired", shard=shard, token=str(token))
             try:
                 await self._acquired(shard)
@@ -162,5 +162,5 @@ class LeaseKeeper:
 
     def _drop(self, shard: int) -> None:
         self.valid_until.pop(shard, None)
-        if self.ownership.tokens.pop(shard, None) is not None:
+        if self.ownership.drop_token(shard) is not None:
             self._lost(shard)

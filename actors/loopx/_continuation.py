@@ -15,9 +15,9 @@ that
    is still open (a turn LoopX admitted that never entered a model step is offered again
    under its own id; an answer that owes its settlement binding is asked again with the
    same id, so idle checkpoints write no new receipts while settlement is owed);
-5. on a stopped goal does nothing, on a scheduler wait arms its one timer, on an
-   admitted turn fetches the thin task body for that turn and reserves exactly one
-   followup with a ``loopx-continuation`` source;
+5. on a stopped goal does nothing, on a scheduler wait follows LoopX's scheduler hint
+   (below) with its one timer, on an admitted turn fetches the thin task body for that
+   turn and reserves exactly one followup with a ``loopx-continuation`` source;
 6. when LoopX answers ``unsettled_host_turn_recovery``: resumes the prior turn under its
    own identity if its repair is ``resume_prior_turn`` and the turn never completed a
    model turn here (it was withdrawn, vetoed, cancelled or cut off by a restart); any
@@ -26,6 +26,20 @@ that
    turn to the model once;
 7. at ``agent/pre-step`` revalidates the exact reservation, competing human input and the
    binding, and replays should-run with the same turn id; otherwise it rejects the step.
+   Its own veto does not latch it: the blocked turn's idle checkpoint evaluates again.
+
+LoopX's scheduler hint (``runtime.loopx.SchedulerHint``, from ``quota should-run
+--include-detail scheduler``) decides how a wait is polled. A should-run answer that
+admits nothing keeps its turn id as the open attempt, so every poll of one wait replays
+one receipt (LoopX decides afresh on a replay, and upgrades that receipt in place when it
+admits the turn) instead of writing one per poll. The n-th poll in a row with the same
+``reset_token`` (none yet: n = 0) waits the progression's n-th interval (its last one
+past its end; the recommended interval without one), capped at LoopX's maximum and at
+``MAX_WAIT`` (24 h), at least ``MIN_WAIT``. Once n reaches ``unchanged_poll_limit`` that
+poll was LoopX's "final quota replan check": unchanged, the continuation stops polling
+(``after_limit: stop_tick_loop``; ``continue`` or no limit keeps polling at the last
+interval). A new reset token, an admitted turn, a person's message or Start counts from 0
+again. A hint that says ``stop`` (a stopped or finished goal), or none, arms no timer.
 
 Containment: every failure -- a CLI call that fails, an answer that breaks LoopX's
 contract, an exception -- ends only that evaluation. It is recorded in the session
@@ -36,6 +50,7 @@ restart is folded from the session log (``ContinuationHistory``), the rest is Lo
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -72,6 +87,11 @@ CONTINUATION_SCHEMA = "loopx_dsh_continuation_v0"
 #: The actor name a continuation's faults are recorded under.
 FAULT_ACTOR = "loopx-continuation"
 RETRY_ACTION = "retried at the next checkpoint"
+#: The longest scheduler wait, whatever LoopX's hint says (a monitor's far window can
+#: be days away): the continuation asks LoopX again at least once a day.
+MAX_WAIT = 24 * 60 * 60.0
+#: The shortest scheduler wait: a hint of zero minutes must not become a busy loop.
+MIN_WAIT = 60.0
 #: Put before the task body of a turn offered again after LoopX asked to recover it.
 RESUME_NOTE = (
     "LoopX: this resumes an earlier turn that was never settled. Check what it already "
@@ -167,6 +187,14 @@ class ContinuedAgent(Protocol):
 
 Offer = Literal["turn", "resume", "recovery"]
 
+# Pre-step vetoes of a step that is not this continuation's reservation as reserved: they
+# latch the continuation (see ``LoopxContinuation._veto``).
+NO_RESERVATION = "no reservation is pending"
+NOT_THE_RESERVATION = "not this continuation's reservation"
+WRONG_ATTRIBUTION = "attribution does not match the reservation"
+NOT_THIS_AGENT = "not this exact agent and session"
+_SUSPECT = frozenset({NO_RESERVATION, NOT_THE_RESERVATION, WRONG_ATTRIBUTION, NOT_THIS_AGENT})
+
 
 @attrs.frozen
 class Pending:
@@ -225,6 +253,11 @@ class LoopxContinuation:
         self._evaluating: trio.CancelScope | None = None
         # (goal, agent, turn) of an attempt still open in LoopX: asked again by id
         self._open_turn: tuple[str, str, str] | None = None
+        # LoopX's unchanged-poll count: polls in a row under this reset token, with this
+        # many of a person's messages in the session (a new token or a message: from 0)
+        self.polls = 0
+        self._poll_token: str | None = None
+        self._poll_people = 0
         self._holds = 0
         self._hold_reason = "paused"
         self._go_ahead = False  # a person's Start: offer LoopX's recovery turn once
@@ -284,11 +317,15 @@ class LoopxContinuation:
         while not self._closed:
             await self.agent.wait_quiescent()
             version = self.agent.status_version
-            await self._checked.wait_until(lambda: self._idle_seen >= version or self._closed)
+            await self._checked.wait_until(functools.partial(self._evaluated, version))
             if self.agent.status_version == version and self.agent.status == "idle":
                 if self.pending is None:
                     return
                 await self.agent.wait_status_change(version)  # the one it queued runs first
+
+    def _evaluated(self, status_version: int) -> bool:
+        """Whether the idle checkpoint of ``status_version`` was evaluated (or this closed)."""
+        return self._idle_seen >= status_version or self._closed
 
     def request(self) -> int:
         """Ask for an evaluation; every request made before one starts is served by it."""
@@ -347,6 +384,7 @@ class LoopxContinuation:
         recovery turn, skip a scheduler wait, and evaluate now. Returns the status after."""
         await self._fold()
         self.history.rearm()
+        self.polls = 0
         self._go_ahead = True
         self._cancel_timer()
         try:
@@ -410,18 +448,44 @@ class LoopxContinuation:
         decision = await client.should_run(goal_id, agent_id, turn_id)
         if not isinstance(decision, ShouldRun):
             return self._failed(f"should-run failed: {_why(decision)}")
-        # An answer that owes its settlement binding is asked again with the same id.
-        self._open_turn = (goal_id, agent_id, turn_id) if decision.settlement_owed else None
+        # An answer that owes its settlement binding, or that admitted nothing (a wait, a
+        # stop), is asked again with the same id: one receipt, replayed (or upgraded).
+        open_ = decision.settlement_owed or not decision.should_run
+        self._open_turn = (goal_id, agent_id, turn_id) if open_ else None
         self._last_fault = None
         if decision.goal_stopped:
+            self.polls = 0
             return self._stop("paused", "the goal is paused in LoopX")
         if not decision.should_run:
-            if decision.wait_minutes:
-                return self._arm_timer(decision.wait_minutes * 60.0)
-            return self._stop("stopped", f"should-run: {decision.decision}")
+            return self._wait(decision)
+        self.polls = 0
         if decision.settlement_owed:
             return await self._recover(client, goal_id, agent_id, decision)
         await self._offer(client, goal_id, agent_id, turn_id, "turn")
+
+    def _wait(self, decision: ShouldRun) -> None:
+        """LoopX admitted nothing: poll again as its scheduler hint says, or stop."""
+        hint = decision.scheduler
+        if hint is None or hint.stops or hint.interval_after(0) is None:
+            self.polls = 0
+            return self._stop("stopped", f"should-run: {decision.decision}")
+        people = self.history.people
+        unchanged = hint.reset_token == self._poll_token and people == self._poll_people and self.polls > 0
+        polls = self.polls if unchanged else 0
+        self._poll_token, self._poll_people = hint.reset_token, people
+        limit = hint.unchanged_poll_limit
+        if limit is not None and polls >= limit and hint.after_limit != "continue":
+            self.polls = polls
+            return self._stop(
+                "stopped",
+                f"LoopX's scheduler: unchanged after {polls} polls ({decision.decision}); "
+                "a person's message or Start asks again",
+            )
+        minutes = hint.interval_after(polls)
+        assert minutes is not None
+        self.polls = polls + 1
+        of = f" of {limit}" if limit is not None else ""
+        self._arm_timer(min(max(minutes * 60.0, MIN_WAIT), MAX_WAIT), f"unchanged poll {self.polls}{of}")
 
     def _turn_for(self, goal_id: str, agent_id: str) -> str:
         if self._open_turn is not None and self._open_turn[:2] == (goal_id, agent_id):
@@ -469,6 +533,7 @@ class LoopxContinuation:
         if offer != "turn":
             text = f"{RESUME_NOTE if offer == 'resume' else RECOVERY_NOTE}\n\n{text}"
         reservation = agent.reserve(continuation_message(text, goal_id, agent_id, turn_id))
+        self.polls = 0
         self.pending = Pending(reservation, goal_id, agent_id, turn_id, offer)
         self.stopped = None
         self._set("queued", None, turn_id)
@@ -527,12 +592,12 @@ class LoopxContinuation:
         else:  # a DSH session: its log is DSH's; the GoalBar and this log line show it
             self.log.warning("actor failed", actor=FAULT_ACTOR, error=reason, action=RETRY_ACTION)
 
-    def _arm_timer(self, seconds: float) -> None:
+    def _arm_timer(self, seconds: float, note: str) -> None:
         """The one scheduler timer: arming it disarms the previous one."""
         self._cancel_timer()
         assert self._nursery is not None
         self.stopped = f"waiting {seconds:.0f}s"
-        self._set("waiting", f"LoopX's scheduler asked to wait {seconds:.0f}s")
+        self._set("waiting", f"LoopX's scheduler asked to wait {seconds:.0f}s ({note})")
         scope = trio.CancelScope()
         self.timer = scope
 
@@ -553,9 +618,16 @@ class LoopxContinuation:
     def _invalidate(self, reason: str) -> None:
         """Disarm the timer and revoke the pending reservation: withdrawn if still queued,
         and if it was already claimed (on its way through pre-step) it may not enter
-        either. Its turn is offered again later under its own id."""
+        either. Its turn is offered again later under its own id.
+
+        A reservation that settled already (admitted into a model step, or refused) is
+        taken in as it settled, whether or not its watcher has run yet: an admitted turn
+        is being worked on and must never be offered again."""
         self._cancel_timer()
         pending = self.pending
+        if pending is not None and pending.reservation.state != "pending":
+            self._settled(pending)
+            pending = None
         if pending is not None:
             self.pending = None
             self._revoked = (pending.reservation.message.id, reason)
@@ -577,25 +649,39 @@ class LoopxContinuation:
                 self.log.warning("loopx continuation revalidation failed", error=repr(exc))
                 reason = f"revalidation failed: {safe_message(exc)}"
                 self._failed(reason)
+                return self._veto(pre, reason, again=False)
         if reason is not None:
-            return Reject(f"loopx continuation: {reason}")
+            return self._veto(pre, reason)
         verdict = await next_(pre)
         # Other listeners ran in between: the cheap checks once more.
         reason = self._exact(pre, mine)
         if reason is not None and getattr(verdict, "kind", None) == "enter":
-            return Reject(f"loopx continuation: {reason}")
+            return self._veto(pre, reason)
         return verdict
+
+    def _veto(self, pre: PreStep, reason: str, *, again: bool = True) -> Reject:
+        """Reject the step for ``reason``. The turn then ends ``blocked``, which would
+        latch the continuation; when the veto is one of its own ordinary checks (the
+        binding changed, LoopX no longer admits the turn, human input won, a Pause) it
+        must not: the next idle checkpoint evaluates again (the seed's pre-step
+        revalidation). A step that is not its reservation at all (a stranger's message of
+        its kind, a wrong attribution, another agent or session), or a revalidation that
+        raised, still latches it until a person acts: evaluating again would only meet
+        the same fault, turn after turn."""
+        if again and reason not in _SUSPECT:
+            self.history.vetoed(pre.turn)
+        return Reject(f"loopx continuation: {reason}")
 
     def _exact(self, pre: PreStep, mine: list[Message]) -> str | None:
         if self._revoked is not None and any(m.id == self._revoked[0] for m in mine):
             return self._revoked[1]
         pending = self.pending
         if pending is None:
-            return "no reservation is pending"
+            return NO_RESERVATION
         if self._holds:
             return self._hold_reason
         if len(mine) != 1 or mine[0].id != pending.reservation.message.id:
-            return "not this continuation's reservation"
+            return NOT_THE_RESERVATION
         source = mine[0].source
         fields = source.fields if isinstance(source, ProducerSource) else {}
         if (fields.get("goalId"), fields.get("agentId"), fields.get("turnInstanceId")) != (
@@ -603,9 +689,9 @@ class LoopxContinuation:
             pending.agent_id,
             pending.turn_id,
         ):
-            return "attribution does not match the reservation"
+            return WRONG_ATTRIBUTION
         if not (pre.agent_id == pre.session_id == self.agent.id):
-            return "not this exact agent and session"
+            return NOT_THIS_AGENT
         if any(m.source is not None and is_human(m.source) for m in pre.messages):
             return "human input competes in this step"
         if self.agent.has_pending_human_input():

@@ -11,7 +11,13 @@ elsewhere:
   ``skill-invocation``) re-arms it, and so does a continuation message that entered a
   model step: it can only have entered because a person re-armed the continuation (the
   GoalBar's Start) after the latching turn. ``interrupted`` (a crash, repaired on resume)
-  never latches: a restart is not a person's decision;
+  never latches: a restart is not a person's decision. Nor does a turn ``blocked`` by
+  the continuation's *own* pre-step check (the binding changed, quota no longer admits
+  the turn, human input won, ...): the continuation says which turns it vetoed
+  (``vetoed``), and the next idle checkpoint evaluates again. That is process-local:
+  neither log format says who vetoed a step, so after a restart such a turn latches;
+- **people**: how many messages a person sent (the continuation starts LoopX's
+  unchanged-poll count again when a person speaks);
 - **continuation turns**: for each LoopX turn id whose continuation message entered a
   model step in this session, how the last turn it entered ended (``completed``,
   ``aborted``, ...; ``open`` while it runs). A turn LoopX reports unsettled is resumed
@@ -62,7 +68,10 @@ class ContinuationHistory:
     latch: str | None = None
     #: continuation turn id -> how the last turn it entered ended (``open`` while running)
     turns: dict[str, str] = attrs.field(factory=dict)
+    #: how many messages a person sent in this session
+    people: int = 0
     _in_turn: list[str] = attrs.field(factory=list)
+    _own_vetoes: set[int] = attrs.field(factory=set)
 
     def feed(self, event: Event) -> None:
         self.activation.feed(event)
@@ -74,6 +83,7 @@ class ContinuationHistory:
             kind = source.get("kind")
             if kind in HUMAN_SOURCE_KINDS:
                 self.latch = None
+                self.people += 1
             elif kind == CONTINUATION_KIND and isinstance(source.get("turnInstanceId"), str):
                 turn_id = source["turnInstanceId"]
                 self.latch = None
@@ -87,8 +97,18 @@ class ContinuationHistory:
             for turn_id in self._in_turn:
                 self.turns[turn_id] = ended
             self._in_turn = []
-            if ended in LATCH_REASONS and not (ended == "aborted" and _disposal(reason)):
+            number = data.get("turn")
+            own_veto = False
+            if isinstance(number, int) and number in self._own_vetoes:
+                self._own_vetoes.discard(number)
+                own_veto = ended == "blocked"
+            if ended in LATCH_REASONS and not (ended == "aborted" and _disposal(reason)) and not own_veto:
                 self.latch = LATCH_REASONS[ended]
+
+    def vetoed(self, turn: int) -> None:
+        """The continuation's own pre-step check vetoed a step of turn number ``turn``
+        (its ``turn/end`` is still to come): that turn ending ``blocked`` does not latch."""
+        self._own_vetoes.add(turn)
 
     def rearm(self) -> None:
         """A person re-armed the continuation (the GoalBar's Start): process-local until a

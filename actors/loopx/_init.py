@@ -51,15 +51,17 @@ followup or a log line.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar, TypeVarTuple, Unpack
 
 import attrs
+import trio
 
 from loopdock.runtime import Completed, Message, ProducerSource, TextBlock, get_logger, pick_env, run_child
 from loopdock.runtime.loopx import (
@@ -128,6 +130,9 @@ _PIP_ENV_NAMES = frozenset(
 _PIP_ENV_PREFIXES = ("PIP_",)
 _PYTHON_VERSION = re.compile(r"^(\d+)\.(\d+)$")
 _PLUGIN_DIR = ("runtime", "dsh-loopx-plugin")
+
+_T = TypeVar("_T")
+_Args = TypeVarTuple("_Args")
 
 
 # -- Settings and outcome ---------------------------------------------------------------------
@@ -279,15 +284,11 @@ def _success_summary(version: str, installed_reason: str | None, skills_changed:
 # -- Processes ----------------------------------------------------------------------------------
 
 
-async def _run(
-    argv: list[str], env: Mapping[str, str], timeout: float, cwd: Path
-) -> Completed | Literal["timeout", "spawn"]:
+async def _run(argv: list[str], env: Mapping[str, str], cwd: Path) -> Completed | Literal["spawn"]:
     """One child through the runtime's child runner (its whole tree killed however it
-    ends, output capped like a LoopX call's)."""
+    ends, output capped like a LoopX call's); callers bound it with ``move_on_after``."""
     try:
-        return await run_child(
-            argv, cwd=cwd, env=env, timeout=timeout, max_stdout=MAX_STDOUT_BYTES, max_stderr=MAX_STDERR_BYTES
-        )
+        return await run_child(argv, cwd=cwd, env=env, max_stdout=MAX_STDOUT_BYTES, max_stderr=MAX_STDERR_BYTES)
     except OSError:
         return "spawn"
 
@@ -321,25 +322,34 @@ def _candidates_on_path(name: str, settings: InitSettings) -> list[str]:
     return found
 
 
+async def _lookup(function: Callable[[Unpack[_Args]], _T], *args: Unpack[_Args]) -> _T:
+    """``function(*args)``, a look-up on the disk, in a worker thread; a cancelled caller
+    does not wait for a filesystem that does not answer."""
+    return await trio.to_thread.run_sync(function, *args, abandon_on_cancel=True)
+
+
 async def _python_version(python: str, settings: InitSettings) -> tuple[int, int] | None:
     """``(major, minor)`` of ``python``, or ``None`` if it cannot be started or asked."""
-    outcome = await _run(
-        [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-        _child_env(settings),
-        settings.timeout,
-        settings.project,
-    )
-    if isinstance(outcome, str) or outcome.returncode != 0 or outcome.overflow is not None:
-        return None
-    lines = outcome.stdout.decode("utf-8", "replace").strip().splitlines()
-    match = _PYTHON_VERSION.fullmatch(lines[-1].strip()) if lines else None
-    return (int(match[1]), int(match[2])) if match is not None else None
+    with trio.move_on_after(settings.timeout):  # one that does not answer in time is not usable
+        outcome = await _run(
+            [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            _child_env(settings),
+            settings.project,
+        )
+        if isinstance(outcome, str) or outcome.returncode != 0 or outcome.overflow is not None:
+            return None
+        lines = outcome.stdout.decode("utf-8", "replace").strip().splitlines()
+        match = _PYTHON_VERSION.fullmatch(lines[-1].strip()) if lines else None
+        return (int(match[1]), int(match[2])) if match is not None else None
+    return None
 
 
 async def _has_pip(python: str, settings: InitSettings) -> bool:
     """``python -m pip --version`` works: this interpreter can run the install."""
-    outcome = await _run([python, "-m", "pip", "--version"], _pip_env(settings), settings.timeout, settings.project)
-    return not isinstance(outcome, str) and outcome.returncode == 0 and outcome.overflow is None
+    with trio.move_on_after(settings.timeout):
+        outcome = await _run([python, "-m", "pip", "--version"], _pip_env(settings), settings.project)
+        return not isinstance(outcome, str) and outcome.returncode == 0 and outcome.overflow is None
+    return False
 
 
 @attrs.frozen
@@ -354,7 +364,11 @@ class _Pythons:
         self.settings = settings
         self._chosen: str | _NoPython | None = None
 
-    def named(self) -> list[str]:
+    async def named(self) -> list[str]:
+        """:meth:`_named`, looked up in a worker thread."""
+        return await _lookup(self._named)
+
+    def _named(self) -> list[str]:
         """``PYTHON_BIN`` alone when it is set (resolved on ``PATH`` when it is a bare
         name; empty when it is not found there), else every ``python3`` /
         ``python3.11`` ... ``python3.14`` on ``PATH``, in that order, at most
@@ -388,7 +402,7 @@ class _Pythons:
 
     async def _choose(self) -> str | _NoPython:
         settings = self.settings
-        named = self.named()
+        named = await self.named()
         if settings.python_bin:
             if not named:
                 return _NoPython("python_unavailable")
@@ -531,7 +545,7 @@ def _install_statuses(result: SkillsResult) -> str | bool:
 
 async def _initialize(settings: InitSettings, progress: _Progress) -> InitOutcome:
     progress.stage = "probe_cli"
-    if not settings.project.is_dir():
+    if not await _lookup(settings.project.is_dir):
         return _fail(progress, "no_project")
 
     pythons = _Pythons(settings)
@@ -539,7 +553,7 @@ async def _initialize(settings: InitSettings, progress: _Progress) -> InitOutcom
     reason = "missing"
 
     # a. An earlier managed install, run by the selected Python, wins when it is healthy.
-    if settings.launcher.is_file():
+    if await _lookup(settings.launcher.is_file):
         python = await pythons.installer()
         if isinstance(python, str):
             managed = (python, str(settings.launcher))
@@ -551,7 +565,7 @@ async def _initialize(settings: InitSettings, progress: _Progress) -> InitOutcom
 
     # b. loopx on PATH.
     if cli is None:
-        found = _which("loopx", settings)
+        found = await _lookup(_which, "loopx", settings)
         if found is not None:
             probe = await _probe((found,), None, settings)
             if isinstance(probe, _Unusable) and probe.kind == "timeout":
@@ -563,7 +577,7 @@ async def _initialize(settings: InitSettings, progress: _Progress) -> InitOutcom
 
     # c. python -m loopx.cli: a LoopX installed where no script of it is on PATH.
     if cli is None:
-        for candidate in pythons.named():
+        for candidate in await pythons.named():
             module = (candidate, "-m", "loopx.cli")
             words = _shell_words(module)
             if words is None:
@@ -583,21 +597,22 @@ async def _initialize(settings: InitSettings, progress: _Progress) -> InitOutcom
         if isinstance(python, _NoPython):
             return _fail(progress, python.kind)
         try:
-            settings.site_packages.mkdir(parents=True, exist_ok=True)
+            await trio.to_thread.run_sync(functools.partial(settings.site_packages.mkdir, parents=True, exist_ok=True))
         except OSError:
             return _fail(progress, "launcher_failed")
         argv = [python, "-m", "pip", "install", "--upgrade", "--target", str(settings.site_packages), LOOPX_REQUIREMENT]
         log.info("loopx init installing the cli", reason=reason)
-        outcome = await _run(argv, _pip_env(settings), settings.pip_timeout, settings.plugin_dir)
+        with trio.move_on_after(settings.pip_timeout) as pip_deadline:
+            outcome = await _run(argv, _pip_env(settings), settings.plugin_dir)
+        if pip_deadline.cancelled_caught:
+            return _fail(progress, "timeout")
         if outcome == "spawn":
             return _fail(progress, "python_unavailable")
-        if outcome == "timeout":
-            return _fail(progress, "timeout")
         if outcome.returncode != 0 or outcome.overflow is not None:
             log.warning("loopx init pip install failed", returncode=outcome.returncode, overflow=outcome.overflow)
             return _fail(progress, "pip_failed")
         try:
-            _write_launcher(python, settings)
+            await trio.to_thread.run_sync(_write_launcher, python, settings)
         except OSError:
             return _fail(progress, "launcher_failed")
         progress.installed_cli = True

@@ -39,7 +39,9 @@ class ProviderGate:
     async def slot(self) -> AsyncIterator[None]:
         """Hold one of the provider's slots; waits for a free one and any cool-down."""
         async with self._limiter:
-            while (wait := self._not_before - trio.current_time()) > 0:
+            # Not a poll: each pass sleeps until the cool-down ends, and looks again only
+            # because a throttle meanwhile may have pushed that end later.
+            while (wait := self._not_before - trio.current_time()) > 0:  # noqa: ASYNC110 - a deadline that moves
                 await trio.sleep(wait)
             yield
 

@@ -51,7 +51,7 @@ def render_png(report: Report) -> bytes:
     try:
         # Cells are named in a legend beside the axes: labels next to points would overlap
         # wherever cells are close (and cells often are).
-        for cell, (x, y) in zip(cells, points):
+        for cell, (x, y) in zip(cells, points, strict=True):
             axes.errorbar([x], [y], yerr=[[y - cell.success_low], [cell.success_high - y]], fmt="o", capsize=4,
                           label=cell.label)  # fmt: skip
         front = pareto_front(points)

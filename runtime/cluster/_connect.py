@@ -73,4 +73,4 @@ async def live_workers(redis: Any) -> dict[str, str]:
     drivers, as ``loopdock worker`` announced them)."""
     reply: Any = await redis.register_script(LIVE_WORKERS)(keys=[keys.WORKERS])
     items = [str(x) for x in reply]
-    return dict(zip(items[0::2], items[1::2]))
+    return dict(zip(items[0::2], items[1::2], strict=True))  # worker, fingerprint pairs

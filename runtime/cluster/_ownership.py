@@ -1,10 +1,16 @@
 """Ownership: what a worker holds right now, shared by its lease keeper (which changes
-it) and its session store (which fences every write with it)."""
+it) and its session store (which fences every write with it).
+
+``tokens`` and ``pending`` change only through the methods below, each of which notifies
+``changes``: whoever must see what the worker holds (a test, an observer) waits on it
+instead of looking again and again.
+"""
 
 from __future__ import annotations
 
 import attrs
 
+from .._changes import Changes
 from .keys import shard_of
 
 
@@ -37,6 +43,32 @@ class Ownership:
     #: shard -> the (trio) time until which this worker trusts its lease: set by the
     #: lease keeper from its renewals, checked before every message is handled.
     valid_until: dict[int, float] = attrs.field(factory=dict)
+    #: Notified after every change of ``tokens`` or ``pending``.
+    changes: Changes = attrs.field(factory=Changes, repr=False)
+
+    def add_token(self, shard: int, token: str) -> None:
+        """The lease of ``shard`` is this worker's now, as ``token``."""
+        self.tokens[shard] = token
+        self.changes.notify()
+
+    def drop_token(self, shard: int) -> str | None:
+        """The lease of ``shard`` is no longer this worker's: its token, None if it had none."""
+        token = self.tokens.pop(shard, None)
+        if token is not None:
+            self.changes.notify()
+        return token
+
+    def add_pending(self, message_id: str, pending: Pending) -> None:
+        """``message_id`` was handed to its agent; ``pending`` is acknowledged by the commit
+        that makes its effect durable."""
+        self.pending[message_id] = pending
+        self.changes.notify()
+
+    def drop_pending(self, message_id: str) -> None:
+        """``message_id`` is pending no more (its entry was acknowledged, or it was never
+        handed over after all)."""
+        if self.pending.pop(message_id, None) is not None:
+            self.changes.notify()
 
     def shard(self, session_id: str) -> int:
         return shard_of(session_id, self.shards)
@@ -47,8 +79,11 @@ class Ownership:
     def forget(self, shard: int) -> None:
         """Forget the shard's messages handed to agents (the shard is gone: its next
         owner gets them again, and so may this worker, later)."""
-        for message_id in [m for m, p in self.pending.items() if p.shard == shard]:
+        gone = [m for m, p in self.pending.items() if p.shard == shard]
+        for message_id in gone:
             del self.pending[message_id]
+        if gone:
+            self.changes.notify()
 
     def settled(self, message_id: str) -> None:
         """``message_id``'s effect is durable now (it is in its session's done set)."""

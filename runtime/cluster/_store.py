@@ -21,6 +21,7 @@ store gives up with StoreError; a retried commit that had in fact landed is reco
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, TypeVar
@@ -153,7 +154,7 @@ class RedisSessionStore:
             return events
         while True:
             chunk = await self._retrying(
-                "read events", lambda: self._redis.xrange(keys.log(session_id), low, high, count=_READ_CHUNK)
+                "read events", functools.partial(self._redis.xrange, keys.log(session_id), low, high, count=_READ_CHUNK)
             )
             events.extend(_decoded(chunk, types))
             if len(chunk) < _READ_CHUNK:
@@ -172,7 +173,7 @@ class RedisSessionStore:
         step = _SESSIONS_PER_COMMAND
         for start in range(0, len(ids), step):
             streams = {keys.log(s): keys.log_id(cursors[s] - 1) if cursors[s] else "0-0" for s in ids[start : start + step]}
-            reply = await self._retrying("read logs", lambda: self._redis.xread(streams, count=_READ_CHUNK))
+            reply = await self._retrying("read logs", functools.partial(self._redis.xread, streams, count=_READ_CHUNK))
             for stream, entries in (reply or {}).items():
                 last = keys.seq_of(str(entries[-1].identifier))
                 found[keys.session_of_log(str(stream))] = (last + 1, _decoded(entries, types))
@@ -201,8 +202,9 @@ class RedisSessionStore:
         step = _SESSIONS_PER_COMMAND
         for start in range(0, len(session_ids), step):
             part = session_ids[start : start + step]
-            raws = await self._retrying("read headers", lambda: self._redis.mget([keys.header(i) for i in part]))
-            for session_id, raw in zip(part, raws):
+            header_keys = [keys.header(i) for i in part]
+            raws = await self._retrying("read headers", functools.partial(self._redis.mget, header_keys))
+            for session_id, raw in zip(part, raws, strict=True):  # MGET answers each key, in order
                 if raw is not None:
                     headers[session_id] = header_from_wire(json.loads(raw))
         return headers
@@ -235,7 +237,7 @@ class RedisSessionStore:
                 raise _ScriptGone() from None
 
         answers = await self._retrying("commit", run) if calls else []
-        for call, raw in zip(calls, answers):
+        for call, raw in zip(calls, answers, strict=True):  # one answer per call
             answer = str(raw)
             if answer.startswith("SEQ:") and attempts > 1 and call.last_seq is not None:
                 # A retry after a lost reply: if our events are there, the first attempt landed.
@@ -246,7 +248,7 @@ class RedisSessionStore:
                     f"session {call.session_id!r}: the cluster refused the write ({answer})")
                 continue
             for message_id in call.acked:
-                self.ownership.pending.pop(message_id, None)
+                self.ownership.drop_pending(message_id)
                 self.ownership.settled(message_id)
         return refused
 

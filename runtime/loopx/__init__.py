@@ -19,6 +19,7 @@ from ._client import LoopxResult as LoopxResult
 from ._client import LoopxVersion as LoopxVersion
 from ._client import MalformedOutput as MalformedOutput
 from ._client import Recovery as Recovery
+from ._client import SchedulerHint as SchedulerHint
 from ._client import ShouldRun as ShouldRun
 from ._client import SkillsResult as SkillsResult
 from ._client import TaskBody as TaskBody

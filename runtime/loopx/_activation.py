@@ -9,7 +9,11 @@ Activation is intent, never authority, and only this exact session's history cou
   the same call id.
 
 Everything else fails closed: prose, a call without a result, a failed or unmatched
-result, other skills, init-command or continuation input, files on disk, bindings.
+result, other skills, init-command or continuation input, files on disk, bindings. A
+result pairs only with the call its id names *last*: a later ``tool/call`` that reuses
+the id (a shell call, another tool, another skill) supersedes the ``loopx`` call, and
+its result activates nothing. A result counts only in its exact shape: a ``tool``
+source naming the call, one content block, no error in either log format.
 """
 
 from __future__ import annotations
@@ -45,35 +49,56 @@ def _is_loopx_skill_call(data: Mapping[str, Any]) -> bool:
     return isinstance(arguments, dict) and arguments.get("name") == SKILL_NAME
 
 
+def _tool_source(message: Mapping[str, Any], call_id: str) -> bool:
+    """The message is a tool's result for ``call_id``: role ``tool`` and exactly the
+    source ``{kind: tool, callId}`` (not a plugin's or anyone else's source kind)."""
+    source = message.get("source")
+    return (
+        message.get("role") == "tool"
+        and isinstance(source, Mapping)
+        and source.get("kind") == "tool"
+        and source.get("callId") == call_id
+    )
+
+
+def _one_block(content: object) -> Mapping[str, Any] | None:
+    """The single content block of a result; None when there are none or several."""
+    if not isinstance(content, list) or len(content) != 1 or not isinstance(content[0], Mapping):
+        return None
+    return content[0]
+
+
 def _tool_result(data: Mapping[str, Any]) -> tuple[str | None, bool]:
     """(call id, succeeded) of a tool result in either log format; (None, False) when
-    malformed.
+    malformed. Succeeded means: the exact shape below, one content block, no error.
 
     - DSH 0.2.1 logs ``{turn, step, message: {role: tool, source: {kind: tool, callId},
-      toolCallId, content, isError}, error?}`` (seen on the real ``dsh``: ``isError:
-      false`` and no ``error`` on success; a failed ``skill`` call has ``isError: true``);
+      toolCallId, content: [one text block], isError}, error?}`` (seen on the real
+      ``dsh``: ``isError: false`` and no ``error`` on success; a failed ``skill`` call has
+      ``isError: true``);
     - this runtime logs the message itself: ``{role: tool, content: [{type: tool-result,
-      callId, isError}], source: {kind: tool, callId}}``.
+      callId, isError}], source: {kind: tool, callId}}``, with no ``error``.
     """
     message = data.get("message")
     if isinstance(message, Mapping):
         call_id = message.get("toolCallId")
-        source = message.get("source")
-        if (
-            message.get("role") != "tool"
-            or not isinstance(call_id, str)
-            or not (isinstance(source, Mapping) and source.get("callId") == call_id)
-        ):
+        if not isinstance(call_id, str) or not _tool_source(message, call_id):
             return None, False
-        return call_id, message.get("isError") is not True and data.get("error") is None
-    content = data.get("content")
-    if not isinstance(content, list) or len(content) != 1 or not isinstance(content[0], Mapping):
+        block = _one_block(message.get("content"))
+        succeeded = (
+            block is not None
+            and block.get("type") == "text"
+            and message.get("isError") is not True
+            and data.get("error") is None
+        )
+        return call_id, succeeded
+    block = _one_block(data.get("content"))
+    if block is None:
         return None, False
-    block = content[0]
     call_id = block.get("callId")
-    if block.get("type") != "tool-result" or not isinstance(call_id, str):
+    if block.get("type") != "tool-result" or not isinstance(call_id, str) or not _tool_source(data, call_id):
         return None, False
-    return call_id, block.get("isError") is False
+    return call_id, block.get("isError") is False and data.get("error") is None
 
 
 @attrs.define
@@ -89,10 +114,14 @@ class Activation:
             return False
         if event.type == "user/message" and _is_loopx_invocation(event.data):
             self.active = True
-        elif event.type == "tool/call" and _is_loopx_skill_call(event.data):
+        elif event.type == "tool/call":
             call_id = event.data.get("callId")
             if isinstance(call_id, str):
-                self._pending_calls.add(call_id)
+                # The last call under an id is the one its result answers.
+                if _is_loopx_skill_call(event.data):
+                    self._pending_calls.add(call_id)
+                else:
+                    self._pending_calls.discard(call_id)
         elif event.type == "tool/result":
             call_id, succeeded = _tool_result(event.data)
             if succeeded and call_id in self._pending_calls:

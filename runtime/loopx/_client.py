@@ -80,6 +80,7 @@ __all__ = [
     "LoopxVersion",
     "MalformedOutput",
     "Recovery",
+    "SchedulerHint",
     "ShouldRun",
     "SkillsResult",
     "TaskBody",
@@ -237,6 +238,57 @@ class Recovery:
 
 
 @attrs.frozen
+class SchedulerHint:
+    """What a should-run answer's ``scheduler_hint`` tells a local scheduler (a host that
+    polls LoopX itself, as the continuation does), as LoopX 2.1.1 projects it with
+    ``--include-detail scheduler``:
+
+    - ``action``: ``scheduler_hint.action`` (``run_now``, ``backoff_until_reassigned``,
+      ``backoff_waiting_for_user``, ``stop_until_explicit_resume``, ...);
+    - ``local``: ``scheduler_hint.unchanged_poll.local_scheduler`` when LoopX gives it as a
+      directive instead of a cadence (``stop`` for a stopped or finished goal,
+      ``stop_until_context_repaired``, ``continue``);
+    - ``interval_minutes``, ``max_interval_minutes``, ``progression_minutes``,
+      ``unchanged_poll_limit``, ``after_limit``: ``scheduler_hint.cold_path_detail
+      .local_scheduler``'s ``recommended_interval_minutes``, ``max_interval_minutes``,
+      ``example_progression_minutes``, ``unchanged_poll_limit`` (``None``: no limit) and
+      ``after_limit`` (``stop_tick_loop`` or ``continue``); the limit and ``after_limit``
+      fall back to ``scheduler_hint.unchanged_poll.limits/after_limits.local_scheduler``;
+    - ``reset_token``: ``scheduler_hint.reset_policy.reset_token``, a digest of the
+      decision's identity: the same token means nothing LoopX tracks has changed (an
+      *unchanged poll*); a new one means start the progression again.
+    """
+
+    action: str | None = None
+    local: str | None = None
+    interval_minutes: float | None = None
+    max_interval_minutes: float | None = None
+    progression_minutes: tuple[float, ...] = ()
+    unchanged_poll_limit: int | None = None
+    after_limit: str | None = None
+    reset_token: str | None = None
+
+    @property
+    def stops(self) -> bool:
+        """LoopX tells a local scheduler to stop polling (not to back off)."""
+        return self.local is not None and self.local.startswith("stop")
+
+    def interval_after(self, unchanged_polls: int) -> float | None:
+        """Minutes to wait after ``unchanged_polls`` polls with this reset token: the
+        progression's entry for it (its last once past its end), else the recommended
+        interval; never past ``max_interval_minutes``. ``None``: no cadence was given."""
+        if self.progression_minutes:
+            minutes = self.progression_minutes[min(unchanged_polls, len(self.progression_minutes) - 1)]
+        elif self.interval_minutes is not None:
+            minutes = self.interval_minutes
+        else:
+            return None
+        if self.max_interval_minutes is not None:
+            minutes = min(minutes, self.max_interval_minutes)
+        return minutes
+
+
+@attrs.frozen
 class ShouldRun:
     """``quota should-run`` with a turn id: LoopX's admission decision and its receipt.
 
@@ -250,6 +302,7 @@ class ShouldRun:
     (``heartbeat_receipt.settlement_binding_owed``; seen with the decision
     ``unsettled_host_turn_recovery`` while an earlier admitted turn of the agent is not
     settled): such a turn cannot be settled under its own exact identity.
+    ``scheduler``: the scheduler hint (:class:`SchedulerHint`), when the answer has one.
     """
 
     should_run: bool
@@ -265,6 +318,7 @@ class ShouldRun:
     settlement_owed: bool = False
     recovery: Recovery | None = None
     pause_cause: str | None = None
+    scheduler: SchedulerHint | None = None
 
     @property
     def goal_stopped(self) -> bool:
@@ -459,22 +513,22 @@ class LoopxClient:
     async def _exec(self, argv: list[str]) -> tuple[int, bytes] | TransportFailure | MalformedOutput:
         """One child: (exit code, stdout); its stderr is never shown."""
         try:
-            outcome = await process.run_child(
-                argv,
-                cwd=self.project,
-                env=self.env,
-                timeout=self.timeout,
-                max_stdout=MAX_STDOUT_BYTES,
-                max_stderr=MAX_STDERR_BYTES,
-                grace=_KILL_GRACE,
-                # LoopX starts its effect-runtime server (Node) in a session of its own and
-                # reuses it across calls until it idles out; killing it after every call
-                # made each mutating call start and compile it again (2.5 times slower).
-                leave_on_exit=True,
-            )
+            with trio.move_on_after(self.timeout) as deadline:
+                outcome = await process.run_child(
+                    argv,
+                    cwd=self.project,
+                    env=self.env,
+                    max_stdout=MAX_STDOUT_BYTES,
+                    max_stderr=MAX_STDERR_BYTES,
+                    grace=_KILL_GRACE,
+                    # LoopX starts its effect-runtime server (Node) in a session of its own and
+                    # reuses it across calls until it idles out; killing it after every call
+                    # made each mutating call start and compile it again (2.5 times slower).
+                    leave_on_exit=True,
+                )
         except OSError:
             return TransportFailure("could not start the loopx command", "spawn")
-        if outcome == "timeout":
+        if deadline.cancelled_caught:
             return TransportFailure(f"timed out after {self.timeout:g}s", "timeout")
         if outcome.overflow is not None:
             limit = MAX_STDOUT_BYTES if outcome.overflow == "stdout" else MAX_STDERR_BYTES
@@ -629,13 +683,9 @@ class LoopxClient:
         plan = _path(payload, "interaction_contract", "cli_channel", "settlement_plan")
         if plan is not None and not isinstance(plan, Mapping):
             return MalformedOutput("settlement plan is not an object")
-        hint = payload.get("scheduler_hint")
-        action = hint.get("action") if isinstance(hint, Mapping) else None
-        wait = _path(payload, "scheduler_hint", "cold_path_detail", "local_scheduler", "recommended_interval_minutes")
-        if wait is not None and (
-            isinstance(wait, bool) or not isinstance(wait, (int, float)) or not math.isfinite(wait) or wait < 0
-        ):
-            return MalformedOutput("scheduler interval is not a non-negative number")
+        scheduler = _scheduler_hint(payload.get("scheduler_hint"))
+        if isinstance(scheduler, MalformedOutput):
+            return scheduler
         recovery = _recovery(payload.get("unsettled_host_turn_recovery"))
         if isinstance(recovery, MalformedOutput):
             return recovery
@@ -643,8 +693,8 @@ class LoopxClient:
             should_run=should,
             decision=decision,
             turn_id=turn_id,
-            wait_minutes=float(wait) if wait is not None else None,
-            scheduler_action=_token_or_none(action),
+            wait_minutes=scheduler.interval_minutes if scheduler is not None else None,
+            scheduler_action=scheduler.action if scheduler is not None else None,
             receipt_status=status,
             effect_id=effect_id,
             todo_id=todo_id,
@@ -653,6 +703,7 @@ class LoopxClient:
             settlement_owed=identity is None and should,
             recovery=recovery,
             pause_cause=_token_or_none(payload.get("pause_cause")),
+            scheduler=scheduler,
         )
 
     async def heartbeat_prompt(
@@ -850,6 +901,62 @@ def _names_only(payload: Mapping[str, Any], goal_id: str, agent_id: str) -> bool
     named = [payload.get("agent_id"), identity.get("agent_id") if isinstance(identity, Mapping) else None]
     agents = [a for a in named if a is not None]
     return payload.get("goal_id") == goal_id and bool(agents) and all(a == agent_id for a in agents)
+
+
+def _minutes(value: object) -> float | None | MalformedOutput:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return MalformedOutput("scheduler interval is not a non-negative number")
+    return float(value)
+
+
+def _scheduler_hint(hint: object) -> SchedulerHint | MalformedOutput | None:
+    """``scheduler_hint`` of a should-run answer (see :class:`SchedulerHint`). A cadence
+    that is not made of non-negative numbers, or a limit that is not a non-negative
+    integer, breaks the contract: the answer is refused, never guessed at."""
+    if hint is None:
+        return None
+    if not isinstance(hint, Mapping):
+        return MalformedOutput("scheduler hint is not an object")
+    unchanged = hint.get("unchanged_poll")
+    unchanged = unchanged if isinstance(unchanged, Mapping) else {}
+    directive = unchanged.get("local_scheduler")
+    local = _path(hint, "cold_path_detail", "local_scheduler")
+    local = local if isinstance(local, Mapping) else {}
+    interval = _minutes(local.get("recommended_interval_minutes"))
+    if isinstance(interval, MalformedOutput):
+        return interval
+    maximum = _minutes(local.get("max_interval_minutes"))
+    if isinstance(maximum, MalformedOutput):
+        return maximum
+    raw_progression = local.get("example_progression_minutes", ())
+    if not isinstance(raw_progression, (list, tuple)):
+        return MalformedOutput("scheduler progression is not a list")
+    progression: list[float] = []
+    for entry in raw_progression:
+        minutes = _minutes(entry)
+        if not isinstance(minutes, float):
+            return MalformedOutput("scheduler progression is not a list of non-negative numbers")
+        progression.append(minutes)
+    if "unchanged_poll_limit" in local:
+        limit = local.get("unchanged_poll_limit")
+        after = local.get("after_limit")
+    else:
+        limit = _path(unchanged, "limits", "local_scheduler")
+        after = _path(unchanged, "after_limits", "local_scheduler")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        return MalformedOutput("scheduler unchanged-poll limit is not a non-negative integer")
+    return SchedulerHint(
+        action=_token_or_none(hint.get("action")),
+        local=_token_or_none(directive),
+        interval_minutes=interval,
+        max_interval_minutes=maximum,
+        progression_minutes=tuple(progression),
+        unchanged_poll_limit=limit,
+        after_limit=_token_or_none(after),
+        reset_token=_token_or_none(_path(hint, "reset_policy", "reset_token")),
+    )
 
 
 def _recovery(value: object) -> Recovery | MalformedOutput | None:

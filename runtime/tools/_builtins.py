@@ -469,17 +469,17 @@ def shell_tool(policy: ShellPolicy) -> Tool:
         log.info("tools.shell.start")
         try:
             # No grace: SIGKILL at once, whatever the program started goes with it.
-            result = await run_child(
-                argv,
-                cwd=ctx.cwd,
-                env=env,
-                timeout=timeout,
-                max_stdout=policy.max_output,
-                max_stderr=policy.max_stderr,
-            )
+            with trio.move_on_after(timeout) as deadline:
+                result = await run_child(
+                    argv,
+                    cwd=ctx.cwd,
+                    env=env,
+                    max_stdout=policy.max_output,
+                    max_stderr=policy.max_stderr,
+                )
         except OSError as exc:
             raise ToolError(f"shell: cannot run {name!r}: {exc.strerror or type(exc).__name__}") from None
-        if result == "timeout":
+        if deadline.cancelled_caught:
             log.info("tools.shell.timeout", timeout=timeout)
             raise ToolError(f"shell: {name!r} timed out after {timeout:g}s and was killed")
         log.info("tools.shell.exit", returncode=result.returncode, overflow=result.overflow)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import operator
 import re
 import string
@@ -428,7 +429,7 @@ def alias_bomb() -> str:
     The anchors sit in a field that is read after ``defaultLoop``, whose error would
     quote the whole expanded value."""
     lines = ["agents:", '  - &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
-    for prev, cur in zip("abcdefgh", "bcdefghi"):
+    for prev, cur in itertools.pairwise("abcdefghi"):
         lines.append(f"  - &{cur} [{', '.join([f'*{prev}'] * 9)}]")
     lines.append("defaultLoop: *i")
     return "\n".join(lines) + "\n"

@@ -14,7 +14,7 @@ import trio.testing
 from leak_check import assert_no_leaked_agent_tasks
 
 from loopdock import LoopxSettings, Runtime
-from loopdock.runtime.loopx import LoopxClient
+from loopdock.runtime.loopx import LoopxClient, ShouldRun
 from loopdock.runtime.loopx import _client as loopx_client
 from loopdock.runtime.models import Reply, ScriptedAdapter
 from loopdock.runtime.skills import SkillCatalog
@@ -132,14 +132,14 @@ async def test_a_successful_model_skill_call_activates(tmp_path, loopx_env, loop
         assert len(calls()) == 1
 
 
-async def bind(client: LoopxClient, session_id: str) -> None:
+async def bind(client: LoopxClient, session_id: str, goal: str = "g1", agent: str = "a1") -> None:
     for args in [
-        ("bootstrap", "--project", ".", "--goal-id", "g1", "--objective", "Write it",
+        ("bootstrap", "--project", ".", "--goal-id", goal, "--objective", "Write it",
          "--adapter-kind", "read_only_project_map_v0", "--adapter-status", "connected-read-only"),
-        ("register-agent", "--goal-id", "g1", "--agent-id", "a1", "--require-new", "--execute"),
-        ("bind-agent-thread", "--goal-id", "g1", "--thread-id", session_id,
-         "--host-surface", "deepseek-harness-native", "--agent-id", "a1", "--execute"),
-        ("todo", "add", "--goal-id", "g1", "--project", ".", "--role", "agent", "--claimed-by", "a1",
+        ("register-agent", "--goal-id", goal, "--agent-id", agent, "--require-new", "--execute"),
+        ("bind-agent-thread", "--goal-id", goal, "--thread-id", session_id,
+         "--host-surface", "deepseek-harness-native", "--agent-id", agent, "--execute"),
+        ("todo", "add", "--goal-id", goal, "--project", ".", "--role", "agent", "--claimed-by", agent,
          "--task-class", "advancement_task", "--text", "[P0] Write it"),
     ]:
         result = await client.run(*args)
@@ -190,6 +190,62 @@ async def test_human_input_wins_at_pre_step(tmp_path, loopx_env, loopx_project, 
     should_runs = [c for c in calls() if c[4:6] == ["quota", "should-run"]]
     turn_ids = [c[c.index("--turn-instance-id") + 1] for c in should_runs]
     assert len(turn_ids) >= 2 and turn_ids[0] == turn_ids[1]
+
+
+async def test_its_own_pre_step_veto_is_evaluated_again_at_the_next_idle_checkpoint(
+    tmp_path, loopx_env, loopx_project, loopx_command
+):
+    """Between the reservation and the pre-step a second goal binds the same session in
+    LoopX, so the binding is ambiguous: the continuation's own pre-step check vetoes its
+    step (the turn ends blocked), and the idle checkpoint right after evaluates again --
+    it asks LoopX, which now says the binding is ambiguous, and stops on that answer,
+    instead of staying quiet until a person acts."""
+    write_skill(loopx_project, "loopx")
+
+    class RebindAfterTheTaskBody(LoopxClient):
+        """The real client; once the first task body is read (the continuation reserves
+        right after it), a second goal binds this session."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.calls: list[str] = []
+            self.rebound = False
+
+        async def run(self, *args, retry=False):
+            self.calls.append(" ".join(args[:2]) if args[0] == "quota" else args[0])
+            return await super().run(*args, retry=retry)
+
+        async def heartbeat_prompt(self, goal_id, agent_id, turn_id):
+            body = await super().heartbeat_prompt(goal_id, agent_id, turn_id)
+            if not self.rebound:
+                self.rebound = True
+                await bind(self, "veto", goal="g2", agent="a2")
+            return body
+
+    client = RebindAfterTheTaskBody(loopx_command, project=loopx_project, env=loopx_env, timeout=120)
+    with trio.fail_after(120):
+        await bind(client, "veto")
+    async with open_runtime(tmp_path, loopx_env, loopx_project, tuple(loopx_command)) as rt:
+        handle = await rt.create_agent(session_id="veto", agent_options={"cwd": str(loopx_project)})
+        driver = rt.loopx.continuations["veto"]
+        driver.clients = lambda: client
+        client.calls.clear()
+        with trio.fail_after(180):
+            await say(rt, handle.agent, "/loopx write it")
+        ends = [e.data["reason"] for e in (await handle.agent.session.read_events()) if e.type == "turn/end"]
+        assert [end["kind"] for end in ends] == ["completed", "blocked"]
+        assert ends[1]["reason"] == "loopx continuation: binding changed (ambiguous)"
+        # Evaluation, the rebinding (4 calls), the pre-step's resolve; then the next idle
+        # checkpoint's own resolve, which LoopX answers "ambiguous": a stop on its answer.
+        assert client.calls == [
+            "resolve-agent-thread", "quota should-run", "heartbeat-prompt",
+            "bootstrap", "register-agent", "bind-agent-thread", "todo",
+            "resolve-agent-thread",
+            "resolve-agent-thread",
+        ]
+        assert (driver.status.state, driver.status.reason) == ("stopped", "binding ambiguous")
+        assert driver.history.latch is None and driver.admitted == []
+        await handle.dispose()
 
 
 STANDIN = """#!{python} -IS
@@ -278,11 +334,114 @@ async def test_a_scheduler_wait_arms_one_timer_and_wakes_a_new_checkpoint(tmp_pa
         assert driver.stopped == "should-run: wait"  # no second wait hint: stop, no timer
         assert subcommands(calls()) == ["resolve-agent-thread", "should-run"] * 2
         turn_ids = [c[c.index("--turn-instance-id") + 1] for c in calls() if "should-run" in c]
-        assert turn_ids[0] != turn_ids[1]  # a new attempt, a new identity
+        assert turn_ids[0] == turn_ids[1]  # nothing was admitted: the same attempt, asked again
         assert_no_leaked_agent_tasks(rt)  # the continuation is the agent's one companion
         await handle.dispose()
         assert "waiting" not in rt.loopx.continuations
         assert_no_leaked_agent_tasks(rt)
+
+
+async def test_a_goal_that_keeps_answering_wait_is_polled_as_loopx_s_scheduler_says(
+    tmp_path, loopx_env, loopx_project, loopx_command, jump_clock
+):
+    """LoopX (the real CLI) keeps answering "wait" for an agent lane with nothing in scope;
+    the continuation polls it exactly as LoopX's scheduler hint says: the progression's
+    intervals one after another, the count started again when the hint's reset token
+    changes (here: a person's gate lands on the lane meanwhile) and when a person speaks
+    in the session, and no more polls once the unchanged-poll limit is reached. Every
+    poll asks about the same attempt, so LoopX keeps one receipt, replayed."""
+    write_skill(loopx_project, "loopx")
+
+    class Recording(LoopxClient):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.answers: list[ShouldRun] = []
+
+        async def should_run(self, goal_id, agent_id, turn_id):
+            answer = await super().should_run(goal_id, agent_id, turn_id)
+            assert isinstance(answer, ShouldRun), answer
+            self.answers.append(answer)
+            return answer
+
+    client = Recording(loopx_command, project=loopx_project, env=loopx_env, timeout=120)
+    with trio.fail_after(120):
+        # The session is a1's; the goal's only todo is a2's: a1 has nothing in scope.
+        for args in [
+            ("bootstrap", "--project", ".", "--goal-id", "g1", "--objective", "Write it",
+             "--adapter-kind", "read_only_project_map_v0", "--adapter-status", "connected-read-only"),
+            ("register-agent", "--goal-id", "g1", "--agent-id", "a1", "--require-new", "--execute"),
+            ("register-agent", "--goal-id", "g1", "--agent-id", "a2", "--require-new", "--execute"),
+            ("bind-agent-thread", "--goal-id", "g1", "--thread-id", "polled",
+             "--host-surface", "deepseek-harness-native", "--agent-id", "a1", "--execute"),
+            ("todo", "add", "--goal-id", "g1", "--project", ".", "--role", "agent", "--claimed-by", "a2",
+             "--task-class", "advancement_task", "--text", "[P0] Write it"),
+        ]:
+            result = await client.run(*args)
+            assert getattr(result, "payload", {}).get("ok") is True, result
+
+    async with open_runtime(tmp_path, loopx_env, loopx_project, tuple(loopx_command)) as rt:
+        handle = await rt.create_agent(session_id="polled", agent_options={"cwd": str(loopx_project)})
+        driver = rt.loopx.continuations["polled"]
+        driver.clients = lambda: client
+        waits: list[int] = []
+
+        def armed() -> int:
+            assert driver.timer is not None and driver.status.state == "waiting", driver.status
+            seconds = int(driver.stopped.removeprefix("waiting ").removesuffix("s"))
+            waits.append(seconds)
+            return seconds
+
+        async def poll_after(seconds: int) -> None:
+            """Move the clock to just before the timer: nothing; then past it: one poll."""
+            checkpoints = driver.checkpoints
+            await trio.testing.wait_all_tasks_blocked()
+            jump_clock.jump(seconds - 30)  # (real time moves too: a margin for a slow machine)
+            await trio.testing.wait_all_tasks_blocked()
+            assert driver.checkpoints == checkpoints and driver.timer is not None
+            jump_clock.jump(30)
+            with trio.fail_after(60):
+                await driver.wait_checkpoint(checkpoints)
+
+        with trio.fail_after(60):
+            await say(rt, handle.agent, "/loopx keep going")  # the first answer
+        await poll_after(armed())  # the second
+        # The lane's state changes in LoopX while the continuation waits: a person's gate.
+        with trio.fail_after(60):
+            gate = await client.run("todo", "add", "--goal-id", "g1", "--project", ".", "--role", "user",
+                                    "--task-class", "user_gate", "--blocks-agent", "a1", "--text", "Decide")
+        assert gate.payload["ok"] is True
+        for _ in range(4):  # the third (a new reset token) to the sixth
+            await poll_after(armed())
+        # The limit: that poll was the final check; nothing changed, so no timer any more.
+        assert driver.timer is None and driver.status.state == "stopped"
+        assert driver.status.reason.startswith("LoopX's scheduler: unchanged after 3 polls")
+        await trio.testing.wait_all_tasks_blocked()
+        jump_clock.jump(48 * 3600)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(client.answers) == 6  # not polled again, however long it waits
+
+        # What LoopX said (2.1.1): an out-of-scope lane backs off 10, 20, 30, 60 minutes,
+        # a lane gated on a person 30, 60, 120; three unchanged polls each, then stop.
+        hints = [a.scheduler for a in client.answers]
+        first, gated = hints[0], hints[2]
+        assert (first.progression_minutes, first.unchanged_poll_limit, first.after_limit) == (
+            (10.0, 20.0, 30.0, 60.0), 3, "stop_tick_loop")
+        assert (gated.progression_minutes, gated.unchanged_poll_limit) == ((30.0, 60.0, 120.0), 3)
+        assert [h.reset_token for h in hints] == [first.reset_token] * 2 + [gated.reset_token] * 4
+        assert first.reset_token != gated.reset_token
+        assert all(not a.should_run for a in client.answers)
+        # The progression from its start, and again from its start under the new token.
+        assert waits == [600, 1200, 1800, 3600, 7200]
+        # One attempt: every poll asked about the same turn, whose receipt was replayed.
+        assert len({a.turn_id for a in client.answers}) == 1
+        assert [a.receipt_status for a in client.answers] == ["committed"] + ["replayed"] * 5
+
+        # A person's message in the session counts from the start again.
+        with trio.fail_after(60):
+            await say(rt, handle.agent, "any news?")
+        assert armed() == 1800 and driver.status.reason.endswith("(unchanged poll 1 of 3)")
+        assert len(client.answers) == 7
+        await handle.dispose()
 
 
 async def test_should_run_transport_failures_retry_with_one_turn_id_then_stop(

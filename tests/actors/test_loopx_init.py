@@ -11,7 +11,6 @@ import os
 import re
 import shlex
 import stat
-import subprocess
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -58,10 +57,11 @@ def write_script(path: Path, body: str) -> Path:
     return path
 
 
-def fresh_python(venv: Path, *, pip: bool = True) -> str:
+async def fresh_python(venv: Path, *, pip: bool = True) -> str:
     """A real Python of its own (a new virtual environment: with pip, or without), with no
     LoopX in it; its interpreter's path."""
-    subprocess.run([PY, "-m", "venv", *([] if pip else ["--without-pip"]), str(venv)], check=True, timeout=300)
+    with trio.fail_after(300):
+        await trio.run_process([PY, "-m", "venv", *([] if pip else ["--without-pip"]), str(venv)])
     return str(venv / "bin" / "python")
 
 
@@ -443,7 +443,7 @@ async def test_missing_and_incompatible_cli_are_repaired_by_one_real_private_ins
     pip_log = tmp_path / "python.log"
     # A real interpreter with pip and without LoopX (this one has LoopX: `-m loopx.cli`
     # would find it), counted.
-    python = wrapper(tmp_path / "py" / "python", fresh_python(tmp_path / "venv"), pip_log)
+    python = wrapper(tmp_path / "py" / "python", await fresh_python(tmp_path / "venv"), pip_log)
     old_log = tmp_path / "old-loopx.log"
     old_bin = tmp_path / "old-bin"
     loopx_standin(old_bin, old_log, version={"stdout": "loopx 0.4.0"})
@@ -467,10 +467,11 @@ async def test_missing_and_incompatible_cli_are_repaired_by_one_real_private_ins
         assert stat.S_IMODE(launcher.stat().st_mode) == 0o755
         text = launcher.read_text()
         assert text.startswith(f"#!{python}\n") and 'runpy.run_module("loopx.cli", run_name="__main__")' in text
-        version = subprocess.run(
-            [str(python), str(launcher), "--version"], env=missing.env, capture_output=True, text=True, timeout=60
-        )
-        assert version.stdout.splitlines()[0] == "loopx 2.1.1"
+        with trio.fail_after(60):
+            version = await trio.run_process(
+                [str(python), str(launcher), "--version"], env=missing.env, capture_stdout=True, capture_stderr=True
+            )
+        assert version.stdout.decode().splitlines()[0] == "loopx 2.1.1"
         # Generated skill commands use the managed launcher.
         assert str(launcher) in (agents_a / "skills" / "loopx" / "SKILL.md").read_text()
         fresh = SkillCatalog(None, agents_home=agents_a)
@@ -552,7 +553,7 @@ async def test_a_loopx_module_without_a_script_on_path_runs_as_python_m_loopx_cl
 async def test_a_python_without_pip_is_passed_over_and_none_with_pip_is_said_plainly(
     loopx_standin_env, loopx_project, tmp_path
 ):
-    nopip = Path(fresh_python(tmp_path / "nopip", pip=False)).parent  # a real Python 3.11+ without pip
+    nopip = Path(await fresh_python(tmp_path / "nopip", pip=False)).parent  # a real Python 3.11+ without pip
     pip_log = tmp_path / "python.log"
     with_pip = tmp_path / "with-pip"
     python_standin(with_pip / "python3.12", pip_log, version="3.12", pip_exit=1)

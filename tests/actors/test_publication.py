@@ -28,7 +28,7 @@ async def test_setups_run_in_order_and_commits_only_after_all_setups(rt):
         return lambda: calls.append("commit 1")
 
     async def second_setup(ctx):
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
         calls.append("setup 2")
 
         class Commit:

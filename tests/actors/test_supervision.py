@@ -1,6 +1,8 @@
 """Supervision: a failing actor is reported and restarted or stopped by its owner; it never
 ends a sibling or the runtime. Only the store writer's failure ends the runtime."""
 
+import itertools
+
 import pytest
 import trio
 from structlog.testing import capture_logs
@@ -39,7 +41,7 @@ async def test_a_failing_actor_is_restarted_with_backoff_then_stopped(autojump_c
         )
     assert reports == [("attempt 1", "restarted"), ("attempt 2", "restarted"), ("attempt 3", "stopped")]
     # Backoff between attempts: 1 s, then 5 s (the last value repeats).
-    assert [round(b - a, 3) for a, b in zip(starts, starts[1:])] == [1.0, 5.0]
+    assert [round(b - a, 3) for a, b in itertools.pairwise(starts)] == [1.0, 5.0]
 
 
 async def test_failures_outside_the_window_do_not_count(autojump_clock):
@@ -112,6 +114,7 @@ async def test_a_broken_report_does_not_take_the_supervisor_down():
 
 async def test_a_failing_companion_is_recorded_and_restarted_and_its_agent_goes_on(rt, autojump_clock):
     runs = 0
+    restarted = trio.Event()
 
     async def companion(task_status=trio.TASK_STATUS_IGNORED):
         nonlocal runs
@@ -119,14 +122,14 @@ async def test_a_failing_companion_is_recorded_and_restarted_and_its_agent_goes_
         task_status.started()
         if runs == 1:
             raise ValueError("loopx said no")
+        restarted.set()
         await trio.sleep_forever()
 
     a = await rt.create_agent(session_id="a")
     b = await rt.create_agent(session_id="b")
     await a.agent.start_companion(companion, name="loopx-continuation")
     with trio.fail_after(30):
-        while runs < 2:
-            await trio.sleep(0.5)
+        await restarted.wait()
     assert await _faults(a.agent.session) == [
         {"kind": FAULT_KIND, "actor": "loopx-continuation", "error": "ValueError", "action": "restarted"}
     ]
@@ -143,16 +146,22 @@ async def test_a_failing_companion_is_recorded_and_restarted_and_its_agent_goes_
 
 
 async def test_a_companion_that_keeps_failing_is_stopped_and_the_runtime_closes_cleanly(tmp_path, autojump_clock):
+    attempts = 0
+    last = trio.Event()
+
     async def companion(task_status=trio.TASK_STATUS_IGNORED):
+        nonlocal attempts
+        attempts += 1
         task_status.started()
+        if attempts == COMPANION_POLICY.max_restarts + 1:
+            last.set()  # the supervisor records this failure as it catches it, before any other task runs
         raise ValueError("always")
 
     async with Runtime.open(tmp_path / "home") as rt:
         handle = await rt.create_agent(session_id="a")
         await handle.agent.start_companion(companion, name="flaky")
         with trio.fail_after(COMPANION_POLICY.window):
-            while len(await _faults(handle.agent.session)) <= COMPANION_POLICY.max_restarts:
-                await trio.sleep(1)
+            await last.wait()
         actions = [f["action"] for f in await _faults(handle.agent.session)]
         assert actions == ["restarted"] * COMPANION_POLICY.max_restarts + ["stopped"]
         handle.agent.followup("still here")
@@ -251,10 +260,13 @@ async def test_a_failing_store_writer_ends_the_runtime_with_a_clear_error(tmp_pa
 
 async def test_the_runtimes_watchers_are_restarted_and_agents_go_on(tmp_path, monkeypatch, autojump_clock):
     runs = {"gate": 0, "skills": 0}
+    both_restarted = trio.Event()
 
     def failing_once(kind, real):
         async def run(self, *, task_status=trio.TASK_STATUS_IGNORED):
             runs[kind] += 1
+            if min(runs.values()) >= 2:
+                both_restarted.set()
             if runs[kind] == 1:
                 task_status.started()
                 raise ValueError(f"{kind} broke")
@@ -268,8 +280,7 @@ async def test_the_runtimes_watchers_are_restarted_and_agents_go_on(tmp_path, mo
         async with Runtime.open(tmp_path / "home") as rt:
             handle = await rt.create_agent(session_id="a")
             with trio.fail_after(30):
-                while runs["gate"] < 2 or runs["skills"] < 2:
-                    await trio.sleep(0.5)
+                await both_restarted.wait()
             handle.agent.followup("hello")
             await handle.agent.wait_idle()
             assert (await handle.agent.session.read_events())[-1].data["reason"]["kind"] == "completed"

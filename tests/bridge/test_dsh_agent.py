@@ -65,7 +65,7 @@ class FakeHost:
         self.held: trio.Event | None = None
         self._changed = trio.Event()
 
-    async def request(self, message, timeout=10.0):
+    async def request(self, message, reply_timeout=10.0):
         self.sent.append(message)
         self._changed.set()
         self._changed = trio.Event()

@@ -36,7 +36,7 @@ class _FakeConn:
         self.reply = reply
         self.sent: list = []
 
-    async def request(self, message, timeout=10.0):
+    async def request(self, message, reply_timeout=10.0):
         self.sent.append(message)
         return self.reply
 
@@ -96,7 +96,7 @@ async def test_host_handler_mirrors_agents_and_sessions_and_reports_gaps(tmp_pat
         assert await handler.on_pre_step(conn, step) == Verdict("reject", "no")
 
         async def later(request):
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
             return Verdict("enter")
 
         handler.gate("x", later)

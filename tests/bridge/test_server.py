@@ -317,7 +317,7 @@ async def test_a_server_request_is_answered_by_the_client():
                         seen.append(await answer_one(ws, lambda r: wire("ack", {"ok": True}, re=r["id"])))
 
                     nursery.start_soon(host)
-                    reply = await conn.request(Followup("a1", message, "followup"), timeout=5)
+                    reply = await conn.request(Followup("a1", message, "followup"), reply_timeout=5)
                 assert reply == Ack(True)
                 assert seen[0]["type"] == "followup"
                 assert seen[0]["data"] == {"agentId": "a1", "message": message, "placement": "followup"}
@@ -328,7 +328,7 @@ async def test_a_server_request_is_answered_by_the_client():
                         answer_one, ws, lambda r: wire("error", {"code": "NOT_LIVE", "message": "no agent a9"}, re=r["id"])
                     )
                     with pytest.raises(RemoteError) as info:
-                        await conn.request(Wake("a9"), timeout=5)
+                        await conn.request(Wake("a9"), reply_timeout=5)
                 assert info.value.code == "NOT_LIVE"
 
 
@@ -339,12 +339,12 @@ async def test_a_request_that_is_not_json_fails_its_caller_not_the_connection():
             async with client(port) as ws:
                 conn = await handler.connected_conns.receive()
                 with pytest.raises(ProtocolError) as info:
-                    await conn.request(Followup("a1", {"text": float("nan")}), timeout=5)
+                    await conn.request(Followup("a1", {"text": float("nan")}), reply_timeout=5)
                 assert info.value.code is ErrorCode.BAD_DATA
                 assert conn._protocol.pending == frozenset()  # nothing left waiting for a reply
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(answer_one, ws, lambda r: wire("pong", {}, re=r["id"]))
-                    assert await conn.request(Ping(), timeout=5) == Pong()
+                    assert await conn.request(Ping(), reply_timeout=5) == Pong()
 
 
 async def test_a_request_without_reply_times_out_and_its_late_reply_is_refused():
@@ -354,7 +354,7 @@ async def test_a_request_without_reply_times_out_and_its_late_reply_is_refused()
             async with client(port) as ws:
                 conn = await handler.connected_conns.receive()
                 with pytest.raises(RequestTimeoutError):
-                    await conn.request(Ping(), timeout=0.2)
+                    await conn.request(Ping(), reply_timeout=0.2)
                 request = await receive(ws)
                 await ws.send_message(wire("pong", {}, re=request["id"]))
                 error = await receive(ws)
@@ -372,7 +372,7 @@ async def test_waiting_requests_fail_when_the_peer_goes_away():
 
                     async def ask():
                         try:
-                            await conn.request(Wake("a1"), timeout=TIMEOUT)
+                            await conn.request(Wake("a1"), reply_timeout=TIMEOUT)
                         except BridgeClosedError as exc:
                             outcome.append(exc)
 
@@ -404,7 +404,7 @@ async def test_the_server_closing_ends_every_connection_and_its_requests():
 
                 async def ask():
                     try:
-                        await conn.request(Wake("a1"), timeout=TIMEOUT)
+                        await conn.request(Wake("a1"), reply_timeout=TIMEOUT)
                     except BridgeClosedError as exc:
                         outcome.append(exc)
 
@@ -517,7 +517,7 @@ async def test_a_ping_from_the_runtime_is_ponged_by_a_client():
                 conn = await handler.connected_conns.receive()
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(answer_one, ws, lambda r: wire("pong", {}, re=r["id"]))
-                    assert await conn.request(Ping(), timeout=5) == Pong()
+                    assert await conn.request(Ping(), reply_timeout=5) == Pong()
 
 
 # -- what gets logged -------------------------------------------------------------------------

@@ -45,8 +45,8 @@ async def test_a_second_worker_gets_its_fair_share_and_agents_go_on_on_either(re
         second = await nursery.start(functools.partial(
             run_worker, redis_server.url, home=tmp_path / "b", lease_ttl=1.0, worker_id="b"))
         shards = first.ownership.shards
-        while len(second.ownership.tokens) < shards // 2:  # the first hands shards over, one per tick
-            await trio.sleep(0.05)
+        # The first hands shards over, one per tick.
+        await second.ownership.changes.wait_until(lambda: len(second.ownership.tokens) >= shards // 2)
         assert not set(first.ownership.tokens) & set(second.ownership.tokens)
         async with open_cluster(redis_server.url) as rt:
             handles = [await rt.create_agent(session_id=f"s{i}", loop="minimal-first") for i in range(8)]
@@ -103,7 +103,6 @@ def test_bad_cluster_urls_are_refused_with_what_is_wrong(url):
 
 async def test_the_cluster_pages_example_runs_as_written(redis_server, worker, capsys):
     import re
-    from pathlib import Path
 
     page = (Path(__file__).parents[2] / "docs" / "cluster.md").read_text()
     [snippet] = re.findall(r"^```python\n(.*?)^```", page, flags=re.S | re.M)
@@ -192,13 +191,13 @@ async def test_a_lease_lost_and_taken_again_delivers_the_queued_message_once(red
             await until_event(handle.agent, lambda e: e.type == "tool/call")
             queued = handle.agent.followup("queued behind the long turn")
             await rt.wait_sent()
-            while queued.id not in w.ownership.pending:  # handed to the agent, not durable yet
-                await trio.sleep(0.01)
+            # Handed to the agent, not durable yet.
+            await w.ownership.changes.wait_until(lambda: queued.id in w.ownership.pending)
             shard = keys.shard_of("q1", rt.shards)
             first = w.ownership.tokens[shard]
             await rt._redis.delete([keys.lease(shard)])  # the lease is gone (as if it expired)
-            while w.ownership.tokens.get(shard) in (None, first):  # lost, then taken again
-                await trio.sleep(0.01)
+            # Lost, then taken again.
+            await w.ownership.changes.wait_until(lambda: w.ownership.tokens.get(shard) not in (None, first))
             await handle.agent.wait_idle()
             events = await rt.read_events("q1")
     ids = [e.data["id"] for e in events if e.type == "user/message"]
@@ -229,9 +228,9 @@ async def test_a_create_cancelled_after_the_call_is_still_carried_out(redis_serv
                 await rt.create_agent(session_id="late", loop="minimal-first")
             assert scope.cancelled_caught
             await rt.wait_sent()
-            while not await rt.store.aexists("late"):  # the worker answers nobody, and creates it
-                await trio.sleep(0.02)
             agent = rt.get_agent("late")
+            await until_event(agent, lambda e: True)  # the worker answers nobody, and creates it
+            assert await rt.store.aexists("late")
             agent.followup("so it is there")
             await agent.wait_idle()
             ends = [e.data["reason"]["kind"] for e in await rt.read_events("late") if e.type == "turn/end"]
@@ -328,8 +327,8 @@ async def test_fork_of_a_session_live_on_another_worker_copies_its_durable_turns
             run_worker, redis_server.url, home=tmp_path / "a", shards=4, lease_ttl=1.0, worker_id="a"))
         b = await nursery.start(functools.partial(
             run_worker, redis_server.url, home=tmp_path / "b", shards=4, lease_ttl=1.0, worker_id="b"))
-        while len(b.ownership.tokens) < 2:  # the first hands shards over, one per tick
-            await trio.sleep(0.05)
+        # The first hands shards over, one per tick.
+        await b.ownership.changes.wait_until(lambda: len(b.ownership.tokens) >= 2)
         on_a = next(f"s{i}" for i in range(100) if shard_of(f"s{i}", 4) in a.ownership.tokens)
         on_b = next(f"f{i}" for i in range(100) if shard_of(f"f{i}", 4) in b.ownership.tokens)
         async with open_cluster(redis_server.url) as rt:
@@ -432,8 +431,39 @@ async def test_the_worker_command_hides_its_environment_and_stops_cleanly_at_onc
     secret = "sk-worker-secret-0123456789"
     monkeypatch.setenv("DEEPSEEK_API_KEY", secret)  # in the worker's initial environment
     worker = await start_worker(nursery, redis_server.url, tmp_path / "w", "hidden")
-    shown = Path(f"/proc/{worker.process.pid}/environ").read_bytes()
+    shown = await trio.Path(f"/proc/{worker.process.pid}/environ").read_bytes()
     worker.signal(signal.SIGINT)
     with trio.fail_after(30):
         assert await worker.process.wait() == 0
     assert secret.encode() not in shown and b"PATH=" in shown
+
+
+async def test_a_cancelled_worker_hands_its_shards_back_and_leaves_at_once(redis_server, tmp_path, nursery):
+    # run_worker's contract, and `loopdock worker`'s on SIGINT/SIGTERM (it cancels it): the
+    # leases are deleted, not left to expire. The cancellation used to reach the Redis
+    # client's own connections too, and the leave then failed ("Connection lost"), quietly.
+    from loopdock.runtime.cluster import keys
+
+    stopping, ended = trio.CancelScope(), trio.Event()
+
+    async def run(*, task_status=trio.TASK_STATUS_IGNORED):
+        try:
+            with stopping:
+                await run_worker(redis_server.url, home=tmp_path / "w", shards=4, lease_ttl=60.0, worker_id="w",
+                                 task_status=task_status)
+        finally:
+            ended.set()
+
+    with trio.fail_after(30):
+        w = await nursery.start(run)
+        await w.ownership.changes.wait_until(lambda: len(w.ownership.tokens) == 4)
+        async with open_cluster(redis_server.url) as rt:
+            handle = await rt.create_agent(session_id="h1", loop="minimal-first")
+            handle.agent.followup("hello")
+            await handle.agent.wait_idle()
+            assert set(await rt.workers()) == {"w"}
+            stopping.cancel()
+            await ended.wait()
+            # A minute before the leases would expire: gone because the worker let go.
+            assert await rt._redis.exists([keys.lease(shard) for shard in range(4)]) == 0
+            assert await rt.workers() == {}

@@ -9,6 +9,7 @@ import trio
 
 from loopdock import open_cluster
 from loopdock._worker import run_worker
+from loopdock.runtime.cluster import Ownership
 
 
 class StallingProxy:
@@ -56,29 +57,27 @@ async def test_a_stalled_worker_never_shares_a_shard_and_its_agents_continue_onc
     with trio.fail_after(60):
         a = await nursery.start(functools.partial(
             run_worker, stalled_url, home=tmp_path / "a", shards=4, lease_ttl=1.0, worker_id="a"))
-        while len(a.ownership.tokens) < 4:
-            await trio.sleep(0.02)
+        await a.ownership.changes.wait_until(lambda: len(a.ownership.tokens) >= 4)
         b = await nursery.start(functools.partial(
             run_worker, redis_server.url, home=tmp_path / "b", lease_ttl=1.0, worker_id="b"))
 
-        async def watch() -> None:  # samples both workers' view of who owns what
-            while True:
-                both = set(a.ownership.tokens) & set(b.ownership.tokens)
-                if both:
-                    overlaps.append(both)
-                await trio.sleep(0.005)
+        async def watch(mine: Ownership, other: Ownership) -> None:
+            # An overlap begins with a shard one of them takes: looked for at every change
+            # of ``mine``, not sampled (it would last until the other's next expiry check).
+            await mine.changes.wait_until(lambda: bool(set(mine.tokens) & set(other.tokens)))
+            overlaps.append(set(mine.tokens) & set(other.tokens))
 
-        nursery.start_soon(watch)
-        while len(b.ownership.tokens) < 2:
-            await trio.sleep(0.02)
+        nursery.start_soon(watch, a.ownership, b.ownership)
+        nursery.start_soon(watch, b.ownership, a.ownership)
+        await b.ownership.changes.wait_until(lambda: len(b.ownership.tokens) >= 2)
         async with open_cluster(redis_server.url) as rt:
             handles = [await rt.create_agent(session_id=f"s{i}", loop="minimal-first") for i in range(8)]
             on_a = [h for h in handles if h.agent.id in a.host.handles]
             assert on_a, "some agents live on the worker that will stall"
             proxy.stall()
             sent = [h.agent.followup("during the stall") for h in on_a]
-            while len(b.ownership.tokens) < 4:  # b takes a's shards once their leases expire
-                await trio.sleep(0.02)
+            # b takes a's shards once their leases expire.
+            await b.ownership.changes.wait_until(lambda: len(b.ownership.tokens) >= 4)
             assert not a.ownership.tokens  # a let go by its own clock, before b could take them
             for h in on_a:
                 await h.agent.wait_idle()
@@ -89,7 +88,7 @@ async def test_a_stalled_worker_never_shares_a_shard_and_its_agents_continue_onc
                 await h.agent.wait_idle()
             logs = {h.agent.id: await rt.read_events(h.agent.id) for h in handles}
     assert overlaps == []
-    for handle, message in zip(on_a, sent):
+    for handle, message in zip(on_a, sent, strict=True):
         ids = [e.data["id"] for e in logs[handle.agent.id] if e.type == "user/message"]
         assert ids.count(message.id) == 1
     for events in logs.values():

@@ -7,6 +7,7 @@ import json
 import trio
 
 from loopdock._cluster import LogWatcher
+from loopdock.runtime import Changes
 from loopdock.runtime.cluster import connect, keys
 
 
@@ -18,10 +19,12 @@ async def _append(redis, session_id: str, seq: int, event_type: str) -> None:
 async def test_a_served_waiter_is_not_read_again_while_others_wait(redis_server):
     async with connect(redis_server.url) as redis, trio.open_nursery() as nursery:
         reads: list[list[str]] = []
+        read = Changes()
         xread = redis.xread
 
         async def spy(streams, **kwargs):
             reads.append(list(streams))
+            read.notify()
             return await xread(streams, **kwargs)
 
         redis.xread = spy
@@ -34,8 +37,8 @@ async def test_a_served_waiter_is_not_read_again_while_others_wait(redis_server)
             await watcher.follow("two", 0)
 
         nursery.start_soon(wait_two)
-        while "two" not in watcher.watched():
-            await trio.sleep(0)
+        await trio.testing.wait_all_tasks_blocked()  # wait_two's follow is in, waiting
+        assert "two" in watcher.watched()
         with trio.fail_after(10):
             events, cursor = await watcher.follow("one", 0)
         assert [(e.seq, e.type, e.data) for e in events] == [(0, "turn/start", {"n": 0})]
@@ -43,8 +46,7 @@ async def test_a_served_waiter_is_not_read_again_while_others_wait(redis_server)
         served = len(reads)
 
         with trio.fail_after(10):
-            while len(reads) < served + 3:  # the watcher goes on reading for "two"
-                await trio.sleep(0.01)
+            await read.wait_until(lambda: len(reads) >= served + 3)  # the watcher goes on reading for "two"
         # Only the read that served "one" asked for it. A waiter left in until its own
         # task ran made the next read ask for "one" from seq 0 again: that read returned
         # at once, with the same entries, decoded twice.

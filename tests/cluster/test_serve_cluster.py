@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import re
 import signal
@@ -22,7 +23,9 @@ from loopdock import Runtime, open_cluster
 from loopdock._serve import serve_command
 from loopdock._serve_cluster import ClusterFollower
 from loopdock._worker import run_worker
-from loopdock.bridge._console import ConsoleHandler
+from loopdock.actors import LiveEvent
+from loopdock.bridge import Hello
+from loopdock.bridge._console import CONSOLE_CAPABILITY, ConsoleHandler
 
 ROOT = Path(__file__).resolve().parents[2]
 READY = re.compile(r"^loopdock serve: ws://127\.0\.0\.1:(\d+) \(token in (.+)\)$")
@@ -36,6 +39,28 @@ def setup(ctx):
 
 LOOPS = [StrategyLoop(id="extra", setup=setup)]
 """
+
+
+class _ConsolePage:
+    """A console page as the console handler sees one: every row it is sent, in order."""
+
+    role = "goalbar"
+    id = "test-page"
+    hello = Hello("", "goalbar", 1, (CONSOLE_CAPABILITY,))
+
+    def __init__(self) -> None:
+        self._sent, self._rows = trio.open_memory_channel[dict](math.inf)
+
+    def publish_live(self, item: LiveEvent) -> bool:
+        self._sent.send_nowait(dict(item.data))
+        return True
+
+    async def until(self, predicate) -> dict:
+        """The first row sent from now on for which ``predicate`` holds."""
+        async for row in self._rows:
+            if predicate(row):
+                return row
+        raise AssertionError("unreachable: the page's channel stays open")
 
 
 async def _console_rows(ws, agent_id):
@@ -162,7 +187,7 @@ async def test_serve_with_a_cluster_shows_its_agents_to_a_console_page(redis_ser
         try:
             out = Lines(proc.stdout)
             match = READY.match(await out.until(r"^loopdock serve: "))
-            port, token = int(match[1]), Path(match[2]).read_text().strip()
+            port, token = int(match[1]), (await trio.Path(match[2]).read_text()).strip()
             assert (await out.until(r"cluster: ")).strip() == f"cluster: {redis_server.url} (1 live worker)"
             async with open_cluster(redis_server.url) as rt:
                 handle = await rt.create_agent(session_id="p1", loop="minimal-first")
@@ -193,6 +218,8 @@ async def test_the_follower_outlives_failed_looks_and_a_redis_restart(
     redis_server, worker, nursery, monkeypatch, serve_dock
 ):
     console = ConsoleHandler()
+    page = _ConsolePage()
+    console.connected(page)
     with trio.fail_after(60):
         async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="g1", loop="minimal-first")
@@ -207,15 +234,13 @@ async def test_the_follower_outlives_failed_looks_and_a_redis_restart(
             monkeypatch.setattr(rt, "live_sessions", failing_then_real)
             follower = ClusterFollower(rt, serve_dock, period=0.02)
             nursery.start_soon(follower.run, console)
-            while "g1" not in console.rows:  # the follower's own period: polled, as a page would
-                await trio.sleep(0.02)
+            await page.until(lambda row: row["id"] == "g1")  # after the failed looks
             assert not failures
             await trio.to_thread.run_sync(redis_server.restart)
             handle.agent.followup("after the restart")
             await handle.agent.wait_idle()
-            while console.rows["g1"].turns != 1:
-                await trio.sleep(0.02)
-            assert console.rows["g1"].last_turn == "completed"
+            await page.until(lambda row: row["id"] == "g1" and row["turns"] == 1 and row["lastTurn"] == "completed")
+            assert (console.rows["g1"].turns, console.rows["g1"].last_turn) == (1, "completed")
 
 
 async def test_a_worker_that_joins_later_with_other_loops_is_reported_until_it_leaves(
@@ -227,23 +252,27 @@ async def test_a_worker_that_joins_later_with_other_loops_is_reported_until_it_l
     with trio.fail_after(60):
         async with open_cluster(redis_server.url) as rt:
             follower = ClusterFollower(rt, serve_dock)
-            same = trio.CancelScope()
+            same, same_ended = trio.CancelScope(), trio.Event()
 
-            async def run(scope, *, task_status=trio.TASK_STATUS_IGNORED, **kwargs):
-                with scope:
-                    await run_worker(redis_server.url, lease_ttl=2.0, task_status=task_status, **kwargs)
+            async def run(scope, ended, *, task_status=trio.TASK_STATUS_IGNORED, **kwargs):
+                try:
+                    with scope:
+                        await run_worker(redis_server.url, lease_ttl=2.0, task_status=task_status, **kwargs)
+                finally:
+                    ended.set()
 
-            await nursery.start(functools.partial(run, same, home=tmp_path / "same", worker_id="same"))
+            await nursery.start(functools.partial(run, same, same_ended, home=tmp_path / "same", worker_id="same"))
             with structlog.testing.capture_logs() as logs:
                 await follower.look(console)
             assert follower.mismatched == {} and not [e for e in logs if e["log_level"] == "error"]
             same.cancel()  # the cluster's workers all stop: nothing refuses the next one
-            while "same" in await rt.workers():
-                await trio.sleep(0.02)
+            await same_ended.wait()
+            assert "same" not in await rt.workers()  # it left as it stopped
 
-            other = trio.CancelScope()
+            other, other_ended = trio.CancelScope(), trio.Event()
             await nursery.start(functools.partial(
-                run, other, home=tmp_path / "other", worker_id="other", config={"loopPackages": ["gated_loops"]}))
+                run, other, other_ended, home=tmp_path / "other", worker_id="other",
+                config={"loopPackages": ["gated_loops"]}))
             with structlog.testing.capture_logs() as logs:
                 await follower.look(console)
                 await follower.look(console)  # reported once, not at every look
@@ -252,7 +281,7 @@ async def test_a_worker_that_joins_later_with_other_loops_is_reported_until_it_l
             assert (error["code"], error["worker"]) == ("REGISTRY_MISMATCH", "other")
 
             other.cancel()
-            while "other" in await rt.workers():
-                await trio.sleep(0.02)
+            await other_ended.wait()
+            assert "other" not in await rt.workers()
             await follower.look(console)
             assert follower.mismatched == {}

@@ -52,9 +52,9 @@ class Children:
     async def start(self, *args: str) -> Child:
         self._started += 1
         stderr = self._directory / f"child-{self._started}.err"
-        with open(stderr, "wb") as err:
+        async with await trio.open_file(stderr, "wb") as err:
             process = await trio.lowlevel.open_process(
-                [sys.executable, str(CHILD), *args], stdout=subprocess.PIPE, stderr=err
+                [sys.executable, str(CHILD), *args], stdout=subprocess.PIPE, stderr=err.wrapped
             )
         return Child(process, stderr)
 

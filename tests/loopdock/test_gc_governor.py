@@ -230,6 +230,7 @@ async def test_churning_agents_while_frozen_keeps_memory_bounded(tmp_path, setup
 
 async def test_a_failing_governor_is_restarted_and_agents_go_on(tmp_path, monkeypatch, autojump_clock):
     runs = 0
+    restarted = trio.Event()
     real = GcGovernor.run
 
     async def failing_once(self: GcGovernor, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -238,6 +239,7 @@ async def test_a_failing_governor_is_restarted_and_agents_go_on(tmp_path, monkey
         if runs == 1:
             task_status.started()
             raise ValueError("governor broke")
+        restarted.set()
         await real(self, task_status=task_status)
 
     monkeypatch.setattr(GcGovernor, "run", failing_once)
@@ -246,8 +248,7 @@ async def test_a_failing_governor_is_restarted_and_agents_go_on(tmp_path, monkey
             governor = rt.gc_governor
             assert governor is not None
             with trio.fail_after(30):
-                while runs < 2:
-                    await trio.sleep(0.5)
+                await restarted.wait()
             handle = await rt.create_agent(session_id="a")
             handle.agent.followup("hello")
             await handle.agent.wait_idle()

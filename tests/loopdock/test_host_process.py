@@ -66,7 +66,7 @@ async def test_serve_hides_its_environment_from_what_its_agents_run(tmp_path):
             trio.run_process, argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, check=False))
         # Printed once the runtime is open, its block hidden.
         await Lines(serve.stdout, deadline=60).until(r"^loopdock serve: ws://")
-        shown = Path(f"/proc/{serve.pid}/environ").read_bytes()
+        shown = await trio.Path(f"/proc/{serve.pid}/environ").read_bytes()
         serve.send_signal(signal.SIGINT)
         with trio.fail_after(60):
             assert await serve.wait() == 0

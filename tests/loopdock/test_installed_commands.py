@@ -192,8 +192,15 @@ class User:
     def with_path_first(self, *dirs: Path) -> None:
         self.env["PATH"] = os.pathsep.join([*map(str, dirs), self.env["PATH"]])
 
-    async def run(self, argv: Sequence[str], *, timeout: float = 60, cwd: Path | None = None,
-                  env: dict[str, str] | None = None) -> Done:
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        # A caller's own fail_after could only shorten the 60 s bound inside, never raise it.
+        timeout: float = 60,  # noqa: ASYNC109 - a default bound on every command, raised for slow ones
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Done:
         with trio.fail_after(timeout):
             done = await trio.run_process(list(argv), cwd=cwd or self.cwd, env=env or self.env,
                                           capture_stdout=True, capture_stderr=True, check=False)
@@ -201,9 +208,9 @@ class User:
 
     async def start(self, argv: Sequence[str], stderr: Path, *, cwd: Path | None = None) -> trio.Process:
         """A long-running command, its stdout piped (read it with ``Lines``), its stderr in a file."""
-        with open(stderr, "wb") as err:
+        async with await trio.open_file(stderr, "wb") as err:
             return await trio.lowlevel.open_process(list(argv), cwd=cwd or self.cwd, env=self.env,
-                                                    stdout=subprocess.PIPE, stderr=err)
+                                                    stdout=subprocess.PIPE, stderr=err.wrapped)
 
 
 @pytest.fixture
@@ -227,9 +234,9 @@ def loopx_on_path(user, node22_bin, loopx_command, tmp_path) -> None:
     user.with_path_first(node22_bin, bin_dir)
 
 
-async def stop(process: trio.Process, sig: int, timeout: float = 60) -> int:
+async def stop(process: trio.Process, sig: int) -> int:
     process.send_signal(sig)
-    with trio.fail_after(timeout):
+    with trio.fail_after(60):
         return await process.wait()
 
 
@@ -499,7 +506,7 @@ async def test_serve_answers_and_shows_the_goal_that_goal_bind_made(plain_venv, 
         assert ready, lines.lines
         port, token_file = int(ready[1]), Path(ready[2])
         assert token_file == user.loopdock_home / "bridge.token"
-        token = token_file.read_text().strip()
+        token = (await trio.Path(token_file).read_text()).strip()
         assert await lines.until(r"console: ") == f"  console: http://127.0.0.1:{port}/console#token={token}"
         await lines.until(r"goalbar: ")
 
@@ -627,7 +634,7 @@ async def test_a_worker_answers_a_client_and_serve_shows_its_agent(cluster_venv,
         ready = READY.match(await lines.until(r"^loopdock serve: "))
         assert ready, lines.lines
         assert (await lines.until(r"cluster: ")) == f"  cluster: {url} (1 live worker)"
-        port, token = int(ready[1]), Path(ready[2]).read_text().strip()
+        port, token = int(ready[1]), (await trio.Path(ready[2]).read_text()).strip()
         with trio.fail_after(60):
             async with open_websocket("127.0.0.1", port, "/goalbar", use_ssl=False) as ws:
                 await hello(ws, token, ["live", "console"])

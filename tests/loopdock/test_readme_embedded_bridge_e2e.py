@@ -117,7 +117,7 @@ async def test_the_readmes_program_serves_a_real_dsh_headless(tmp_path, loopx_en
                 await proc.wait()
     assert err.lines == [] and err.buffer == b"", err.lines  # a quiet library: nothing on stderr
 
-    for session, task, invoked in zip(sessions, tasks, ("False", "True")):
+    for session, task, invoked in zip(sessions, tasks, ("False", "True"), strict=True):
         printed = [f"started in {work}", f"pong: {task}", f"pong: {followup}", f"invoked loopx: {invoked}"]
         assert "".join(f"{session}: {line}\n" for line in printed) in "".join(f"{line}\n" for line in out.lines)
 

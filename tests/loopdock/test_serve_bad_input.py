@@ -72,7 +72,7 @@ async def serve_process(tmp_path: Path) -> AsyncIterator[tuple[trio.Process, int
             data += chunk
         match = READY.match(data.decode().rstrip("\n"))
         assert match, data
-        yield proc, int(match[1]), Path(match[2]).read_text().strip(), log
+        yield proc, int(match[1]), (await trio.Path(match[2]).read_text()).strip(), log
     finally:
         if proc.returncode is None:
             proc.kill()

@@ -47,7 +47,7 @@ async def test_serve_with_a_config_answers_from_it_and_logs_what_happens(tmp_pat
         try:
             out, err = Lines(proc.stdout), Lines(proc.stderr)
             match = READY.match(await out.until(r"^loopdock serve: "))
-            port, token = int(match[1]), Path(match[2]).read_text().strip()
+            port, token = int(match[1]), (await trio.Path(match[2]).read_text()).strip()
             assert (await out.until(r"console: ")).strip() == f"console: http://127.0.0.1:{port}/console#token={token}"
             assert "goalbar?session=" in await out.until(r"goalbar: ")
             # the configured agent started, with its own id as its session id

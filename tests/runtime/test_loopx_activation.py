@@ -90,6 +90,65 @@ def test_every_other_shape_fails_closed(events):
     assert not Activation.fold(events).active
 
 
+def with_(data, **changes):
+    """``data`` with top-level keys changed (or, for ``message``, the DSH message's)."""
+    data = json.loads(json.dumps(data))
+    for key, value in changes.items():
+        if key.startswith("message_"):
+            data["message"][key.removeprefix("message_")] = value
+        else:
+            data[key] = value
+    return data
+
+
+SKILL_CALL = ev(0, "tool/call", call("c1", "skill", LOOPX_ARGS))
+DSH_SKILL_CALL = ev(0, "tool/call", {"turn": 1, "step": 1, **call("c1", "skill", LOOPX_ARGS)})
+TWO_BLOCKS = [{"type": "text", "text": "<skill_content/>"}, {"type": "text", "text": "more"}]
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        # A DSH tool result whose source is a plugin's, not the tool's.
+        [DSH_SKILL_CALL, ev(1, "tool/result", with_(dsh_result("c1"), message_source={"kind": "plugin", "callId": "c1"}))],
+        [DSH_SKILL_CALL, ev(1, "tool/result", with_(dsh_result("c1"), message_source={"kind": "plugin", "name": "x"}))],
+        # ... and the same in the runtime's format.
+        [SKILL_CALL, ev(1, "tool/result", with_(result("c1"), source={"kind": "plugin", "callId": "c1"}))],
+        # A DSH tool result with extra content blocks, or none.
+        [DSH_SKILL_CALL, ev(1, "tool/result", with_(dsh_result("c1"), message_content=TWO_BLOCKS))],
+        [DSH_SKILL_CALL, ev(1, "tool/result", with_(dsh_result("c1"), message_content=[]))],
+        # The pending loopx call's id reused by a later shell call, another tool, another skill.
+        [SKILL_CALL, ev(1, "tool/call", call("c1", "shell", '{"command": "loopx status"}')),
+         ev(2, "tool/result", result("c1"))],
+        [SKILL_CALL, ev(1, "tool/call", call("c1", "read_file", '{"path": "x"}')), ev(2, "tool/result", result("c1"))],
+        [SKILL_CALL, ev(1, "tool/call", call("c1", "skill", '{"name": "loopx-project"}')),
+         ev(2, "tool/result", result("c1"))],
+        [DSH_SKILL_CALL, ev(1, "tool/call", {"turn": 1, "step": 1, **call("c1", "shell", '{"command": "ls"}')}),
+         ev(2, "tool/result", dsh_result("c1"))],
+        # A runtime-format result that carries an error.
+        [SKILL_CALL, ev(1, "tool/result", with_(result("c1"), error={"name": "ToolError", "code": "X"}))],
+        [SKILL_CALL, ev(1, "tool/result", with_(result("c1"), error="failed"))],
+    ],
+    ids=[
+        "dsh-plugin-source", "dsh-plugin-source-without-call-id", "runtime-plugin-source",
+        "dsh-extra-content-blocks", "dsh-no-content-block",
+        "reused-by-shell", "reused-by-another-tool", "reused-by-another-skill", "dsh-reused-by-shell",
+        "runtime-error-object", "runtime-error-string",
+    ],
+)
+def test_shapes_that_only_look_like_a_successful_skill_call_fail_closed(events):
+    assert not Activation.fold(events).active
+
+
+def test_a_loopx_call_that_reuses_an_earlier_call_id_is_the_one_its_result_answers():
+    shell_then_skill = [ev(0, "tool/call", call("c1", "shell", '{"command": "ls"}')),
+                        ev(1, "tool/call", call("c1", "skill", LOOPX_ARGS)), ev(2, "tool/result", result("c1"))]
+    assert Activation.fold(shell_then_skill).active
+    # The untouched shapes still activate in both formats.
+    assert Activation.fold([SKILL_CALL, ev(1, "tool/result", result("c1"))]).active
+    assert Activation.fold([DSH_SKILL_CALL, ev(1, "tool/result", dsh_result("c1"))]).active
+
+
 def test_activation_is_sticky_and_reported_once():
     activation = Activation()
     first = ev(0, "user/message", user({"kind": "skill-invocation", "name": "loopx", "form": "instructions"}))

@@ -32,6 +32,7 @@ from loopdock.runtime.loopx import (
     LoopxRequestError,
     MalformedOutput,
     Recovery,
+    SchedulerHint,
     ShouldRun,
     TaskBody,
     ThreadBinding,
@@ -330,7 +331,7 @@ async def test_transport_failures_are_retried_after_the_backoff_and_never_after_
     outcomes = iter([(2, b""), (2, b""), (0, b'{"ok": true}')])
     started: list[float] = []
 
-    async def run_child(argv, *, cwd, env, timeout, **limits):
+    async def run_child(argv, *, cwd, env, **limits):
         started.append(trio.current_time())
         await trio.sleep(1.0)
         code, stdout = next(outcomes)
@@ -739,6 +740,78 @@ async def test_should_run_answers_that_break_the_contract_fail_closed(standin, a
         result = await standin.client().should_run("g1", "a1", "turn-1")
     assert isinstance(result, MalformedOutput) and result.kind == "schema"
     assert len(standin.attempts()) == 1
+
+
+# The scheduler hint of a wait as loopx 2.1.1 answers it (an agent lane with nothing in
+# scope), trimmed to what the client reads; tests/actors/test_loopx_continuation.py
+# checks the same fields on the real CLI's answers.
+WAIT_HINT = {
+    "schema_version": "scheduler_hint_v0", "action": "backoff_until_reassigned", "cadence_class": "agent_scope_wait",
+    "unchanged_poll": {"limits": {"local_scheduler": 3, "codex_cli_tui": 3},
+                       "after_limits": {"local_scheduler": "stop_tick_loop"}},
+    "reset_policy": {"reset_token": "aaea0aea9367daa0", "identity_signature": "33ea2db419fb"},
+    "cold_path_detail": {"local_scheduler": {
+        "recommended_interval_minutes": 10, "max_interval_minutes": 60, "unchanged_poll_backoff_multiplier": 2,
+        "example_progression_minutes": [10, 20, 30, 60], "unchanged_poll_limit": 3, "after_limit": "stop_tick_loop",
+    }},
+}
+
+
+def wait_answer(hint) -> dict:
+    return {"json": {"ok": True, "should_run": False, "decision": "reassignment_required", **FOR_G1_A1,
+                     "heartbeat_receipt": {"turn_instance_id": "turn-1", "status": "committed",
+                                           "settlement_binding_owed": True},
+                     "scheduler_hint": hint}}
+
+
+async def test_should_run_reads_the_scheduler_hint_a_local_scheduler_follows(standin):
+    standin.plan(wait_answer(WAIT_HINT))
+    with trio.fail_after(30):
+        result = await standin.client().should_run("g1", "a1", "turn-1")
+    assert isinstance(result, ShouldRun) and not result.should_run
+    assert result.scheduler == SchedulerHint(
+        action="backoff_until_reassigned", local=None, interval_minutes=10.0, max_interval_minutes=60.0,
+        progression_minutes=(10.0, 20.0, 30.0, 60.0), unchanged_poll_limit=3, after_limit="stop_tick_loop",
+        reset_token="aaea0aea9367daa0",
+    )
+    assert (result.wait_minutes, result.scheduler_action) == (10.0, "backoff_until_reassigned")
+    assert [result.scheduler.interval_after(n) for n in range(6)] == [10, 20, 30, 60, 60, 60]
+    assert not result.scheduler.stops
+    # Without the cold-path detail the limit comes from the hot path.
+    standin.plan(wait_answer({**WAIT_HINT, "cold_path_detail": None}))
+    with trio.fail_after(30):
+        hot = await standin.client().should_run("g1", "a1", "turn-1")
+    assert isinstance(hot, ShouldRun)
+    assert (hot.scheduler.unchanged_poll_limit, hot.scheduler.after_limit, hot.scheduler.interval_after(0)) == (
+        3, "stop_tick_loop", None)
+    # A stopped goal's hint tells a local scheduler to stop.
+    stop = {"action": "stop_until_explicit_resume", "unchanged_poll": {"local_scheduler": "stop"}}
+    standin.plan(wait_answer(stop))
+    with trio.fail_after(30):
+        stopped = await standin.client().should_run("g1", "a1", "turn-1")
+    assert isinstance(stopped, ShouldRun) and stopped.scheduler.stops and stopped.scheduler.local == "stop"
+
+
+@pytest.mark.parametrize(
+    "local",
+    [
+        {"example_progression_minutes": [10, -1]},
+        {"example_progression_minutes": [10, "20"]},
+        {"example_progression_minutes": "10,20"},
+        {"recommended_interval_minutes": float("nan")},
+        {"max_interval_minutes": True},
+        {"unchanged_poll_limit": -1},
+        {"unchanged_poll_limit": 2.5},
+        {"unchanged_poll_limit": True},
+    ],
+)
+async def test_a_scheduler_hint_that_breaks_the_contract_fails_closed(standin, local):
+    hint = {**WAIT_HINT, "cold_path_detail": {"local_scheduler": {**WAIT_HINT["cold_path_detail"]["local_scheduler"],
+                                                                  **local}}}
+    standin.plan(wait_answer(hint))
+    with trio.fail_after(30):
+        result = await standin.client().should_run("g1", "a1", "turn-1")
+    assert isinstance(result, MalformedOutput) and result.kind == "schema"
 
 
 async def test_should_run_reads_the_recovery_and_a_stopped_goal(standin):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import os
 import signal
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -24,6 +23,7 @@ from loopdock.runtime._process import BASE_ENV, Completed, pick_env, run_child
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the launcher is Linux-only")
 
 PY = sys.executable
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {"PATH": f"{Path(PY).parent}{os.pathsep}{os.environ.get('PATH', os.defpath)}"}
 
 
@@ -44,7 +44,6 @@ def marked(marker: str) -> list[int]:
 
 
 async def run(argv, tmp_path: Path, **kwargs) -> Completed:
-    kwargs.setdefault("timeout", 30)
     kwargs.setdefault("max_stdout", 1_000_000)
     kwargs.setdefault("max_stderr", 1_000_000)
     kwargs.setdefault("env", ENV)
@@ -119,9 +118,9 @@ def test_pick_env_takes_names_and_prefixes_only():
 )
 async def test_an_endless_producer_is_stopped_at_its_limit(tmp_path, argv, stream):
     marker = uuid.uuid4().hex
-    with trio.fail_after(30):  # the call's own timeout (60 s) would blow this
+    with trio.fail_after(30):  # the limit stops it, not this
         result = await run([*argv, *([marker] if argv[0] == PY else [])], tmp_path,
-                           timeout=60, max_stdout=100_000, max_stderr=20_000)
+                           max_stdout=100_000, max_stderr=20_000)
     assert result.overflow == stream
     # Held: at most the limit, never more (cat /dev/zero filled 2.5 GB in 5 s unbounded).
     assert len(result.stdout) == (100_000 if stream == "stdout" else 0)
@@ -236,24 +235,27 @@ async def test_escapees_die_when_the_program_exits(tmp_path, escape, ready, mode
     assert marked(marker) == []
 
 
-async def test_escapees_die_on_timeout(tmp_path, escape, ready):
-    # One run with all three kinds: each timeout costs its full length in real time.
+async def test_escapees_die_at_the_callers_time_limit(tmp_path, escape, ready):
+    # The shell tool's and the LoopX client's time limit: a move_on_after around the call.
+    # One run with all three kinds: the limit costs its full length in real time.
     marker, passed = new_marker()
     outcome: list[object] = []
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
 
             async def call() -> None:
-                # The timeout is generous so the escapees surely start first; the message
+                # The limit is generous so the escapees surely start first; the message
                 # on the fifo proves they did.
-                outcome.append(await run_child([PY, str(escape), "all", passed, str(ready.path), "sleep"],
-                                               cwd=tmp_path, env=ENV, timeout=8,
-                                               max_stdout=1000, max_stderr=1000))
+                with trio.move_on_after(8) as limit:
+                    outcome.append(await run_child([PY, str(escape), "all", passed, str(ready.path), "sleep"],
+                                                   cwd=tmp_path, env=ENV, max_stdout=1000, max_stderr=1000))
+                if limit.cancelled_caught:
+                    outcome.append("stopped at the limit")
 
             nursery.start_soon(call)
             pids = sorted(int(p) for p in (await ready.message()).split())
             assert len(pids) == 3 and sorted(marked(marker)) == pids  # running now ...
-    assert outcome == ["timeout"]
+    assert outcome == ["stopped at the limit"]
     assert marked(marker) == []  # ... and gone with the call
 
 
@@ -266,7 +268,7 @@ async def test_escapees_die_on_cancellation(tmp_path, escape, ready, mode):
 
             async def call() -> None:
                 nonlocal finished
-                await run([PY, str(escape), mode, passed, str(ready.path), "sleep"], tmp_path, timeout=600)
+                await run([PY, str(escape), mode, passed, str(ready.path), "sleep"], tmp_path)
                 finished = True
 
             nursery.start_soon(call)
@@ -296,7 +298,7 @@ async def test_leave_on_exit_spares_a_daemon_only_when_the_program_exits_by_itse
         async with trio.open_nursery() as nursery:
             nursery.start_soon(functools.partial(
                 run, [PY, str(escape), "double-fork", passed, str(ready.path), "sleep"], tmp_path,
-                timeout=600, leave_on_exit=True,
+                leave_on_exit=True,
             ))
             pid = int(await ready.message())
             assert marked(marker) == [pid]
@@ -325,7 +327,7 @@ async def test_a_stop_gives_sigterm_its_grace_before_the_kill(tmp_path, ready, g
         async with trio.open_nursery() as nursery:
             nursery.start_soon(functools.partial(
                 run_child, [PY, "-c", TERMINABLE, str(ready.path), str(done)], cwd=tmp_path, env=ENV,
-                timeout=600, max_stdout=1000, max_stderr=1000, grace=grace,
+                max_stdout=1000, max_stderr=1000, grace=grace,
             ))
             assert await ready.message() == "ready"
             nursery.cancel_scope.cancel()
@@ -343,14 +345,14 @@ time.sleep(600)
 
 async def test_a_launcher_killed_outright_still_takes_its_process_group_along(tmp_path, ready):
     # The OOM killer's case: no sweep. The runtime kills the launcher's group instead, so
-    # the call ends now, not at its timeout, and says the launcher did not report.
+    # the call ends now, not when cancelled, and says the launcher did not report.
     marker, _ = new_marker()
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
 
             async def call() -> None:
                 with pytest.raises(OSError, match="without reporting"):
-                    await run([PY, "-c", ORPHANED, str(ready.path), marker], tmp_path, timeout=600)
+                    await run([PY, "-c", ORPHANED, str(ready.path), marker], tmp_path)
 
             nursery.start_soon(call)
             launcher = int(await ready.message())
@@ -370,7 +372,7 @@ from pathlib import Path
 from loopdock.runtime._process import run_child
 escape, mode, passed, ready = sys.argv[1:5]
 trio.run(lambda: run_child([sys.executable, escape, mode, passed, ready, "sleep"], cwd=Path(ready).parent,
-                           env={"PATH": "/usr/bin:/bin"}, timeout=600, max_stdout=1000, max_stderr=1000))
+                           env={"PATH": "/usr/bin:/bin"}, max_stdout=1000, max_stderr=1000))
 """
 
 
@@ -390,8 +392,9 @@ async def _gone(pid: int) -> None:
 async def test_escapees_die_when_the_runtime_is_killed(tmp_path, escape, ready, mode):
     # SIGKILL leaves the runtime no chance to clean up: the launcher sees its socket close.
     marker, passed = new_marker()
-    root = Path(__file__).resolve().parents[2]
-    runtime = subprocess.Popen([PY, "-P", "-c", RUNTIME, str(escape), mode, passed, str(ready.path)], cwd=root)
+    runtime = await trio.lowlevel.open_process(
+        [PY, "-P", "-c", RUNTIME, str(escape), mode, passed, str(ready.path)], cwd=ROOT
+    )
     try:
         with trio.fail_after(30):
             pid = int(await ready.message())
@@ -400,5 +403,6 @@ async def test_escapees_die_when_the_runtime_is_killed(tmp_path, escape, ready, 
             await _gone(pid)
     finally:
         runtime.kill()
-        runtime.wait()
+        with trio.CancelScope(shield=True):
+            await runtime.wait()
     assert marked(marker) == []

@@ -262,7 +262,7 @@ async def test_bad_arguments_are_tool_errors(workdir: Path, tool, arguments, fra
     with pytest.raises(ToolError) as info:
         await tool().run(arguments, ctx_for(workdir))
     assert fragment in str(info.value)
-    assert list(workdir.iterdir()) == []
+    assert await trio.to_thread.run_sync(os.listdir, workdir) == []
 
 
 # -- shell ----------------------------------------------------------------------------
