@@ -54,16 +54,20 @@ integration) too:
 - under the lock the binding is resolved again; if it is not exactly the goal/agent the
   bar showed (or the caller passed as ``expected``), the click is refused
   (``stale-binding``) and the bar is re-read;
-- Pause on a goal LoopX already has stopped is refused (``already-paused``: LoopX's own
-  answer to the stop says it changed nothing). Otherwise the continuation is *held* first -- its queued continuation withdrawn, its timer disarmed,
-  a running evaluation cancelled -- and stays held until LoopX confirmed the stop, so no
-  continuation enters after a confirmed Pause (LoopX's should-run says the goal is
-  stopped from then on, which the continuation obeys even for a recovery turn);
+- then LoopX's preview of the operation (``goal-lifecycle`` without ``--execute``: it
+  writes nothing) says whether it would change the goal; one that would not is never
+  executed. Pause on a goal LoopX has stopped already is refused (``already-paused``).
+  Otherwise the continuation is *held* first -- its queued continuation withdrawn, its
+  timer disarmed, a running evaluation cancelled -- and stays held until LoopX confirmed
+  the stop, so no continuation enters after a confirmed Pause (LoopX's should-run says
+  the goal is stopped from then on, which the continuation obeys even for a recovery
+  turn);
 - Start while the session's agent is running is refused (``agent-running``). Otherwise a
-  stopped goal is resumed, then the continuation is re-armed (a latch cleared, a
-  recovery that needs a person given the go-ahead) and evaluated at once: an idle,
-  activated agent continues within that one checkpoint. Start on an active goal with
-  nothing to continue is refused (``nothing-to-start``);
+  stopped goal is resumed (an active one is not: nothing to execute), then the
+  continuation is re-armed (a latch cleared, a recovery that needs a person given the
+  go-ahead) and evaluated at once: an idle, activated agent continues within that one
+  checkpoint. Start on an active goal with nothing to continue is refused
+  (``nothing-to-start``);
 - while the mutation runs the bar is ``pending``; afterwards LoopX's readback must say
   ``verified``, else the bar shows an ``error`` on top of a fresh read -- never the
   optimistic state. A verified mutation is followed by a fresh read, which is what is
@@ -517,18 +521,24 @@ class _GoalWatch:
             if not (isinstance(binding, ThreadBinding) and binding.status == "bound"
                     and (binding.goal_id, binding.agent_id) == expected):
                 return GoalBarActionResult("refused", await self.read(), "stale-binding")
+            # LoopX's preview says whether the mutation would change the goal: one that
+            # would not is not executed.
+            preview = await client.goal_lifecycle(goal_id, operation, execute=False)
+            if not isinstance(preview, LifecycleResult):
+                return await self._failed(goal_id, f"{operation} failed: {preview.reason}")
             continuation = self.continuation
             if operation == "stop":
+                if not preview.changed:
+                    return GoalBarActionResult("refused", await self.read(), "already-paused")
                 return await self._pause(client, goal_id, continuation)
             if continuation is not None and continuation.agent.status == "running":
                 return GoalBarActionResult("refused", await self.read(), "agent-running")
-            # LoopX's own answer says whether the goal was stopped: resuming an active goal
-            # changes nothing (and is verified all the same).
-            result = await self._execute(client, goal_id, "resume")
-            if isinstance(result, str):
-                return await self._failed(goal_id, result)
-            if not result.changed and (continuation is None or not continuation.activation.active):
+            if not preview.changed and (continuation is None or not continuation.activation.active):
                 return GoalBarActionResult("refused", await self.read(), "nothing-to-start")
+            if preview.changed:
+                result = await self._execute(client, goal_id, "resume")
+                if isinstance(result, str):
+                    return await self._failed(goal_id, result)
             if continuation is not None:
                 await continuation.start()
             return GoalBarActionResult("done", await self.read())
@@ -547,7 +557,7 @@ class _GoalWatch:
                 continuation.request()  # not paused after all: it may go on
         if isinstance(result, str):
             return await self._failed(goal_id, result)
-        if not result.changed:
+        if not result.changed:  # stopped by someone else since the preview
             return GoalBarActionResult("refused", await self.read(), "already-paused")
         return GoalBarActionResult("done", await self.read())
 
