@@ -71,7 +71,11 @@ integration) too:
 - while the mutation runs the bar is ``pending``; afterwards LoopX's readback must say
   ``verified``, else the bar shows an ``error`` on top of a fresh read -- never the
   optimistic state. A verified mutation is followed by a fresh read, which is what is
-  shown. The error stays until the next click on that goal (or another binding).
+  shown. The error stays until the next click on that goal (or another binding);
+- what goes wrong after LoopX applied the mutation does not undo it: the action is
+  ``done``, with a warning for each such thing (:data:`WARNINGS`): the session's
+  continuation could not be told (``driver-sync-failed``), or the bar could not be read
+  back afterwards (``post-read-failed``: the state is then the failed read's).
 
 Failures are contained: a read that fails shows a hidden bar (``loopx-failure``), an action
 that fails answers ``failed`` with a reason; neither ends the service or another bar.
@@ -120,6 +124,7 @@ from ._messages import (
 __all__ = [
     "HIDDEN_REASONS",
     "REFUSALS",
+    "WARNINGS",
     "KeyedLocks",
     "GoalBarActionResult",
     "GoalBarHandler",
@@ -191,17 +196,22 @@ GoalBarState = Union[GoalBarHidden, GoalBarVisible]
 
 #: Why a Start/Pause was not run (the page says each in words).
 REFUSALS = ("stale-binding", "hidden", "already-paused", "agent-running", "nothing-to-start", "loopx-off")
+#: What went wrong after LoopX applied a Start/Pause: the session's continuation was not
+#: told (held, paused or re-armed), or the bar could not be read back.
+WARNINGS = ("driver-sync-failed", "post-read-failed")
 
 
 @attrs.frozen
 class GoalBarActionResult:
     """A Start/Pause: ``done`` (mutated, verified and re-read), ``refused`` (not run; the
     reason is one of :data:`REFUSALS`) or ``failed`` (run, but not verified or not
-    answered). ``state`` is the bar after it."""
+    answered). ``state`` is the bar after it; ``warnings`` (of a ``done``): what went
+    wrong after LoopX applied it (:data:`WARNINGS`)."""
 
     outcome: Literal["done", "refused", "failed"]
     state: GoalBarState
     reason: str | None = None
+    warnings: tuple[str, ...] = ()
 
 
 def state_to_json(state: GoalBarState) -> dict[str, Any]:
@@ -539,27 +549,48 @@ class _GoalWatch:
                 result = await self._execute(client, goal_id, "resume")
                 if isinstance(result, str):
                     return await self._failed(goal_id, result)
+            warnings = []
             if continuation is not None:
-                await continuation.start()
-            return GoalBarActionResult("done", await self.read())
+                try:
+                    await continuation.start()
+                except Exception as exc:  # LoopX resumed the goal: that stands, with a warning
+                    log.warning("goalbar start left the continuation unarmed", session_id=self.session_id,
+                                error=repr(exc))
+                    warnings.append("driver-sync-failed")
+            return await self._read_back(warnings)
 
     async def _pause(
         self, client: LoopxClient, goal_id: str, continuation: LoopxContinuation | None
     ) -> GoalBarActionResult:
+        warnings = []
         if continuation is None:
             result = await self._execute(client, goal_id, "stop")
         else:
             async with continuation.hold():
                 result = await self._execute(client, goal_id, "stop")
                 if not isinstance(result, str):
-                    continuation.paused("the goal is paused")
+                    try:
+                        continuation.paused("the goal is paused")
+                    except Exception as exc:  # LoopX stopped the goal: that stands, with a warning
+                        # (the continuation obeys LoopX's should-run at its next check)
+                        log.warning("goalbar pause left the continuation untold", session_id=self.session_id,
+                                    error=repr(exc))
+                        warnings.append("driver-sync-failed")
             if isinstance(result, str):
                 continuation.request()  # not paused after all: it may go on
         if isinstance(result, str):
             return await self._failed(goal_id, result)
         if not result.changed:  # stopped by someone else since the preview
             return GoalBarActionResult("refused", await self.read(), "already-paused")
-        return GoalBarActionResult("done", await self.read())
+        return await self._read_back(warnings)
+
+    async def _read_back(self, warnings: list[str]) -> GoalBarActionResult:
+        """A verified mutation, and the fresh read that follows it; a read that fails is
+        warned of (the mutation stands)."""
+        state = await self.read()
+        if isinstance(state, GoalBarHidden) and state.reason == "loopx-failure":
+            warnings.append("post-read-failed")
+        return GoalBarActionResult("done", state, warnings=tuple(warnings))
 
     async def _execute(self, client: LoopxClient, goal_id: str, operation: Operation) -> LifecycleResult | str:
         """The lifecycle mutation with its readback: LoopX's verified result, or why not."""
@@ -773,7 +804,7 @@ class GoalBarHandler(HandlerLayer):
             expected = (request.goal_id, request.agent_id)
         action = self.service.start if isinstance(request, GoalbarStart) else self.service.pause
         result = await action(session_id, project, expected=expected)
-        return GoalbarResult(state_to_view(result.state), result.outcome, result.reason)
+        return GoalbarResult(state_to_view(result.state), result.outcome, result.reason, result.warnings or None)
 
     async def _pump(
         self, service: GoalBarService, conn: Peer, scope: trio.CancelScope, session_id: str, project: Path
