@@ -54,20 +54,28 @@ integration) too:
 - under the lock the binding is resolved again; if it is not exactly the goal/agent the
   bar showed (or the caller passed as ``expected``), the click is refused
   (``stale-binding``) and the bar is re-read;
-- Pause on a goal LoopX already has stopped is refused (``already-paused``: LoopX's own
-  answer to the stop says it changed nothing). Otherwise the continuation is *held* first -- its queued continuation withdrawn, its timer disarmed,
-  a running evaluation cancelled -- and stays held until LoopX confirmed the stop, so no
-  continuation enters after a confirmed Pause (LoopX's should-run says the goal is
-  stopped from then on, which the continuation obeys even for a recovery turn);
+- then LoopX's preview of the operation (``goal-lifecycle`` without ``--execute``: it
+  writes nothing) says whether it would change the goal; one that would not is never
+  executed. Pause on a goal LoopX has stopped already is refused (``already-paused``).
+  Otherwise the continuation is *held* first -- its queued continuation withdrawn, its
+  timer disarmed, a running evaluation cancelled -- and stays held until LoopX confirmed
+  the stop, so no continuation enters after a confirmed Pause (LoopX's should-run says
+  the goal is stopped from then on, which the continuation obeys even for a recovery
+  turn);
 - Start while the session's agent is running is refused (``agent-running``). Otherwise a
-  stopped goal is resumed, then the continuation is re-armed (a latch cleared, a
-  recovery that needs a person given the go-ahead) and evaluated at once: an idle,
-  activated agent continues within that one checkpoint. Start on an active goal with
-  nothing to continue is refused (``nothing-to-start``);
+  stopped goal is resumed (an active one is not: nothing to execute), then the
+  continuation is re-armed (a latch cleared, a recovery that needs a person given the
+  go-ahead) and evaluated at once: an idle, activated agent continues within that one
+  checkpoint. Start on an active goal with nothing to continue is refused
+  (``nothing-to-start``);
 - while the mutation runs the bar is ``pending``; afterwards LoopX's readback must say
   ``verified``, else the bar shows an ``error`` on top of a fresh read -- never the
   optimistic state. A verified mutation is followed by a fresh read, which is what is
-  shown. The error stays until the next click on that goal (or another binding).
+  shown. The error stays until the next click on that goal (or another binding);
+- what goes wrong after LoopX applied the mutation does not undo it: the action is
+  ``done``, with a warning for each such thing (:data:`WARNINGS`): the session's
+  continuation could not be told (``driver-sync-failed``), or the bar could not be read
+  back afterwards (``post-read-failed``: the state is then the failed read's).
 
 Failures are contained: a read that fails shows a hidden bar (``loopx-failure``), an action
 that fails answers ``failed`` with a reason; neither ends the service or another bar.
@@ -116,6 +124,7 @@ from ._messages import (
 __all__ = [
     "HIDDEN_REASONS",
     "REFUSALS",
+    "WARNINGS",
     "KeyedLocks",
     "GoalBarActionResult",
     "GoalBarHandler",
@@ -187,17 +196,22 @@ GoalBarState = Union[GoalBarHidden, GoalBarVisible]
 
 #: Why a Start/Pause was not run (the page says each in words).
 REFUSALS = ("stale-binding", "hidden", "already-paused", "agent-running", "nothing-to-start", "loopx-off")
+#: What went wrong after LoopX applied a Start/Pause: the session's continuation was not
+#: told (held, paused or re-armed), or the bar could not be read back.
+WARNINGS = ("driver-sync-failed", "post-read-failed")
 
 
 @attrs.frozen
 class GoalBarActionResult:
     """A Start/Pause: ``done`` (mutated, verified and re-read), ``refused`` (not run; the
     reason is one of :data:`REFUSALS`) or ``failed`` (run, but not verified or not
-    answered). ``state`` is the bar after it."""
+    answered). ``state`` is the bar after it; ``warnings`` (of a ``done``): what went
+    wrong after LoopX applied it (:data:`WARNINGS`)."""
 
     outcome: Literal["done", "refused", "failed"]
     state: GoalBarState
     reason: str | None = None
+    warnings: tuple[str, ...] = ()
 
 
 def state_to_json(state: GoalBarState) -> dict[str, Any]:
@@ -517,39 +531,66 @@ class _GoalWatch:
             if not (isinstance(binding, ThreadBinding) and binding.status == "bound"
                     and (binding.goal_id, binding.agent_id) == expected):
                 return GoalBarActionResult("refused", await self.read(), "stale-binding")
+            # LoopX's preview says whether the mutation would change the goal: one that
+            # would not is not executed.
+            preview = await client.goal_lifecycle(goal_id, operation, execute=False)
+            if not isinstance(preview, LifecycleResult):
+                return await self._failed(goal_id, f"{operation} failed: {preview.reason}")
             continuation = self.continuation
             if operation == "stop":
+                if not preview.changed:
+                    return GoalBarActionResult("refused", await self.read(), "already-paused")
                 return await self._pause(client, goal_id, continuation)
             if continuation is not None and continuation.agent.status == "running":
                 return GoalBarActionResult("refused", await self.read(), "agent-running")
-            # LoopX's own answer says whether the goal was stopped: resuming an active goal
-            # changes nothing (and is verified all the same).
-            result = await self._execute(client, goal_id, "resume")
-            if isinstance(result, str):
-                return await self._failed(goal_id, result)
-            if not result.changed and (continuation is None or not continuation.activation.active):
+            if not preview.changed and (continuation is None or not continuation.activation.active):
                 return GoalBarActionResult("refused", await self.read(), "nothing-to-start")
+            if preview.changed:
+                result = await self._execute(client, goal_id, "resume")
+                if isinstance(result, str):
+                    return await self._failed(goal_id, result)
+            warnings = []
             if continuation is not None:
-                await continuation.start()
-            return GoalBarActionResult("done", await self.read())
+                try:
+                    await continuation.start()
+                except Exception as exc:  # LoopX resumed the goal: that stands, with a warning
+                    log.warning("goalbar start left the continuation unarmed", session_id=self.session_id,
+                                error=repr(exc))
+                    warnings.append("driver-sync-failed")
+            return await self._read_back(warnings)
 
     async def _pause(
         self, client: LoopxClient, goal_id: str, continuation: LoopxContinuation | None
     ) -> GoalBarActionResult:
+        warnings = []
         if continuation is None:
             result = await self._execute(client, goal_id, "stop")
         else:
             async with continuation.hold():
                 result = await self._execute(client, goal_id, "stop")
                 if not isinstance(result, str):
-                    continuation.paused("the goal is paused")
+                    try:
+                        continuation.paused("the goal is paused")
+                    except Exception as exc:  # LoopX stopped the goal: that stands, with a warning
+                        # (the continuation obeys LoopX's should-run at its next check)
+                        log.warning("goalbar pause left the continuation untold", session_id=self.session_id,
+                                    error=repr(exc))
+                        warnings.append("driver-sync-failed")
             if isinstance(result, str):
                 continuation.request()  # not paused after all: it may go on
         if isinstance(result, str):
             return await self._failed(goal_id, result)
-        if not result.changed:
+        if not result.changed:  # stopped by someone else since the preview
             return GoalBarActionResult("refused", await self.read(), "already-paused")
-        return GoalBarActionResult("done", await self.read())
+        return await self._read_back(warnings)
+
+    async def _read_back(self, warnings: list[str]) -> GoalBarActionResult:
+        """A verified mutation, and the fresh read that follows it; a read that fails is
+        warned of (the mutation stands)."""
+        state = await self.read()
+        if isinstance(state, GoalBarHidden) and state.reason == "loopx-failure":
+            warnings.append("post-read-failed")
+        return GoalBarActionResult("done", state, warnings=tuple(warnings))
 
     async def _execute(self, client: LoopxClient, goal_id: str, operation: Operation) -> LifecycleResult | str:
         """The lifecycle mutation with its readback: LoopX's verified result, or why not."""
@@ -763,7 +804,7 @@ class GoalBarHandler(HandlerLayer):
             expected = (request.goal_id, request.agent_id)
         action = self.service.start if isinstance(request, GoalbarStart) else self.service.pause
         result = await action(session_id, project, expected=expected)
-        return GoalbarResult(state_to_view(result.state), result.outcome, result.reason)
+        return GoalbarResult(state_to_view(result.state), result.outcome, result.reason, result.warnings or None)
 
     async def _pump(
         self, service: GoalBarService, conn: Peer, scope: trio.CancelScope, session_id: str, project: Path

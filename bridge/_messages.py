@@ -350,11 +350,14 @@ class GoalbarPause:
 @attrs.frozen
 class GoalbarResult:
     """The answer to every GoalBar request: ``outcome`` is ``read`` for a read or watch,
-    else ``done``, ``refused`` or ``failed`` (with a ``reason``); ``state`` is the bar after."""
+    else ``done``, ``refused`` or ``failed`` (with a ``reason``); ``state`` is the bar after.
+    ``warnings`` (of a ``done``): what went wrong after LoopX applied it
+    (``driver-sync-failed``, ``post-read-failed``)."""
 
     state: GoalbarView
     outcome: Literal["read", "done", "refused", "failed"] = "read"
     reason: str | None = None
+    warnings: tuple[str, ...] | None = None
 
 
 @attrs.frozen

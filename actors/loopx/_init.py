@@ -2,25 +2,38 @@
 
 One bounded sequence, shared by both entry points:
 
-1. ``probe_cli``: find a usable CLI. ``loopx`` on the children's ``PATH`` first, then an
-   earlier managed install (``<agents-home>/runtime/dsh-loopx-plugin/bin/loopx``). Usable
-   means ``--version`` prints ``loopx X.Y.Z`` with X.Y.Z >= 0.5.4 *and* the read-only
-   ``workflow-skills --skills-dir D --host-surface deepseek-harness-native`` inspection
-   answers the install schema. A usable CLI is kept as it is, never upgraded. A probe
-   that times out fails here: a slow CLI is no evidence of a broken one, so it does not
-   trigger an install.
-2. ``install_cli`` (only when the CLI is missing or incompatible): one fixed-argv private
-   install ``<python> -m pip install --upgrade --target <site-packages> loopx>=0.5.4``
-   and a managed launcher beside it. The interpreter is ``PYTHON_BIN`` when set, else the
-   first of ``python3``, ``python3.11`` ... ``python3.14`` on ``PATH`` that reports
-   Python >= 3.11. Never ``--break-system-packages``; never retried.
+1. ``probe_cli``: find a usable CLI, in this order (the first usable one wins):
+
+   a. an earlier managed install (``<agents-home>/runtime/dsh-loopx-plugin/bin/loopx``),
+      run by the selected Python (see 2): the seed keeps the selected interpreter and
+      launcher for every later call, so a healthy managed runtime wins over whatever
+      ``loopx`` happens to be first on ``PATH``;
+   b. ``loopx`` on the children's ``PATH``;
+   c. ``<python> -m loopx.cli`` for ``PYTHON_BIN``, else for each ``python3``,
+      ``python3.11`` ... ``python3.14`` on ``PATH`` (a LoopX installed into a Python
+      whose scripts directory is not on ``PATH``).
+
+   Usable means ``--version`` prints ``loopx X.Y.Z`` with X.Y.Z >= 0.5.4 *and* the
+   read-only ``workflow-skills --skills-dir D --host-surface deepseek-harness-native``
+   inspection answers the install schema. A usable CLI is kept as it is, never upgraded.
+   A probe that times out fails here: a slow CLI is no evidence of a broken one, so it
+   does not trigger an install.
+2. ``install_cli`` (only when no usable CLI was found): one fixed-argv private install
+   ``<python> -m pip install --upgrade --target <site-packages> loopx>=0.5.4`` and a
+   managed launcher beside it. The interpreter is ``PYTHON_BIN`` when set, else the first
+   of ``python3``, ``python3.11`` ... ``python3.14`` on ``PATH`` that reports Python >=
+   3.11 *and* runs ``-m pip --version`` (a Python without pip cannot install anything:
+   it is passed over, and when none is left the outcome says so: ``no_pip``). Never
+   ``--break-system-packages``; never retried.
 3. ``resolve_cli``: probe the managed launcher again; fail if it is still unusable.
 4. ``install_skills``: ``workflow-skills --install --skills-dir <agents-home>/skills
-   --host-surface deepseek-harness-native`` (with ``--cli-bin <launcher>``, shell-quoted,
-   for a managed install, so generated skill commands run the same CLI). Every
-   packaged-skill status must be ``created|updated|unchanged`` and the entry's
-   ``created|updated|unchanged|upgraded_legacy_managed``; anything missing or unknown
-   fails closed. Never retried.
+   --host-surface deepseek-harness-native`` (with ``--cli-bin`` naming the CLI that was
+   found, shell-quoted -- the managed launcher, or ``<python> -m loopx.cli`` -- so
+   generated skill commands run the same CLI). Every packaged-skill status must be
+   ``created|updated|unchanged``, ``loopx-project`` (the skill the generated entry sends
+   the model to for everything advanced) must be among them, and the entry's status
+   must be ``created|updated|unchanged|upgraded_legacy_managed``; anything missing or
+   unknown fails closed. Never retried.
 5. ``readback``: the read-only inspection must report the managed install ready with
    nothing left to install.
 
@@ -42,7 +55,6 @@ import functools
 import math
 import os
 import re
-import shlex
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -92,6 +104,10 @@ MIN_LOOPX_VERSION = (0, 5, 4)
 LOOPX_REQUIREMENT = "loopx>=0.5.4"
 PYTHON_CANDIDATES = ("python3", "python3.11", "python3.12", "python3.13", "python3.14")
 MIN_PYTHON = (3, 11)
+#: The packaged skill the generated ``loopx`` entry depends on ("use the installed
+#: loopx-project Skill for advanced operations"): an install that does not report it
+#: has not installed what the entry needs.
+REQUIRED_SKILLS = frozenset({"loopx-project"})
 
 PACKAGED_STATUSES = frozenset({"created", "updated", "unchanged"})
 ENTRY_STATUSES = frozenset({"created", "updated", "unchanged", "upgraded_legacy_managed"})
@@ -100,7 +116,7 @@ _CHANGED_ENTRY = frozenset({"created", "updated", "upgraded_legacy_managed"})
 
 Stage = Literal["probe_cli", "install_cli", "resolve_cli", "install_skills", "readback"]
 
-# How many interpreters the automatic Python selection may start, in all.
+# How many interpreters (python3, python3.11, ... on PATH) an initialisation considers.
 _MAX_PYTHON_PROBES = 8
 # What pip needs on top of a LoopX child's environment to reach its index: its own
 # settings, proxies and CA bundles. Only the package install gets these.
@@ -193,9 +209,9 @@ class InitOutcome:
     """The typed facts of one initialisation.
 
     ``stage`` and ``kind`` say where and why it failed (both ``None`` on success).
-    ``command`` is the argv prefix to run LoopX with from now on (the healthy ``loopx``
-    that was found, or ``(python, launcher)`` of the managed install), ``None`` when no
-    usable CLI was established. ``summary`` is short and safe to show anywhere.
+    ``command`` is the argv prefix to run LoopX with from now on (``(python, launcher)`` of
+    the managed install, the healthy ``loopx`` found on ``PATH``, or ``(python, "-m",
+    "loopx.cli")``), ``None`` when no usable CLI was established. ``summary`` is short and safe to show anywhere.
     """
 
     ok: bool
@@ -238,6 +254,11 @@ _KIND_HINTS = {
     "unknown_status": "LoopX reported a skill status that is not recognised",
     "not_ready": "the workflow skills did not read back as ready",
     "no_python": "no Python 3.11 or newer was found; set PYTHON_BIN",
+    "no_pip": (
+        "no Python 3.11 or newer that can run pip was found ('python -m pip --version' failed); "
+        "install pip for it or set PYTHON_BIN to a Python that has pip"
+    ),
+    "python_too_old": "the Python named by PYTHON_BIN is older than 3.11",
     "python_unavailable": "the selected Python could not be started",
     "pip_failed": "pip could not install loopx>=0.5.4; check Python, pip and network access",
     "launcher_failed": "the managed LoopX launcher could not be written",
@@ -301,52 +322,106 @@ def _candidates_on_path(name: str, settings: InitSettings) -> list[str]:
     return found
 
 
-def _python_candidates(settings: InitSettings) -> list[str]:
-    """Every python3 / python3.11-3.14 on the children's PATH, in the order they are tried,
-    each file once (a symlink and its target are one)."""
-    found = []
-    seen: set[str] = set()
-    for name in PYTHON_CANDIDATES:
-        for candidate in _candidates_on_path(name, settings):
-            key = os.path.realpath(candidate)
-            if key not in seen:
-                seen.add(key)
-                found.append(candidate)
-    return found
-
-
 async def _lookup(function: Callable[[Unpack[_Args]], _T], *args: Unpack[_Args]) -> _T:
     """``function(*args)``, a look-up on the disk, in a worker thread; a cancelled caller
     does not wait for a filesystem that does not answer."""
     return await trio.to_thread.run_sync(function, *args, abandon_on_cancel=True)
 
 
-async def _python_is_compatible(python: str, settings: InitSettings) -> bool:
-    with trio.move_on_after(settings.timeout):  # one that does not answer in time is not
+async def _python_version(python: str, settings: InitSettings) -> tuple[int, int] | None:
+    """``(major, minor)`` of ``python``, or ``None`` if it cannot be started or asked."""
+    with trio.move_on_after(settings.timeout):  # one that does not answer in time is not usable
         outcome = await _run(
             [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
             _child_env(settings),
             settings.project,
         )
         if isinstance(outcome, str) or outcome.returncode != 0 or outcome.overflow is not None:
-            return False
+            return None
         lines = outcome.stdout.decode("utf-8", "replace").strip().splitlines()
         match = _PYTHON_VERSION.fullmatch(lines[-1].strip()) if lines else None
-        return match is not None and (int(match[1]), int(match[2])) >= MIN_PYTHON
+        return (int(match[1]), int(match[2])) if match is not None else None
+    return None
+
+
+async def _has_pip(python: str, settings: InitSettings) -> bool:
+    """``python -m pip --version`` works: this interpreter can run the install."""
+    with trio.move_on_after(settings.timeout):
+        outcome = await _run([python, "-m", "pip", "--version"], _pip_env(settings), settings.project)
+        return not isinstance(outcome, str) and outcome.returncode == 0 and outcome.overflow is None
     return False
 
 
-async def _select_python(settings: InitSettings) -> str | None:
-    """``PYTHON_BIN`` when set (it wins, unprobed), else the first python3 / python3.11-3.14
-    on PATH that reports Python >= 3.11."""
-    if settings.python_bin:
-        if os.sep in settings.python_bin:
-            return settings.python_bin
-        return await _lookup(_which, settings.python_bin, settings)
-    for candidate in (await _lookup(_python_candidates, settings))[:_MAX_PYTHON_PROBES]:
-        if await _python_is_compatible(candidate, settings):
-            return candidate
-    return None
+@attrs.frozen
+class _NoPython:
+    kind: str  # no_python | no_pip | python_unavailable | python_too_old
+
+
+class _Pythons:
+    """The interpreters one initialisation may use; the installer is chosen (probed) once."""
+
+    def __init__(self, settings: InitSettings) -> None:
+        self.settings = settings
+        self._chosen: str | _NoPython | None = None
+
+    async def named(self) -> list[str]:
+        """:meth:`_named`, looked up in a worker thread."""
+        return await _lookup(self._named)
+
+    def _named(self) -> list[str]:
+        """``PYTHON_BIN`` alone when it is set (resolved on ``PATH`` when it is a bare
+        name; empty when it is not found there), else every ``python3`` /
+        ``python3.11`` ... ``python3.14`` on ``PATH``, in that order, at most
+        ``_MAX_PYTHON_PROBES``. Names in one directory for one interpreter (``python3``
+        and ``python3.11`` in ``/usr/bin``) count once; the same interpreter in another
+        directory (a virtual environment's ``bin``) is another environment, with its own
+        packages (pip among them), so it counts on its own."""
+        settings = self.settings
+        if settings.python_bin:
+            if os.sep in settings.python_bin:
+                return [settings.python_bin]
+            found = _which(settings.python_bin, settings)
+            return [found] if found is not None else []
+        named: list[str] = []
+        seen: set[tuple[str, str]] = set()
+        for name in PYTHON_CANDIDATES:
+            for candidate in _candidates_on_path(name, settings):
+                key = (os.path.dirname(os.path.abspath(candidate)), os.path.realpath(candidate))
+                if key not in seen and len(named) < _MAX_PYTHON_PROBES:
+                    seen.add(key)
+                    named.append(candidate)
+        return named
+
+    async def installer(self) -> str | _NoPython:
+        """The Python that installs (and runs) the managed CLI: ``PYTHON_BIN`` when set,
+        else the first candidate that is 3.11 or newer and runs pip; or why there is
+        none."""
+        if self._chosen is None:
+            self._chosen = await self._choose()
+        return self._chosen
+
+    async def _choose(self) -> str | _NoPython:
+        settings = self.settings
+        named = await self.named()
+        if settings.python_bin:
+            if not named:
+                return _NoPython("python_unavailable")
+            version = await _python_version(named[0], settings)
+            if version is None:
+                return _NoPython("python_unavailable")
+            if version < MIN_PYTHON:
+                return _NoPython("python_too_old")
+            return named[0] if await _has_pip(named[0], settings) else _NoPython("no_pip")
+        recent = False
+        for candidate in named:
+            version = await _python_version(candidate, settings)
+            if version is None or version < MIN_PYTHON:
+                continue
+            recent = True
+            if await _has_pip(candidate, settings):
+                return candidate
+            log.info("loopx init passes over a python without pip")
+        return _NoPython("no_pip" if recent else "no_python")
 
 
 # -- The CLI probe ------------------------------------------------------------------------------
@@ -356,7 +431,7 @@ async def _select_python(settings: InitSettings) -> str | None:
 class _Cli:
     command: tuple[str, ...]
     version: LoopxVersion
-    cli_bin: str | None  # passed as --cli-bin to workflow-skills (None: LoopX's "loopx")
+    cli_argv: tuple[str, ...] | None  # the skills' command, as --cli-bin (None: LoopX's "loopx")
 
 
 @attrs.frozen
@@ -372,7 +447,7 @@ def _transport_kind(result: TransportFailure) -> str:
     return "timeout" if result.kind == "timeout" else "transport"
 
 
-async def _probe(command: tuple[str, ...], cli_bin: str | None, settings: InitSettings) -> _Cli | _Unusable:
+async def _probe(command: tuple[str, ...], cli_argv: tuple[str, ...] | None, settings: InitSettings) -> _Cli | _Unusable:
     client = _client(command, settings)
     version = await client.version(retry=False)
     if isinstance(version, TransportFailure):
@@ -381,7 +456,7 @@ async def _probe(command: tuple[str, ...], cli_bin: str | None, settings: InitSe
         return _Unusable("missing" if version.kind == "spawn" else "incompatible")
     if isinstance(version, MalformedOutput) or version.parts < MIN_LOOPX_VERSION:
         return _Unusable("incompatible")
-    inspection = await client.workflow_skills(settings.skills_dir, install=False, cli_bin=cli_bin)
+    inspection = await client.workflow_skills(settings.skills_dir, install=False, cli_argv=cli_argv)
     if isinstance(inspection, TransportFailure) and inspection.kind == "timeout":
         return _Unusable("timeout")
     if not isinstance(inspection, SkillsResult):
@@ -389,17 +464,16 @@ async def _probe(command: tuple[str, ...], cli_bin: str | None, settings: InitSe
     host = inspection.payload.get("host_surface")
     if inspection.operation != "inspect" or inspection.install_required is None or host not in (None, "deepseek-harness-native"):
         return _Unusable("incompatible")
-    return _Cli(command, version, cli_bin)
+    return _Cli(command, version, cli_argv)
 
 
-def _launcher_cli_bin(settings: InitSettings) -> str | None:
-    """The launcher as one shell word: LoopX pastes ``--cli-bin`` verbatim into the shell
-    commands of the skills it writes, so an agents home with a space is quoted. ``None``
-    (LoopX's plain ``loopx``) only for a path no shell word can carry."""
-    text = str(settings.launcher)
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
+def _shell_words(argv: tuple[str, ...]) -> tuple[str, ...] | None:
+    """``argv`` as the skills' command: LoopX pastes ``--cli-bin`` verbatim into the shell
+    commands of the skills it writes, so the client passes it shell-quoted (an agents home
+    with a space stays one word). ``None`` for a word no shell word can carry."""
+    if any(ord(ch) < 32 or ord(ch) == 127 for word in argv for ch in word):
         return None
-    return shlex.quote(text)
+    return argv
 
 
 def _launcher_text(python: str, site_packages: Path) -> str:
@@ -458,8 +532,11 @@ def _skills_failure_kind(result: TransportFailure | MalformedOutput | LoopxFailu
 
 
 def _install_statuses(result: SkillsResult) -> str | bool:
-    """skillsChanged when every status is known; else the failure kind."""
+    """skillsChanged when every status is known and every required skill has one; else
+    the failure kind."""
     if result.operation != "install" or not result.installed or result.entry_status is None:
+        return "missing_status"
+    if not REQUIRED_SKILLS <= result.installed.keys():
         return "missing_status"
     if not set(result.installed.values()) <= PACKAGED_STATUSES or result.entry_status not in ENTRY_STATUSES:
         return "unknown_status"
@@ -471,37 +548,54 @@ async def _initialize(settings: InitSettings, progress: _Progress) -> InitOutcom
     if not await _lookup(settings.project.is_dir):
         return _fail(progress, "no_project")
 
+    pythons = _Pythons(settings)
     cli: _Cli | None = None
     reason = "missing"
-    found = await _lookup(_which, "loopx", settings)
-    if found is not None:
-        probe = await _probe((found,), None, settings)
-        if isinstance(probe, _Unusable) and probe.kind == "timeout":
-            return _fail(progress, "timeout")
-        if isinstance(probe, _Cli):
-            cli = probe
-        else:
-            reason = probe.kind
 
-    python: str | None = None
-    if cli is None and await _lookup(settings.launcher.is_file):
-        # An earlier managed install is kept when it still works: no second install.
-        python = await _select_python(settings)
-        if python is not None:
-            probe = await _probe((python, str(settings.launcher)), _launcher_cli_bin(settings), settings)
+    # a. An earlier managed install, run by the selected Python, wins when it is healthy.
+    if await _lookup(settings.launcher.is_file):
+        python = await pythons.installer()
+        if isinstance(python, str):
+            managed = (python, str(settings.launcher))
+            probe = await _probe(managed, _shell_words((str(settings.launcher),)), settings)
             if isinstance(probe, _Unusable) and probe.kind == "timeout":
                 return _fail(progress, "timeout")
             if isinstance(probe, _Cli):
                 cli = probe
 
+    # b. loopx on PATH.
+    if cli is None:
+        found = await _lookup(_which, "loopx", settings)
+        if found is not None:
+            probe = await _probe((found,), None, settings)
+            if isinstance(probe, _Unusable) and probe.kind == "timeout":
+                return _fail(progress, "timeout")
+            if isinstance(probe, _Cli):
+                cli = probe
+            else:
+                reason = probe.kind
+
+    # c. python -m loopx.cli: a LoopX installed where no script of it is on PATH.
+    if cli is None:
+        for candidate in await pythons.named():
+            module = (candidate, "-m", "loopx.cli")
+            words = _shell_words(module)
+            if words is None:
+                continue  # the skills could not name it
+            probe = await _probe(module, words, settings)
+            if isinstance(probe, _Unusable) and probe.kind == "timeout":
+                return _fail(progress, "timeout")
+            if isinstance(probe, _Cli):
+                cli = probe
+                break
+
     installed_reason: str | None = None
     if cli is None:
         progress.stage = "install_cli"
         installed_reason = reason
-        if python is None:
-            python = await _select_python(settings)
-        if python is None:
-            return _fail(progress, "no_python")
+        python = await pythons.installer()
+        if isinstance(python, _NoPython):
+            return _fail(progress, python.kind)
         try:
             await trio.to_thread.run_sync(functools.partial(settings.site_packages.mkdir, parents=True, exist_ok=True))
         except OSError:
@@ -524,7 +618,7 @@ async def _initialize(settings: InitSettings, progress: _Progress) -> InitOutcom
         progress.installed_cli = True
 
         progress.stage = "resolve_cli"
-        probe = await _probe((python, str(settings.launcher)), _launcher_cli_bin(settings), settings)
+        probe = await _probe((python, str(settings.launcher)), _shell_words((str(settings.launcher),)), settings)
         if isinstance(probe, _Unusable):
             return _fail(progress, probe.kind)
         cli = probe
@@ -533,7 +627,7 @@ async def _initialize(settings: InitSettings, progress: _Progress) -> InitOutcom
     client = _client(cli.command, settings)
 
     progress.stage = "install_skills"
-    installed = await client.workflow_skills(settings.skills_dir, install=True, cli_bin=cli.cli_bin)
+    installed = await client.workflow_skills(settings.skills_dir, install=True, cli_argv=cli.cli_argv)
     if not isinstance(installed, SkillsResult):
         return _fail(progress, _skills_failure_kind(installed))
     changed = _install_statuses(installed)
@@ -541,7 +635,7 @@ async def _initialize(settings: InitSettings, progress: _Progress) -> InitOutcom
         return _fail(progress, changed)
 
     progress.stage = "readback"
-    readback = await client.workflow_skills(settings.skills_dir, install=False, cli_bin=cli.cli_bin)
+    readback = await client.workflow_skills(settings.skills_dir, install=False, cli_argv=cli.cli_argv)
     if not isinstance(readback, SkillsResult):
         return _fail(progress, _skills_failure_kind(readback))
     if readback.operation != "inspect" or readback.ready is not True or readback.install_required is not False:

@@ -820,19 +820,36 @@ class LoopxClient:
         return TodoProgress(done, open_, total)
 
     async def workflow_skills(
-        self, skills_dir: Path, *, install: bool, dry_run: bool = False, cli_bin: str | None = None
+        self,
+        skills_dir: Path,
+        *,
+        install: bool,
+        dry_run: bool = False,
+        cli_bin: str | None = None,
+        cli_argv: Sequence[str] | None = None,
     ) -> SkillsResult | TransportFailure | MalformedOutput | LoopxFailure:
         """``workflow-skills [--install] --skills-dir D --host-surface
         deepseek-harness-native [--cli-bin C] [--dry-run]``.
 
-        An install is never retried (it mutates); an inspection or a dry run is. A
-        user-owned ``loopx/SKILL.md`` makes an install answer ``ok: false``
+        ``cli_bin`` is passed as given and must be one shell word; ``cli_argv`` (instead)
+        is a command of several words, e.g. ``(python, "-m", "loopx.cli")``, passed as
+        ``shlex.join(cli_argv)`` so that every word stays one word in the skills' shell
+        commands. An install is never retried (it mutates); an inspection or a dry run
+        is. A user-owned ``loopx/SKILL.md`` makes an install answer ``ok: false``
         (``skipped_user_file``): that comes back as the :class:`LoopxFailure`.
         """
         args = ["workflow-skills"]
         if install:
             args.append("--install")
         args += ["--skills-dir", str(skills_dir), "--host-surface", HOST_SURFACE]
+        if cli_argv is not None:
+            if cli_bin is not None:
+                raise LoopxRequestError("pass cli_bin or cli_argv, not both")
+            if (isinstance(cli_argv, str) or not cli_argv
+                    or not all(isinstance(w, str) and w for w in cli_argv)
+                    or any(ord(c) < 32 or ord(c) == 127 for w in cli_argv for c in w)):
+                raise LoopxRequestError("cli_argv must be non-empty words without control characters")
+            args += ["--cli-bin", shlex.join(cli_argv)]
         if cli_bin is not None:
             # LoopX pastes it verbatim into the shell commands of the skills it writes:
             # exactly one POSIX shell word (``shlex.quote`` a path with a space).

@@ -34,7 +34,12 @@ async def test_a_broken_cli_at_startup_is_a_safe_diagnostic_and_the_runtime_stay
     broken.write_text(f"#!{sys.executable}\nimport sys\nprint('not loopx at all')\nsys.exit(3)\n")
     broken.chmod(0o755)
     no_python = tmp_path / "no-python"
-    no_python.write_text(f"#!{sys.executable}\nimport sys\nsys.exit(1)\n")  # pip 'fails'
+    # A Python 3.12 with pip (it says so) whose install fails.
+    no_python.write_text(
+        f"#!{sys.executable}\nimport sys\nargs = sys.argv[1:]\n"
+        "if args[:1] == ['-c']: print('3.12')\n"
+        "sys.exit(0 if args[:1] == ['-c'] or args == ['-m', 'pip', '--version'] else 1)\n"
+    )
     no_python.chmod(0o755)
     env = {
         **loopx_standin_env,

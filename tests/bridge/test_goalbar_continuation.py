@@ -132,7 +132,7 @@ async def test_start_and_pause_control_the_continuation(tmp_path, loopx_env, loo
                         nursery.start_soon(click, results, bar.pause, loopx_project)
                 assert bar.actor_stats(SESSION, loopx_project)["mutations"] == 1  # the second click joined
                 assert client.executed == ["stop"]
-                again = await bar.pause(SESSION, loopx_project)  # LoopX: a stop that changes nothing
+                again = await bar.pause(SESSION, loopx_project)  # LoopX's preview: a stop that changes nothing
             assert [r.outcome for r in results] == ["done", "done"]
             assert (again.outcome, again.reason) == ("refused", "already-paused")
             assert results[0].state.lifecycle_state == "stopped" and results[0].state.continuation == "paused"
@@ -160,7 +160,7 @@ async def test_start_and_pause_control_the_continuation(tmp_path, loopx_env, loo
             # CLI call, during which the resumed turn may already have ended (unsettled:
             # needs-person, see 5). Either way it is no longer paused.
             assert started.state.continuation in ("queued", "working", "needs-person")
-            assert client.executed == ["stop", "stop", "resume"]
+            assert client.executed == ["stop", "resume"]  # no --execute for the refused Pause
             assert await continuations(agent) == [failed, failed]
 
             # 5. A continuation on its way into a step when Pause is clicked never enters.

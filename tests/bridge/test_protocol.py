@@ -151,6 +151,11 @@ WIRE_SHAPES = [
         {"type": "goalbarResult", "re": "g4", "data": {"state": {"kind": "hidden", "sessionId": "s1", "reason": "unbound", "pending": False}, "outcome": "refused", "reason": "stale-binding"}},
     ),
     (
+        Frame(GoalbarResult(GoalbarView("hidden", "s1", reason="loopx-failure"), "done", None, ("post-read-failed", "driver-sync-failed")), re="g5"),
+        {"type": "goalbarResult", "re": "g5", "data": {"state": {"kind": "hidden", "sessionId": "s1", "reason": "loopx-failure", "pending": False}, "outcome": "done",
+                                                      "warnings": ["post-read-failed", "driver-sync-failed"]}},
+    ),
+    (
         Frame(Goalbar(GoalbarView("visible", "s1", goal_id="g", agent_id="a", lifecycle_state="active", processed=1, remaining=2, total=3, pending=True))),
         {"type": "goalbar", "data": {"state": {"kind": "visible", "sessionId": "s1", "goalId": "g", "agentId": "a", "lifecycleState": "active", "processed": 1, "remaining": 2, "total": 3, "pending": True}}},
     ),

@@ -423,6 +423,22 @@ async def test_cli_bin_must_be_exactly_one_shell_word(standin, tmp_path):
     assert len(standin.attempts()) == 1  # refused before any call
 
 
+async def test_cli_argv_is_passed_as_shell_quoted_words(standin, tmp_path):
+    # `python -m loopx.cli` is a CLI of three words: each stays one word in the skills.
+    standin.plan(OK)
+    command = ("/home/a b/bin/python3", "-m", "loopx.cli")
+    with trio.fail_after(30):
+        await standin.client().workflow_skills(tmp_path / "skills", install=False, cli_argv=command)
+    argv = standin.attempts()[0]["argv"]
+    assert argv[argv.index("--cli-bin") + 1] == "'/home/a b/bin/python3' -m loopx.cli"
+    for bad in [(), ("",), ("python3", "-m\nloopx.cli"), "python3 -m loopx.cli"]:
+        with pytest.raises(LoopxRequestError):
+            await standin.client().workflow_skills(tmp_path / "skills", install=False, cli_argv=bad)
+    with pytest.raises(LoopxRequestError):
+        await standin.client().workflow_skills(tmp_path / "skills", install=False, cli_bin="loopx", cli_argv=command)
+    assert len(standin.attempts()) == 1  # refused before any call
+
+
 # -- Timeouts and cancellation ---------------------------------------------------------------
 
 
