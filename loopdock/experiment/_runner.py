@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -215,6 +215,11 @@ class _Run:
         self.on_progress(
             Progress(kind, self.total, self.done, self.failed, self.running, self.budget.spent, cells, result, note)
         )
+
+    async def worker(self, queue: Iterator[Rollout], attempts: Mapping[str, int]) -> None:
+        """Run rollouts from ``queue`` (shared with the provider's other workers) one by one."""
+        for rollout in queue:
+            await self.rollout(rollout, attempts.get(rollout.key, 0) + 1)
 
     async def rollout(self, rollout: Rollout, attempt: int) -> None:
         gate = self.gates[rollout.model.provider]
@@ -527,8 +532,13 @@ async def run_in_runtime(
     run.gates = {p: ProviderGate(experiment.concurrency.limit(p)) for p in providers}
     run._report("planned", note=f"{len(pending)} to run, {run.done} already scored")
     async with trio.open_nursery() as nursery:
-        for rollout in pending:
-            nursery.start_soon(run.rollout, rollout, history.attempts.get(rollout.key, 0) + 1)
+        for provider, gate in run.gates.items():
+            # A provider's rollouts start lazily: as many workers as its gate admits at
+            # most, each taking the next rollout when its last one is done. A task per
+            # rollout would hold the whole plan in memory from the start.
+            queue = iter([r for r in pending if r.model.provider == provider])
+            for _ in range(gate.max_limit):
+                nursery.start_soon(run.worker, queue, history.attempts)
     return RunSummary(
         run=experiment.name,
         total=len(rollouts),
