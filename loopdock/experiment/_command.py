@@ -1,4 +1,4 @@
-"""``loopdock experiment``: run, report, export and bench, for the command line."""
+"""``loopdock experiment``: run, rescore, report, export and bench, for the command line."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from ._inspect import export_inspect
 from ._plot import render_png
 from ._progress import ProgressDisplay
 from ._report import Report, build_report, cells_json
+from ._rescore import rescore_experiment
 from ._runner import run_experiment
 from ._spec import Price
 from ._text import fmt, render_text
@@ -45,6 +46,14 @@ def add_arguments(parser: argparse.ArgumentParser, parents: Sequence[argparse.Ar
     run.add_argument("--limit", type=_positive, metavar="N",
                      help="run only the first N samples of each task (a smoke run; --resume without it runs the rest)")
     run.add_argument("--home", help=home_help)
+    rescore = actions.add_parser(
+        "rescore", help="score a run's finished rollouts again with the file's scorers (no rollout model is called)",
+        parents=common,
+        description="Score every finished rollout of FILE's run again with the scorers FILE names now, from the "
+        "agent's stored last answer and its working directory. The new scores are what `report` shows.",
+    )  # fmt: skip
+    rescore.add_argument("file", help="the experiment (YAML) of the run, with the scorer to use")
+    rescore.add_argument("--home", help=home_help)
     report = actions.add_parser("report", help="the report of a run: table, paired deltas, plot and HTML", parents=common)
     report.add_argument("run", help="the run's name")
     report.add_argument("--home", help=home_help)
@@ -124,6 +133,21 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0 if summary.complete else 1
 
 
+def _rescore(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    experiment = load_experiment(args.file)
+    home = resolve_home(args.home)
+    if not (home / "sessions.db").is_file():
+        raise ExperimentError("UNKNOWN_RUN", f"{home} holds no session store (sessions.db): no run was made there")
+    summary = trio.run(lambda: rescore_experiment(experiment, home=home))
+    for failure in summary.failed:
+        print(f"not rescored (the old result stays): {failure}", file=err)
+    skipped = f", {summary.skipped} no longer in the file left as they were" if summary.skipped else ""
+    print(f"experiment {summary.run}: rescored {summary.rescored} rollouts ({summary.changed} changed), "
+          f"{len(summary.failed)} failed{skipped}", file=out)  # fmt: skip
+    print(f"report: loopdock experiment report {summary.run}" + (f" --home {args.home}" if args.home else ""), file=out)
+    return 1 if summary.failed else 0
+
+
 def _interrupted(exc: BaseException) -> bool:
     """Ctrl-C: a KeyboardInterrupt, alone or in groups of nothing else."""
     if isinstance(exc, KeyboardInterrupt):
@@ -189,10 +213,13 @@ def _export(args: argparse.Namespace, out: TextIO) -> int:
 
 def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Run ``loopdock experiment ...``; the exit status: 0 done, 1 a run left rollouts
-    to do (rerun with --resume) or a report's cell scored under ``--fail-under``, 130 a
+    to do (rerun with --resume), a rescore failed on a rollout or a report's cell
+    scored under ``--fail-under``, 130 a
     run stopped by Ctrl-C (resume it with --resume). Errors are raised (ExperimentError) for the CLI to print."""
     if args.experiment_command == "run":
         return _run(args, out, err)
+    if args.experiment_command == "rescore":
+        return _rescore(args, out, err)
     if args.experiment_command == "report":
         return _report(args, out, err)
     if args.experiment_command == "export":
