@@ -17,7 +17,7 @@ from ._bench import bench_command
 from ._config import RUN_NAME, limit_samples, load_experiment, parse_prices
 from ._errors import ExperimentError
 from ._history import open_store, read_run, read_run_at
-from ._html import render_html
+from ._html import render_html, render_transcript, transcript_path
 from ._inspect import export_inspect
 from ._plot import render_png
 from ._progress import ProgressDisplay
@@ -183,9 +183,25 @@ def _report(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if png is not None:
         (folder / "success-vs-cost.png").write_bytes(png)
         print(f"plot: {folder / 'success-vs-cost.png'}", file=out)
-    (folder / "report.html").write_text(render_html(report, png, note), encoding="utf-8")
+    written = _write_transcripts(home, report, folder)
+    (folder / "report.html").write_text(render_html(report, png, note, written), encoding="utf-8")
     print(f"html: {folder / 'report.html'}", file=out)
     return _gate(report, args.fail_under, err)
+
+
+def _write_transcripts(home: Path, report: Report, folder: Path) -> set[str]:
+    """Each finished rollout's transcript page next to report.html; their session ids."""
+    written = set()
+    with open_store(home) as store:
+        for result in report.rollouts:
+            loaded = store.load(result.session_id) if result.finished else None
+            if loaded is None:
+                continue
+            path = folder / transcript_path(result.session_id)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(render_transcript(result, loaded[1]), encoding="utf-8")
+            written.add(result.session_id)
+    return written
 
 
 def _gate(report: Report, threshold: float | None, err: TextIO) -> int:

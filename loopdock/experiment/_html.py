@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import base64
 import html
-from collections.abc import Collection
+import json
+from collections.abc import Collection, Mapping, Sequence
 
+from loopdock.runtime import Event
+
+from ._records import RolloutResult
 from ._report import Report
 from ._text import fmt, interval, money, p_value, rate_interval, signed
 
@@ -35,7 +39,68 @@ def _head(names: list[str]) -> str:
     return "<tr>" + "".join(f"<th>{_e(n)}</th>" for n in names) + "</tr>"
 
 
-def render_html(report: Report, png: bytes | None, plot_note: str = "") -> str:
+def transcript_path(session_id: str) -> str:
+    """Where a rollout's transcript page is, relative to report.html."""
+    return f"transcripts/{session_id}.html"
+
+
+def _event_body(data: object) -> str:
+    content = data.get("content") if isinstance(data, Mapping) else None
+    if isinstance(content, list):
+        parts = [str(b.get("text", "")) if isinstance(b, Mapping) and b.get("type") == "text" else json.dumps(b, indent=1)
+                 for b in content]  # fmt: skip
+        rest = {k: v for k, v in data.items() if k != "content"} if isinstance(data, Mapping) else {}
+        return "\n\n".join(parts) + (f"\n\n{json.dumps(rest, indent=1)}" if rest else "")
+    return json.dumps(dict(data) if isinstance(data, Mapping) else data, indent=1)
+
+
+def render_transcript(result: RolloutResult, events: Sequence[Event]) -> str:
+    """One rollout's session as a static page: every event, in order."""
+    score = "-" if result.value is None else f"{result.value:g}"
+    out = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>{_e(result.session_id)}</title><style>{_STYLE}</style></head><body>",
+        f"<h1>task {_e(result.task)} sample {_e(result.sample)}: {_e(result.model_label)} x {_e(result.loop_label)}</h1>",
+        f"<p>repeat {result.repeat}, attempt {result.attempt}, {_e(result.status)}, score {score}"
+        f"{', ' + _e(result.error) if result.error else ''}. Session <code>{_e(result.session_id)}</code>.</p>",
+        "<table>", _head(["seq", "event", ""]),
+    ]
+    for event in events:
+        out.append(_row([str(event.seq), _e(event.type), f"<pre>{_e(_event_body(event.data))}</pre>"], numeric={0}))
+    out.append("</table></body></html>")
+    return "\n".join(out) + "\n"
+
+
+def _per_sample(report: Report, transcripts: Collection[str]) -> list[str]:
+    """Rows (task, sample), columns cells: each finished rollout's score, linked to its
+    transcript where one was written."""
+    labels = [c.label for c in report.cells]
+    grid: dict[tuple[str, str], dict[str, list[RolloutResult]]] = {}
+    for r in report.rollouts:
+        grid.setdefault((r.task, r.sample), {}).setdefault(f"{r.model_label} x {r.loop_label}", []).append(r)
+    out = ["<h2>Per sample</h2><p>Each finished rollout's score (a failed one is 0), repeat by repeat, "
+           "linked to its transcript.</p><table>", _head(["task", "sample", *labels])]  # fmt: skip
+    for (task, sample), by_cell in grid.items():
+        entries = []
+        for label in labels:
+            shown = []
+            for r in sorted(by_cell.get(label, []), key=lambda r: r.repeat):
+                if not r.finished:
+                    shown.append("<span class='muted'>pending</span>")
+                    continue
+                text = f"{r.score:g}" if r.done else "0 (failed)"
+                tone = "" if r.done else " class='bad'"
+                link = transcript_path(r.session_id)
+                shown.append(f"<a href='{_e(link)}'{tone}>{text}</a>" if r.session_id in transcripts else text)
+            entries.append(" ".join(shown) or "-")
+        out.append(_row([_e(task), _e(sample), *entries]))
+    out.append("</table>")
+    return out
+
+
+def render_html(report: Report, png: bytes | None, plot_note: str = "", transcripts: Collection[str] = ()) -> str:
+    """``transcripts``: the session ids whose transcript pages are written next to the
+    page (``transcript_path``), for the per-sample table to link to."""
     out = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>experiment {_e(report.run)}</title><style>{_STYLE}</style></head><body>",
@@ -84,6 +149,7 @@ def render_html(report: Report, png: bytes | None, plot_note: str = "") -> str:
         for task, row in report.tasks:
             out.append(_row([_e(task), *(f"{s}/{n}" for _, s, n in row)], numeric=set(range(1, len(row) + 1))))
         out.append("</table>")
+    out += _per_sample(report, transcripts)
     out += ["<h2>Rollouts</h2><table>",
             _head(["task", "sample", "cell", "repeat", "attempt", "status", "score", "turns", "tokens",
                    "ms", "ended", "answer", "session"])]  # fmt: skip

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import json
 import math
+from html.parser import HTMLParser
 
 import pytest
 
-from loopdock.experiment._history import RunHistory
+from loopdock.experiment._history import RunHistory, read_run
 from loopdock.experiment._html import render_html
 from loopdock.experiment._plot import pareto_front, render_png
 from loopdock.experiment._records import RolloutResult
 from loopdock.experiment._report import build_report, cells_json
 from loopdock.experiment._spec import Price
 from loopdock.experiment._stats import mean_interval, percentile, t975, wilson
+from loopdock.runtime._store import SessionStore
 
 
 def test_wilson_interval_known_values():
@@ -197,3 +199,77 @@ def test_fail_under_gates_ci_on_every_cells_score(tmp_path, capsys, main):
     out = capsys.readouterr()
     assert "below --fail-under 0.5: ping/ping-1 x standard scores 0.00" in out.err
     assert json.loads(out.out)["cells"][0]["score"] == 0.0  # stdout stays JSON
+
+
+def history(home, name):
+    with SessionStore.open(home / "sessions.db") as store:
+        return read_run(store, name)
+
+
+class _PerSampleTable(HTMLParser):
+    """The rows of the page's "Per sample" table: [(cells' texts, each cell's links)]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[list[str], list[list[tuple[str, str]]]]] = []
+        self._heading = self._inside = False
+        self._link: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "h2":
+            self._heading = True
+        elif tag == "table" and self._inside is None:
+            self._inside = True
+        elif self._inside is True and tag == "tr":
+            self.rows.append(([], []))
+        elif self._inside is True and tag == "td":
+            self.rows[-1][0].append("")
+            self.rows[-1][1].append([])
+        elif self._inside is True and tag == "a":
+            self._link = dict(attrs)["href"]
+
+    def handle_endtag(self, tag):
+        if tag == "table" and self._inside is True:
+            self._inside = False
+        elif tag == "a":
+            self._link = None
+
+    def handle_data(self, data):
+        if self._heading:
+            self._heading = False
+            if data == "Per sample":
+                self._inside = None  # the next table is it
+        elif self._inside is True and self.rows and self.rows[-1][0]:
+            self.rows[-1][0][-1] += data
+            if self._link is not None:
+                self.rows[-1][1][-1].append((data, self._link))
+
+
+def test_the_html_has_a_sample_by_cell_table_linking_each_rollout_to_its_transcript(tmp_path, capsys, main):
+    experiment = tmp_path / "grid.yml"
+    experiment.write_text("{tasks: [{id: greet, samples: [{input: hello, target: pong}, {input: bye, target: nope}]}], "
+                          "scorer: includes, models: [{provider: ping, model: ping-1}], loops: [standard, minimal-first], "
+                          "repeats: 2}\n")  # fmt: skip
+    home, out_dir = tmp_path / "home", tmp_path / "out"
+    assert main(["experiment", "run", str(experiment), "--home", str(home)]) == 0
+    assert main(["experiment", "report", "grid", "--home", str(home), "--out", str(out_dir)]) == 0
+    capsys.readouterr()
+    table = _PerSampleTable()
+    table.feed((out_dir / "report.html").read_text())
+    body = [row for row in table.rows if row[0]]
+    assert [texts[:2] for texts, _ in body] == [["greet", "1"], ["greet", "2"]]
+    seen = {}
+    for texts, links in body:
+        assert len(texts) == 4  # task, sample, and the two cells
+        for cell in links[2:]:
+            assert len(cell) == 2  # one link per repeat
+            for score, href in cell:
+                page = (out_dir / href).read_text()
+                assert "assistant/message" in page
+                seen[href] = (texts[1], score, page)
+    results = [r for r in history(home, "grid").results if r.finished]
+    assert len(results) == len(seen) == 8
+    for r in results:
+        sample, score, page = seen[f"transcripts/{r.session_id}.html"]
+        assert (sample, score) == (r.sample, f"{r.score:g}")
+        assert ("pong: hello" if r.sample == "1" else "pong: bye") in page
