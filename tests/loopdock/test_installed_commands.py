@@ -476,8 +476,8 @@ async def test_experiment_runs_reports_and_says_what_export_needs(plain_venv, us
     done = await user.run(plain_venv.loopdock("experiment", "report", "smallest", "-v"))
     assert done.code == 0, done.err
     rows = [line.split() for line in done.out.splitlines() if line.startswith("ping/ping-1")]
-    assert [row[:5] for row in rows] == [["ping/ping-1", "standard", "2", "2/2", "1.00"],
-                                         ["ping/ping-1", "minimal-first", "2", "2/2", "1.00"]]
+    assert [row[:6] for row in rows] == [["ping/ping-1", "standard", "2", "1", "2/2", "1.00"],
+                                         ["ping/ping-1", "minimal-first", "2", "1", "2/2", "1.00"]]
     html = user.loopdock_home / "reports" / "smallest" / "report.html"
     # no matplotlib without an extra: the report says so, and still writes its page
     assert "no plot: the plot needs matplotlib: pip install 'loopdock[bench]'" in done.out
