@@ -14,6 +14,8 @@ Paths inside the file (datasets, sample files) are relative to the file's direct
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import re
@@ -161,7 +163,47 @@ def _sample(value: object, path: str, base: Path, default_id: str) -> Sample:
     )
 
 
+def _read_text(file: Path, path: str) -> str:
+    try:
+        return file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise _error(f"{path}: cannot read {file}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise _error(f"{path}: {file} is not UTF-8 text") from None
+
+
+def _csv_dataset(value: object, path: str, base: Path) -> tuple[Sample, ...]:
+    """A header row naming ``input`` (required), ``target`` and ``id`` (optional); any other
+    column goes into each sample's metadata."""
+    file = (base / _text(value, path)).resolve()
+    rows = list(csv.reader(io.StringIO(_read_text(file, path), newline="")))
+    if not rows or "input" not in rows[0]:
+        raise _error(f"{path}: {file.name} needs a header row with an input column, got {_quote(rows[0] if rows else [])}")
+    header = rows[0]
+    samples: list[Sample] = []
+    for number, row in enumerate(rows[1:], start=2):
+        if not any(cell.strip() for cell in row):
+            continue
+        where = f"{path} ({file.name} row {number})"
+        if len(row) != len(header):
+            raise _error(f"{where}: {len(row)} fields, the header has {len(header)}")
+        record = dict(zip(header, row, strict=True))
+        if not record["input"].strip():
+            raise _error(f"{where}: input is empty")
+        target = record.pop("target", "")
+        sample_id = record.pop("id", "") or str(len(samples) + 1)
+        text = record.pop("input")
+        samples.append(Sample(id=sample_id, input=text, target=(target,) if target else (), metadata=record))
+    if not samples:
+        raise _error(f"{path}: {file} holds no samples")
+    return tuple(samples)
+
+
 def _dataset(value: object, path: str, base: Path) -> tuple[Sample, ...]:
+    if isinstance(value, Mapping):
+        if list(value) != ["csv"]:
+            raise _error(f"{path} must be a JSONL file or {{csv: FILE}}, got {_quote(value)}")
+        return _csv_dataset(value["csv"], f"{path}.csv", base)
     file = (base / _text(value, path)).resolve()
     try:
         lines = file.read_text(encoding="utf-8").splitlines()

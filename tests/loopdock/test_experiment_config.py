@@ -183,3 +183,22 @@ def test_two_adapter_factories_for_one_provider_are_refused():
             "one adapter: give each factory its own provider name")  # fmt: skip
     same = [{**models[0]}, {**models[1], "adapter": "m:one"}]
     assert len(parse_experiment({**SMALLEST, "models": same}, base=ROOT, default_name="x").models) == 2
+
+
+def test_a_csv_dataset_gives_samples_and_names_a_malformed_row(tmp_path):
+    (tmp_path / "d.csv").write_text('id,input,target,level\nq1,"What is 2+2, in words?",four,easy\n,Say hi,hi,hard\n')
+    task = {"id": "t", "dataset": {"csv": "d.csv"}, "files": {"shared.txt": {"text": "s"}}}
+    first, second = parse_experiment({**SMALLEST, "tasks": [task]}, base=tmp_path, default_name="x").tasks[0].samples
+    assert (first.id, first.input, first.target, first.metadata) == ("q1", "What is 2+2, in words?", ("four",),
+                                                                    {"level": "easy"})  # fmt: skip
+    assert (second.id, second.input, second.target, second.metadata) == ("2", "Say hi", ("hi",), {"level": "hard"})
+    assert second.files == {"shared.txt": FileSource(text="s")}
+    (tmp_path / "d.csv").write_text("input,target\na,b\nc,d,e\n")
+    rejects({**SMALLEST, "tasks": [task]}, "tasks[0].dataset.csv (d.csv row 3): 3 fields, the header has 2",
+            base=tmp_path)  # fmt: skip
+    (tmp_path / "d.csv").write_text("input,target\na,b\n ,d\n")
+    rejects({**SMALLEST, "tasks": [task]}, "tasks[0].dataset.csv (d.csv row 3): input is empty", base=tmp_path)
+    (tmp_path / "d.csv").write_text("question,answer\na,b\n")
+    rejects({**SMALLEST, "tasks": [task]},
+            "tasks[0].dataset.csv: d.csv needs a header row with an input column, got ['question', 'answer']",
+            base=tmp_path)  # fmt: skip
