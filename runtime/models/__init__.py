@@ -11,6 +11,9 @@ from ._adapter import TextDelta as TextDelta
 from ._adapter import ToolCallChunk as ToolCallChunk
 from ._adapter import ToolSpec as ToolSpec
 from ._adapter import Usage as Usage
+from ._http import ApiKey as ApiKey
+from ._http import Price as Price
+from ._http import RetryPolicy as RetryPolicy
 from ._openai import DEEPSEEK_BASE_URL as DEEPSEEK_BASE_URL
 from ._openai import DEEPSEEK_MODELS as DEEPSEEK_MODELS
 from ._openai import OpenAICompatibleAdapter as OpenAICompatibleAdapter
