@@ -20,6 +20,9 @@ from ._openai import OpenAICompatibleAdapter as OpenAICompatibleAdapter
 from ._openai import deepseek_adapter as deepseek_adapter
 from ._ping import PING_MODEL as PING_MODEL
 from ._ping import PingAdapter as PingAdapter
+from ._providers import PROVIDER_TYPES as PROVIDER_TYPES
+from ._providers import ProviderSpec as ProviderSpec
+from ._providers import build_adapter as build_adapter
 from ._registry import AdapterRegistry as AdapterRegistry
 from ._registry import DuplicateAdapterError as DuplicateAdapterError
 from ._registry import default_adapters as default_adapters

@@ -1,0 +1,102 @@
+"""Providers from the dock config (``providers:``), through the public API, against a
+stand-in OpenAI-compatible server on 127.0.0.1 (tests/openai_standin.py)."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+from openai_standin import FakeOpenAI, content, finish, sse, usage
+
+from loopdock import Runtime
+from loopdock.actors.dock import DockError, config_to_dict, parse_config
+from loopdock.runtime.models import OpenAICompatibleAdapter, Price, ProviderSpec, default_adapters
+
+
+@pytest.fixture(autouse=True)
+def _no_proxies(monkeypatch):
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+
+
+async def test_an_openai_compatible_agent_completes_a_turn(tmp_path):
+    answers = [sse(content("hello "), content("there"), finish("stop"), usage(2000, 1000))]
+    async with trio.open_nursery() as nursery:
+        server = await FakeOpenAI(answers).start(nursery)
+        config = {
+            "providers": {
+                "openai-compatible": {
+                    "baseUrl": server.base_url,
+                    "apiKeyEnv": "STANDIN_API_KEY",
+                    "prices": {"local-model": {"input": 1.0, "output": 3.0}},
+                }
+            }
+        }
+        with trio.fail_after(30):
+            async with Runtime.open(tmp_path / "home", config=config, env={"STANDIN_API_KEY": "sk-standin"}) as rt:
+                handle = await rt.create_agent(
+                    session_id="s1", agent_options={"provider": "openai-compatible", "model": "local-model"}
+                )
+                handle.agent.followup("hi")
+                await handle.agent.wait_idle()
+                events = await handle.agent.session.read_events()
+        nursery.cancel_scope.cancel()
+
+    replies = [e.data for e in events if e.type == "assistant/message"]
+    assert len(replies) == 1
+    assert [block["text"] for block in replies[0]["content"]] == ["hello there"]
+    assert replies[0]["usage"] == {"inputTokens": 2000, "outputTokens": 1000, "costUsd": pytest.approx(0.005)}
+    (request,) = server.requests
+    assert request.path == "/v1/chat/completions"
+    assert request.headers["authorization"] == "Bearer sk-standin"
+    assert request.body["model"] == "local-model"
+    assert request.body["messages"][-1] == {"role": "user", "content": "hi"}
+
+
+def test_providers_parse_and_round_trip():
+    config = parse_config({
+        "providers": {
+            "openrouter": {"type": "openai-compatible", "base_url": "https://openrouter.ai/api/v1",
+                           "api_key_env": "OPENROUTER_API_KEY", "prices": {"a/b": {"input": 1, "output": 2}}},
+            "openai-compatible": {"baseUrl": "http://127.0.0.1:11434/v1"},
+        }
+    })  # fmt: skip
+    assert config.providers["openrouter"] == ProviderSpec(
+        "openai-compatible", "https://openrouter.ai/api/v1", "OPENROUTER_API_KEY", {"a/b": Price(1.0, 2.0)}
+    )
+    assert config.providers["openai-compatible"].api_key_env is None  # a local server: no key
+    assert parse_config(config_to_dict(config)) == config
+
+
+@pytest.mark.parametrize(
+    ("provider", "message"),
+    [
+        ({"type": "nope", "baseUrl": "http://x"}, "providers.p.type must be one of openai-compatible"),
+        ({"type": "openai-compatible", "apiKeyEnv": "K"}, "providers.p.baseUrl is required"),
+        ({"type": "openai-compatible", "baseUrl": "ftp://x"}, "must be an http:// or https:// URL"),
+        ({"type": "openai-compatible", "baseUrl": "http://x", "apiKey": "K"}, "unknown key providers.p.apiKey"),
+        ({"type": "openai-compatible", "baseUrl": "http://x", "prices": {"m": {"input": 1}}}, "output is required"),
+    ],
+)
+def test_bad_providers_are_refused_by_field_path(provider, message):
+    with pytest.raises(DockError, match=message):
+        parse_config({"providers": {"p": provider}})
+
+
+def test_a_key_in_place_of_a_variable_name_is_refused_without_quoting_it():
+    secret = "sk-or-v1-0123456789abcdef"
+    with pytest.raises(DockError, match="must name an environment variable") as info:
+        parse_config({"providers": {"p": {"type": "openai-compatible", "baseUrl": "http://x", "apiKeyEnv": secret}}})
+    assert secret not in str(info.value)
+
+
+def test_ping_cannot_be_redefined():
+    with pytest.raises(DockError, match="'ping' is built in"):
+        parse_config({"providers": {"ping": {"type": "openai-compatible", "baseUrl": "http://x"}}})
+
+
+def test_a_configured_deepseek_replaces_the_preset():
+    spec = ProviderSpec("openai-compatible", "http://127.0.0.1:1/v1")
+    registry = default_adapters({"DEEPSEEK_API_KEY": "k"}, {"deepseek": spec, "local": spec})
+    assert registry.names() == ("deepseek", "local", "ping")
+    adapter = registry.get("deepseek")
+    assert isinstance(adapter, OpenAICompatibleAdapter) and adapter.base_url == "http://127.0.0.1:1/v1"
