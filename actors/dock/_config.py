@@ -354,6 +354,11 @@ def _providers(value: object, path: str) -> dict[str, ProviderSpec]:
     }
 
 
+def parse_providers(value: object, path: str = "providers") -> dict[str, ProviderSpec]:
+    """Validate a ``providers:`` section (the dock config's, or an experiment's)."""
+    return _providers(value, path)
+
+
 def parse_config(value: object) -> DockConfig:
     """Validate a config value (as loaded from YAML or JSON) into a DockConfig."""
     if value is None:

@@ -3,6 +3,8 @@ stand-in OpenAI-compatible server on 127.0.0.1 (tests/openai_standin.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import trio
 from openai_standin import FakeOpenAI, content, finish, sse, usage
@@ -100,3 +102,34 @@ def test_a_configured_deepseek_replaces_the_preset():
     assert registry.names() == ("deepseek", "local", "ping")
     adapter = registry.get("deepseek")
     assert isinstance(adapter, OpenAICompatibleAdapter) and adapter.base_url == "http://127.0.0.1:1/v1"
+
+
+async def test_an_experiment_runs_a_configured_provider(tmp_path):
+    from loopdock.experiment import parse_experiment, run_in_runtime
+
+    answers = [sse(content("pong"), finish("stop"), usage(10, 1))] * 4
+    async with trio.open_nursery() as nursery:
+        server = await FakeOpenAI(answers).start(nursery)
+        experiment = parse_experiment({
+            "tasks": [{"id": "greet", "input": "hello", "target": "pong"}],
+            "scorer": "includes",
+            "providers": {"local": {"type": "openai-compatible", "baseUrl": server.base_url}},
+            "models": ["local/m1"],
+            "loops": ["standard"],
+        }, base=tmp_path, default_name="local")  # fmt: skip
+        with trio.fail_after(60):
+            async with Runtime.open(tmp_path / "home") as rt:
+                summary = await run_in_runtime(rt, experiment)
+        nursery.cancel_scope.cancel()
+    assert (summary.scored, summary.failed) == (1, 0)
+    assert server.requests and all(r.body["model"] == "m1" for r in server.requests)
+
+
+def test_an_experiments_bad_provider_names_its_field():
+    from loopdock.experiment import ExperimentError, parse_experiment
+
+    with pytest.raises(ExperimentError, match="providers.local.baseUrl is required"):
+        parse_experiment({
+            "tasks": [{"id": "greet", "input": "hello", "target": "pong"}], "scorer": "includes",
+            "providers": {"local": {"type": "openai-compatible"}}, "models": ["local/m1"], "loops": ["standard"],
+        }, base=Path("."), default_name="x")  # fmt: skip
