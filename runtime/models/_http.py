@@ -12,8 +12,9 @@ import email.utils
 import json
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from contextlib import aclosing
+from typing import Any, Protocol, cast
 
 import attrs
 import httpx
@@ -21,7 +22,7 @@ import trio
 
 from .._errors import ModelError, ModelRejectedError, ModelStreamBrokenError
 from .._logging import get_logger
-from ._adapter import RetryNotice, Usage
+from ._adapter import Chunk, RetryNotice, Usage
 
 log = get_logger(__name__)
 
@@ -216,3 +217,59 @@ class ApiKey:
         if not key:
             raise ModelRejectedError(f"model call to {where} needs ${self.env_name}, which is not set")
         return key
+
+
+class SseParser(Protocol):
+    """Turns the lines of one SSE answer into chunks (a plain object, not a generator,
+    so that the call's own generator is the only one to close on cancellation)."""
+
+    done: bool
+
+    def feed(self, line: str) -> list[Chunk]: ...
+
+    def end(self) -> list[Chunk]: ...
+
+
+@attrs.frozen
+class SseCall:
+    """One streaming POST, retried per ``attempts`` while nothing was yielded."""
+
+    client_factory: Callable[[], httpx.AsyncClient]
+    url: str
+    body: Mapping[str, Any]
+    headers: Mapping[str, str]
+    where: str
+    redact: Callable[[str], str]
+    parser: Callable[[], SseParser]
+
+    async def stream(self, attempts: Attempts) -> AsyncGenerator[Chunk, None]:
+        async with self.client_factory() as client:
+            while True:
+                attempts.attempt += 1
+                yielded = False
+                try:
+                    async with client.stream("POST", self.url, json=self.body, headers=dict(self.headers)) as response:
+                        await check_status(response, self.where, self.redact)
+                        parser = self.parser()
+                        # aiter_lines is an async generator: closed at once when we stop early.
+                        lines_gen = cast(AsyncGenerator[str, None], response.aiter_lines())
+                        async with aclosing(lines_gen) as lines:
+                            async for line in lines:
+                                for chunk in parser.feed(line):
+                                    yielded = True
+                                    yield chunk
+                                if parser.done:
+                                    break
+                        for chunk in parser.end():
+                            yielded = True
+                            yield chunk
+                    return
+                # Only failures of the connection or the server are retried; trio.Cancelled,
+                # GeneratorExit and ModelError are not caught here and propagate as is.
+                except RETRYABLE as exc:
+                    delay, short = attempts.failed(exc, yielded=yielded)
+                except (httpx.HTTPError, httpx.InvalidURL) as exc:
+                    # Anything else from httpx (a bad URL or scheme, a proxy refusing, an
+                    # undecodable body) will not get better by retrying.
+                    raise ModelError(f"model call to {self.where} failed: {type(exc).__name__}") from exc
+                await attempts.pause(delay, short)

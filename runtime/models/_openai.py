@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
-from typing import Any, cast
+from typing import Any
 
 import attrs
 import httpx
@@ -45,12 +45,11 @@ from ._adapter import (
 from ._http import (
     DEFAULT_RETRY,
     DEFAULT_TIMEOUT,
-    RETRYABLE,
     ApiKey,
     Attempts,
     Price,
     RetryPolicy,
-    check_status,
+    SseCall,
     error_text,
     priced,
     trim,
@@ -177,6 +176,7 @@ class _StreamParser:
     """
 
     redact: Callable[[str], str] = lambda text: text
+    price: Price | None = None
     calls: dict[int, _PartialCall] = attrs.field(factory=dict)
     usage: Usage | None = None
     finish: FinishReason | None = None
@@ -262,7 +262,7 @@ class _StreamParser:
                 )
             )
         if self.usage is not None:
-            chunks.append(self.usage)
+            chunks.append(priced(self.usage, self.price))
         chunks.append(Finish(self.finish))
         return chunks
 
@@ -330,39 +330,14 @@ class OpenAICompatibleAdapter:
         if key:
             headers["Authorization"] = f"Bearer {key}"
         price = self.prices.get(request.model)
+        call = SseCall(
+            self._client_factory, url, body, headers, self.base_url, redact,
+            lambda: _StreamParser(redact=redact, price=price),
+        )  # fmt: skip
         attempts = Attempts(self.base_url, self.retry, request.on_retry, self._draw)
-        async with self._client_factory() as client:
-            while True:
-                attempts.attempt += 1
-                yielded = False
-                try:
-                    async with client.stream("POST", url, json=body, headers=headers) as response:
-                        await check_status(response, self.base_url, redact)
-                        parser = _StreamParser(redact=redact)
-                        # aiter_lines is an async generator: closed at once when we stop early.
-                        lines_gen = cast(AsyncGenerator[str, None], response.aiter_lines())
-                        async with aclosing(lines_gen) as lines:
-                            async for line in lines:
-                                for chunk in parser.feed(line):
-                                    yielded = True
-                                    yield chunk
-                                if parser.done:
-                                    break
-                        for chunk in parser.end():
-                            yielded = True
-                            yield priced(chunk, price) if isinstance(chunk, Usage) else chunk
-                    return
-                # Only failures of the connection or the server are retried; trio.Cancelled,
-                # GeneratorExit and ModelError are not caught here and propagate as is.
-                except RETRYABLE as exc:
-                    delay, short = attempts.failed(exc, yielded=yielded)
-                except (httpx.HTTPError, httpx.InvalidURL) as exc:
-                    # Anything else from httpx (a bad URL or scheme, a proxy refusing, an
-                    # undecodable body) will not get better by retrying.
-                    raise ModelError(
-                        f"model call to {self.base_url} failed: {type(exc).__name__}"
-                    ) from exc
-                await attempts.pause(delay, short)
+        async with aclosing(call.stream(attempts)) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
 
 def deepseek_adapter(env: Mapping[str, str]) -> OpenAICompatibleAdapter | None:
