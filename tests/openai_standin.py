@@ -1,4 +1,5 @@
-"""A stand-in OpenAI chat-completions server on 127.0.0.1, for the model adapter tests.
+"""A stand-in model server on 127.0.0.1, for the model adapter tests: OpenAI's chat
+completions events, or Anthropic's Messages events with ``Answer(named=True)``.
 
 It speaks just enough HTTP/1.1: it reads the request line, headers and a Content-Length
 body, records the request, and plays one scripted answer per connection (every answer
@@ -42,6 +43,7 @@ class Answer:
     break_after: int | None = None
     hang: bool = False
     headers: dict[str, str] = attrs.Factory(dict)  # extra headers of a non-200 answer
+    named: bool = False  # each event preceded by ``event: <its type>`` (Anthropic's form)
 
 
 def sse(*events: Any, done: bool = True, **options: Any) -> Answer:
@@ -53,12 +55,13 @@ def status(code: int, message: str | None = None, **headers: str) -> Answer:
     return Answer(status=code, error_body=body, headers={k.replace("_", "-"): v for k, v in headers.items()})
 
 
-def _encode_event(event: Any) -> bytes:
+def _encode_event(event: Any, named: bool = False) -> bytes:
     data = event if isinstance(event, str) else json.dumps(event)
-    return f"data: {data}\n\n".encode()
+    name = f"event: {event['type']}\n" if named and isinstance(event, dict) else ""
+    return f"{name}data: {data}\n\n".encode()
 
 
-_REASONS = {200: "OK", 401: "Unauthorized", 429: "Too Many Requests", 503: "Unavailable"}
+_REASONS = {200: "OK", 401: "Unauthorized", 429: "Too Many Requests", 503: "Unavailable", 529: "Overloaded"}
 
 
 class FakeOpenAI:
@@ -128,7 +131,7 @@ class FakeOpenAI:
                 + body
             )
             return
-        payloads = [_encode_event(e) for e in answer.events]
+        payloads = [_encode_event(e, answer.named) for e in answer.events]
         head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n"
         if answer.break_after is not None:
             # Promise more than we send, so the early close is a protocol error.

@@ -49,7 +49,7 @@ from loopdock.runtime import (
 )
 from loopdock.runtime import cut as _cut
 from loopdock.runtime import short_repr as _quote
-from loopdock.runtime.models import PROVIDER_TYPES, Price, ProviderSpec
+from loopdock.runtime.models import ANTHROPIC_DEFAULTS, PROVIDER_TYPES, Price, ProviderSpec
 
 from ._errors import DockError
 from ._loops import ID_PATTERN
@@ -325,12 +325,13 @@ def _provider(name: str, value: object, path: str) -> ProviderSpec:
     if kind not in PROVIDER_TYPES:
         where = f"{path}.type" if "type" in fields else f"{path} (no type, so its name)"
         raise _error(f"{where} must be one of {', '.join(PROVIDER_TYPES)}, got {_quote(kind)}")
-    if "baseUrl" not in fields:
+    defaults = ANTHROPIC_DEFAULTS if kind == "anthropic" else {}
+    if "baseUrl" not in fields and "base_url" not in defaults:
         raise _error(f"{path}.baseUrl is required")
-    base_url = _text(*fields["baseUrl"])
+    base_url = _text(*fields["baseUrl"]) if "baseUrl" in fields else defaults["base_url"]
     if not base_url.startswith(("http://", "https://")):
-        raise _error(f"{fields['baseUrl'][1]} must be an http:// or https:// URL, got {_quote(base_url)}")
-    key_env = None
+        raise _error(f"{path}.baseUrl must be an http:// or https:// URL, got {_quote(base_url)}")
+    key_env = defaults.get("api_key_env")
     if "apiKeyEnv" in fields:
         key_env, where = fields["apiKeyEnv"]
         # The name of a variable, never a key: a value that is not a name is refused unquoted.

@@ -11,6 +11,8 @@ from ._adapter import TextDelta as TextDelta
 from ._adapter import ToolCallChunk as ToolCallChunk
 from ._adapter import ToolSpec as ToolSpec
 from ._adapter import Usage as Usage
+from ._anthropic import ANTHROPIC_BASE_URL as ANTHROPIC_BASE_URL
+from ._anthropic import AnthropicAdapter as AnthropicAdapter
 from ._http import ApiKey as ApiKey
 from ._http import Price as Price
 from ._http import RetryPolicy as RetryPolicy
@@ -20,6 +22,7 @@ from ._openai import OpenAICompatibleAdapter as OpenAICompatibleAdapter
 from ._openai import deepseek_adapter as deepseek_adapter
 from ._ping import PING_MODEL as PING_MODEL
 from ._ping import PingAdapter as PingAdapter
+from ._providers import ANTHROPIC_DEFAULTS as ANTHROPIC_DEFAULTS
 from ._providers import PROVIDER_TYPES as PROVIDER_TYPES
 from ._providers import ProviderSpec as ProviderSpec
 from ._providers import build_adapter as build_adapter

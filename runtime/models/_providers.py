@@ -14,12 +14,15 @@ from typing import Literal
 import attrs
 
 from ._adapter import ModelAdapter
+from ._anthropic import ANTHROPIC_BASE_URL, AnthropicAdapter
 from ._http import DEFAULT_RETRY, ApiKey, Price, RetryPolicy
 from ._openai import OpenAICompatibleAdapter
 
-ProviderType = Literal["openai-compatible"]
+ProviderType = Literal["openai-compatible", "anthropic"]
 #: The wire formats a provider can speak.
-PROVIDER_TYPES: tuple[str, ...] = ("openai-compatible",)
+PROVIDER_TYPES: tuple[str, ...] = ("openai-compatible", "anthropic")
+#: What an ``anthropic`` provider uses when the config does not say.
+ANTHROPIC_DEFAULTS = {"base_url": ANTHROPIC_BASE_URL, "api_key_env": "ANTHROPIC_API_KEY"}
 
 
 def _frozen_prices(value: Mapping[str, Price]) -> Mapping[str, Price]:
@@ -29,7 +32,8 @@ def _frozen_prices(value: Mapping[str, Price]) -> Mapping[str, Price]:
 @attrs.frozen
 class ProviderSpec:
     """One configured provider. ``api_key_env`` None: the server wants no key (a local
-    vLLM, Ollama or llama.cpp server). ``prices`` are per model name."""
+    vLLM, Ollama or llama.cpp server). ``prices`` are per model name. An ``anthropic``
+    provider's URL and variable default to ``ANTHROPIC_DEFAULTS``."""
 
     type: ProviderType
     base_url: str
@@ -41,6 +45,9 @@ class ProviderSpec:
 def build_adapter(spec: ProviderSpec, env: Mapping[str, str]) -> ModelAdapter:
     """The adapter ``spec`` describes, reading its key from ``env`` at each call."""
     key = ApiKey(env_name=spec.api_key_env, env=env) if spec.api_key_env else None
-    return OpenAICompatibleAdapter(
-        spec.base_url, key, retry=RetryPolicy(max_attempts=spec.max_attempts), prices=spec.prices
-    )
+    retry = RetryPolicy(max_attempts=spec.max_attempts)
+    if spec.type == "anthropic":
+        # The Messages API always wants a key: with none configured, a call says so.
+        anthropic_key = key or ApiKey(env_name=ANTHROPIC_DEFAULTS["api_key_env"], env=env)
+        return AnthropicAdapter(anthropic_key, spec.base_url, retry=retry, prices=spec.prices)
+    return OpenAICompatibleAdapter(spec.base_url, key, retry=retry, prices=spec.prices)

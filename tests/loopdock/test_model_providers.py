@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from openai_standin import FakeOpenAI, content, finish, sse, usage
+from openai_standin import Answer, FakeOpenAI, content, finish, sse, usage
 
 from loopdock import Runtime
 from loopdock.actors.dock import DockError, config_to_dict, parse_config
@@ -72,7 +72,7 @@ def test_providers_parse_and_round_trip():
 @pytest.mark.parametrize(
     ("provider", "message"),
     [
-        ({"type": "nope", "baseUrl": "http://x"}, "providers.p.type must be one of openai-compatible"),
+        ({"type": "nope", "baseUrl": "http://x"}, "providers.p.type must be one of openai-compatible, anthropic"),
         ({"type": "openai-compatible", "apiKeyEnv": "K"}, "providers.p.baseUrl is required"),
         ({"type": "openai-compatible", "baseUrl": "ftp://x"}, "must be an http:// or https:// URL"),
         ({"type": "openai-compatible", "baseUrl": "http://x", "apiKey": "K"}, "unknown key providers.p.apiKey"),
@@ -133,3 +133,38 @@ def test_an_experiments_bad_provider_names_its_field():
             "tasks": [{"id": "greet", "input": "hello", "target": "pong"}], "scorer": "includes",
             "providers": {"local": {"type": "openai-compatible"}}, "models": ["local/m1"], "loops": ["standard"],
         }, base=Path("."), default_name="x")  # fmt: skip
+
+
+async def test_an_anthropic_agent_completes_a_turn(tmp_path):
+    events = [
+        {"type": "message_start", "message": {"usage": {"input_tokens": 9, "output_tokens": 1}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "bonjour"}},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2}},
+        {"type": "message_stop"},
+    ]
+    async with trio.open_nursery() as nursery:
+        server = await FakeOpenAI([Answer(events=events, named=True)]).start(nursery)
+        config = {"providers": {"anthropic": {"baseUrl": f"http://127.0.0.1:{server.port}"}}}
+        with trio.fail_after(30):
+            async with Runtime.open(tmp_path / "home", config=config, env={"ANTHROPIC_API_KEY": "sk-ant"}) as rt:
+                handle = await rt.create_agent(
+                    session_id="s1",
+                    agent_options={"provider": "anthropic", "model": "claude-x", "system_prompt": "Be brief."},
+                )
+                handle.agent.followup("hi")
+                await handle.agent.wait_idle()
+                events_seen = await handle.agent.session.read_events()
+        nursery.cancel_scope.cancel()
+    (reply,) = [e.data for e in events_seen if e.type == "assistant/message"]
+    assert [block["text"] for block in reply["content"]] == ["bonjour"]
+    assert reply["usage"] == {"inputTokens": 9, "outputTokens": 2}
+    (request,) = server.requests
+    assert request.headers["x-api-key"] == "sk-ant"
+    assert request.body["model"] == "claude-x" and "Be brief." in request.body["system"]
+
+
+def test_an_anthropic_provider_defaults_its_url_and_key_variable():
+    spec = parse_config({"providers": {"claude": {"type": "anthropic"}}}).providers["claude"]
+    assert (spec.base_url, spec.api_key_env) == ("https://api.anthropic.com", "ANTHROPIC_API_KEY")
