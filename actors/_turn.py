@@ -156,6 +156,8 @@ class Turn:
         data = message_to_wire(message)
         if usage is not None:
             data["usage"] = {"inputTokens": usage.input_tokens, "outputTokens": usage.output_tokens}
+            if usage.cost is not None:
+                data["usage"]["costUsd"] = usage.cost
         return self.log(event_type, data)
 
     def model_request(self) -> ModelRequest:

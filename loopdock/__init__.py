@@ -78,6 +78,8 @@ from loopdock.runtime import LoopdockError as LoopdockError
 from loopdock.runtime import Message as Message
 from loopdock.runtime import MessageRefusedError as MessageRefusedError
 from loopdock.runtime import ModelError as ModelError
+from loopdock.runtime import ModelRejectedError as ModelRejectedError
+from loopdock.runtime import ModelStreamBrokenError as ModelStreamBrokenError
 from loopdock.runtime import NoWorkerError as NoWorkerError
 from loopdock.runtime import PortInUseError as PortInUseError
 from loopdock.runtime import ProducerSource as ProducerSource

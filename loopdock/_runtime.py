@@ -145,7 +145,8 @@ class Runtime:
 
         ``config`` is the loop dock's config: a DockConfig, a mapping, or a YAML file path.
         ``shell`` enables the shell tool under that policy (it is off by default).
-        Model adapters: ``ping`` always, ``deepseek`` when ``DEEPSEEK_API_KEY`` is set.
+        Model adapters: ``ping`` always, the config's ``providers`` (an OpenAI-compatible
+        server, each by its name), ``deepseek`` when ``DEEPSEEK_API_KEY`` is set.
         The ``default`` driver is the ``react`` driver; the loops ``standard`` and
         ``minimal-first`` are built in; loop packages are loaded, then configured agents start.
         ``skills`` is the skill catalog (``rt.skills``); by default the DSH roots seen from
@@ -274,7 +275,7 @@ class Runtime:
                     name="admission gate",
                 )
                 supervisor = Supervisor(
-                    nursery, store, writer, default_adapters(environ), tools, admission=admission, history=history
+                    nursery, store, writer, default_adapters(environ, dock_config.providers), tools, admission=admission, history=history
                 )
                 if governor is not None:
                     # A governor that keeps failing stops freezing: full collections walk

@@ -18,6 +18,8 @@ from ._errors import InvalidSessionIdError as InvalidSessionIdError
 from ._errors import LoopdockError as LoopdockError
 from ._errors import MessageRefusedError as MessageRefusedError
 from ._errors import ModelError as ModelError
+from ._errors import ModelRejectedError as ModelRejectedError
+from ._errors import ModelStreamBrokenError as ModelStreamBrokenError
 from ._errors import NoWorkerError as NoWorkerError
 from ._errors import PortInUseError as PortInUseError
 from ._errors import RegistryMismatchError as RegistryMismatchError

@@ -143,6 +143,26 @@ class ModelError(LoopdockError):
     code = "MODEL_ERROR"
 
 
+class ModelRejectedError(ModelError):
+    """Raised by a model adapter when the server refuses the call with a 4xx answer
+    other than 429 (a bad key, an unknown model, a malformed request), or when the
+    variable named for its key is unset: never retried, as repeating it cannot help.
+    ``status`` is the HTTP status (0 when no request was sent)."""
+
+    code = "MODEL_REJECTED"
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ModelStreamBrokenError(ModelError):
+    """Raised by a model adapter when a stream breaks off after it yielded a chunk:
+    repeating the call could duplicate text or tool calls, so it is not retried."""
+
+    code = "MODEL_STREAM_BROKEN"
+
+
 class ToolError(LoopdockError):
     """Raised by a tool for a failure the model should see as the tool's result."""
 

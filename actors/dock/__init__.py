@@ -9,6 +9,7 @@ from ._config import Route as Route
 from ._config import config_to_dict as config_to_dict
 from ._config import load_config as load_config
 from ._config import parse_config as parse_config
+from ._config import parse_providers as parse_providers
 from ._dock import LoopDock as LoopDock
 from ._dock import StrategyDriver as StrategyDriver
 from ._errors import DockError as DockError

@@ -8,6 +8,9 @@ snake_case spelling of every key is accepted too, but not both spellings at once
     presetLoops: {reviewer: minimal-first}               # agent preset -> route
     sessionLoops: {s-42: {loop: standard, driver: loop2}} # session id -> route
     loopPackages: ["my_loops:LOOPS"]                   # imported; its loops are registered
+    providers:                                         # model providers by name
+      openrouter: {type: openai-compatible, baseUrl: "https://openrouter.ai/api/v1",
+                   apiKeyEnv: OPENROUTER_API_KEY, prices: {some/model: {input: 0.2, output: 0.8}}}
     agents:                                            # session id: sessionId, else id
       - {id: flash, model: deepseek-v4-flash}
 
@@ -46,6 +49,7 @@ from loopdock.runtime import (
 )
 from loopdock.runtime import cut as _cut
 from loopdock.runtime import short_repr as _quote
+from loopdock.runtime.models import ANTHROPIC_DEFAULTS, PROVIDER_TYPES, Price, ProviderSpec
 
 from ._errors import DockError
 from ._loops import ID_PATTERN
@@ -111,6 +115,7 @@ class DockConfig:
     session_loops: Mapping[str, Route] = attrs.field(factory=dict, converter=_frozen_map)
     agents: tuple[AgentEntry, ...] = attrs.field(default=(), converter=_entries)
     loop_packages: tuple[str, ...] = attrs.field(default=(), converter=_names)
+    providers: Mapping[str, ProviderSpec] = attrs.field(factory=dict, converter=types.MappingProxyType)
 
 
 def _error(message: str) -> DockError:
@@ -288,6 +293,73 @@ def _packages(value: object, path: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _number(value: object, path: str) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+        raise _error(f"{path} must be a number >= 0, got {_quote(value)}")
+    return float(value)
+
+
+def _prices(value: object, path: str) -> dict[str, Price]:
+    if not isinstance(value, Mapping):
+        raise _error(f"{path} must be a mapping of model name to {{input, output}}, got {_quote(value)}")
+    prices = {}
+    for model, item in value.items():
+        where = f"{path}.{_key(model)}"
+        fields = _fields(item, where, ("input", "output"))
+        for name in ("input", "output"):
+            if name not in fields:
+                raise _error(f"{where}.{name} is required (US dollars per million tokens)")
+        prices[_text(model, f"{path} key")] = Price(_number(*fields["input"]), _number(*fields["output"]))
+    return prices
+
+
+def _provider(name: str, value: object, path: str) -> ProviderSpec:
+    if name == "ping":
+        raise _error(f"{path}: the provider name 'ping' is built in; choose another")
+    fields = _fields(value, path, ("type", "baseUrl", "apiKeyEnv", "prices", "maxAttempts"))
+    # A provider named after its wire format needs no type: `openai-compatible: {baseUrl: ...}`.
+    kind = _text(*fields["type"]) if "type" in fields else name
+    if kind not in PROVIDER_TYPES:
+        where = f"{path}.type" if "type" in fields else f"{path} (no type, so its name)"
+        raise _error(f"{where} must be one of {', '.join(PROVIDER_TYPES)}, got {_quote(kind)}")
+    defaults = ANTHROPIC_DEFAULTS if kind == "anthropic" else {}
+    if "baseUrl" not in fields and "base_url" not in defaults:
+        raise _error(f"{path}.baseUrl is required")
+    base_url = _text(*fields["baseUrl"]) if "baseUrl" in fields else defaults["base_url"]
+    if not base_url.startswith(("http://", "https://")):
+        raise _error(f"{path}.baseUrl must be an http:// or https:// URL, got {_quote(base_url)}")
+    key_env = defaults.get("api_key_env")
+    if "apiKeyEnv" in fields:
+        key_env, where = fields["apiKeyEnv"]
+        # The name of a variable, never a key: a value that is not a name is refused unquoted.
+        if not isinstance(key_env, str) or not _ENV_NAME.fullmatch(key_env):
+            raise _error(f"{where} must name an environment variable (like OPENROUTER_API_KEY), not hold the key")
+    kwargs: dict[str, Any] = {}
+    if "prices" in fields:
+        kwargs["prices"] = _prices(*fields["prices"])
+    if "maxAttempts" in fields:
+        kwargs["max_attempts"] = _positive_int(*fields["maxAttempts"])
+    return ProviderSpec(kind, base_url, key_env, **kwargs)  # type: ignore[arg-type]
+
+
+def _providers(value: object, path: str) -> dict[str, ProviderSpec]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise _error(f"{path} must be a mapping of provider name to its settings, got {_quote(value)}")
+    return {
+        _text(name, f"{path} key"): _provider(name, item, f"{path}.{_key(name)}") for name, item in value.items()
+    }
+
+
+def parse_providers(value: object, path: str = "providers") -> dict[str, ProviderSpec]:
+    """Validate a ``providers:`` section (the dock config's, or an experiment's)."""
+    return _providers(value, path)
+
+
 def parse_config(value: object) -> DockConfig:
     """Validate a config value (as loaded from YAML or JSON) into a DockConfig."""
     if value is None:
@@ -299,6 +371,7 @@ def parse_config(value: object) -> DockConfig:
         "sessionLoops": ("session_loops", lambda v, p: _routes(v, p, session_keys=True)),
         "agents": ("agents", _agents),
         "loopPackages": ("loop_packages", _packages),
+        "providers": ("providers", _providers),
     }
     fields = _fields(value, "", tuple(checks))
     kwargs: dict[str, Any] = {name: check(*fields[key]) for key, (name, check) in checks.items() if key in fields}
@@ -322,7 +395,17 @@ def config_to_dict(config: DockConfig) -> dict[str, Any]:
         "sessionLoops": {name: _route_to_value(r) for name, r in config.session_loops.items()},
         "agents": agents,
         "loopPackages": list(config.loop_packages),
+        "providers": {name: _provider_to_value(spec) for name, spec in config.providers.items()},
     }
+
+
+def _provider_to_value(spec: ProviderSpec) -> dict[str, Any]:
+    value: dict[str, Any] = {"type": spec.type, "baseUrl": spec.base_url, "maxAttempts": spec.max_attempts}
+    if spec.api_key_env is not None:
+        value["apiKeyEnv"] = spec.api_key_env
+    if spec.prices:
+        value["prices"] = {m: {"input": p.input, "output": p.output} for m, p in spec.prices.items()}
+    return value
 
 
 def load_config(path: str | os.PathLike[str]) -> DockConfig:

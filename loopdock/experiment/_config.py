@@ -9,6 +9,9 @@ The smallest file::
     loops: [standard, minimal-first]
     repeats: 2
 
+``providers:`` defines providers as the dock config's section does (an OpenAI-compatible
+server by name, its key's variable by name), registered for the run.
+
 Paths inside the file (datasets, sample files) are relative to the file's directory.
 """
 
@@ -26,8 +29,10 @@ from typing import Any, TypeVar
 import attrs
 
 from loopdock.actors.dock import ID_PATTERN as LOOP_ID
+from loopdock.actors.dock import DockError, parse_providers
 from loopdock.runtime import YamlFileError, cut, load_yaml_file
 from loopdock.runtime import short_repr as _quote
+from loopdock.runtime.models import ProviderSpec
 
 from ._errors import ExperimentError
 from ._spec import (
@@ -440,7 +445,7 @@ def _check_targets(experiment: Experiment) -> None:
 
 _TOP_KEYS = (
     "name", "tasks", "scorer", "models", "loops", "repeats", "limits", "concurrency",
-    "retries", "currency", "prices", "compare",
+    "retries", "currency", "prices", "compare", "providers",
 )  # fmt: skip
 
 
@@ -490,10 +495,18 @@ def parse_experiment(value: object, *, base: Path, default_name: str | None = No
         retries=retries,
         currency=_optional(fields, "currency", "", _text) or "USD",
         compare=_compare(fields["compare"], "compare", models, loops) if "compare" in fields else (),
+        providers=_experiment_providers(fields["providers"]) if "providers" in fields else {},
         base=base,
     )
     _check_targets(experiment)
     return experiment
+
+
+def _experiment_providers(value: object) -> dict[str, ProviderSpec]:
+    try:
+        return parse_providers(value)
+    except DockError as exc:
+        raise _error(str(exc)) from None
 
 
 def limit_samples(experiment: Experiment, limit: int) -> Experiment:

@@ -26,7 +26,7 @@ import trio
 
 from loopdock.actors import AgentContext, PreStep, Reject, SessionActor, Verdict
 from loopdock.runtime import Event, LoopdockError, Next, get_logger, safe_message
-from loopdock.runtime.models import ModelAdapter, ModelRequest, RetryNotice
+from loopdock.runtime.models import ModelAdapter, ModelRequest, RetryNotice, build_adapter
 
 from .._runtime import Runtime
 from ._budget import Budget, Estimate, check_estimate, estimate, experiment_prices, price_of, rollout_cost
@@ -392,6 +392,9 @@ def _register_adapters(rt: Runtime, experiment: Experiment, adapters: Mapping[st
     for name, adapter in adapters.items():
         if name not in rt.adapters:
             rt.register_adapter(name, adapter)
+    for name, spec in experiment.providers.items():
+        if name not in rt.adapters:
+            rt.register_adapter(name, build_adapter(spec, os.environ))
     for index, model in enumerate(experiment.models):
         if model.adapter is not None and model.provider not in rt.adapters:
             factory = load_function(model.adapter, experiment.base)

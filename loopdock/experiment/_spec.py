@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 import attrs
 
+from loopdock.runtime.models import ProviderSpec
+
 ScorerKind = Literal["exact", "includes", "regex", "python", "judge"]
 
 
@@ -148,6 +150,7 @@ class Experiment:
     retries: int = 2  # more attempts of an errored rollout within one run
     currency: str = "USD"
     compare: tuple[tuple[str, str], ...] = ()  # extra paired comparisons, "model:loop" each
+    providers: Mapping[str, ProviderSpec] = attrs.field(factory=dict)  # registered for the run, by name
     base: Path = attrs.field(factory=Path.cwd)  # where relative paths (datasets, scorers) start
 
     def scorer_for(self, task: Task) -> Scorer:

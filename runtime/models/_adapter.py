@@ -74,6 +74,7 @@ class ToolCallChunk:
 class Usage:
     input_tokens: int
     output_tokens: int
+    cost: float | None = None  # US dollars, when the provider's config gives prices
 
 
 FinishReason = Literal["stop", "tool-calls", "max-tokens"]

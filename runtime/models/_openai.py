@@ -7,19 +7,19 @@ extra connection setup does not matter.
 
 Retries are bounded and only happen while the caller has seen nothing yet: once a chunk
 was yielded, repeating the call could duplicate text or tool calls, so a later failure
-is a ``ModelError``.
+is a ``ModelStreamBrokenError``. The retry policy is ``_http.RetryPolicy``'s.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+import random
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
-from typing import Any, cast
+from typing import Any
 
 import attrs
 import httpx
-import trio
 
 from .._errors import ModelError
 from .._logging import get_logger
@@ -37,11 +37,22 @@ from ._adapter import (
     FinishReason,
     ModelRequest,
     ReasoningDelta,
-    RetryNotice,
     TextDelta,
     ToolCallChunk,
     ToolSpec,
     Usage,
+)
+from ._http import (
+    DEFAULT_RETRY,
+    DEFAULT_TIMEOUT,
+    ApiKey,
+    Attempts,
+    Price,
+    RetryPolicy,
+    SseCall,
+    error_text,
+    priced,
+    trim,
 )
 
 log = get_logger(__name__)
@@ -49,29 +60,12 @@ log = get_logger(__name__)
 DEEPSEEK_BASE_URL = "https://api.deepseek.com"
 DEEPSEEK_MODELS: tuple[str, ...] = ("deepseek-v4-flash", "deepseek-v4-pro")
 
-# Streams can pause for a long time while a model thinks; connecting should not.
-DEFAULT_TIMEOUT = httpx.Timeout(120.0, connect=15.0)
-
 _FINISH_REASONS: Mapping[str, FinishReason] = {
     "stop": "stop",
     "tool_calls": "tool-calls",
     "function_call": "tool-calls",  # the pre-tools name some servers still send
     "length": "max-tokens",
 }
-_MAX_ERROR_CHARS = 200
-_MAX_ERROR_BODY_BYTES = 8192
-
-
-class _RetryableStatus(Exception):
-    """An HTTP 429 / 5xx answer: worth another attempt. Internal to this module."""
-
-    def __init__(self, summary: str) -> None:
-        super().__init__(summary)
-        self.summary = summary
-
-
-def _is_retryable_status(status: int) -> bool:
-    return status == 429 or status >= 500
 
 
 # -- request body ---------------------------------------------------------------------
@@ -182,6 +176,7 @@ class _StreamParser:
     """
 
     redact: Callable[[str], str] = lambda text: text
+    price: Price | None = None
     calls: dict[int, _PartialCall] = attrs.field(factory=dict)
     usage: Usage | None = None
     finish: FinishReason | None = None
@@ -203,7 +198,7 @@ class _StreamParser:
         if not isinstance(event, dict):
             return []
         if "error" in event:
-            message = self.redact(_error_text(event)) or "no message"
+            message = self.redact(error_text(event)) or "no message"
             raise ModelError(f"model stream reported an error: {message}")
         chunks: list[Chunk] = []
         usage = event.get("usage")
@@ -246,7 +241,7 @@ class _StreamParser:
         if mapped is None:
             # content_filter, insufficient_system_resource, ...: the answer was cut off
             # for a reason the agent cannot act on as a normal end of turn.
-            raise ModelError(f"model stopped with finish reason {_trim(reason)!r}")
+            raise ModelError(f"model stopped with finish reason {trim(reason)!r}")
         return mapped
 
     def end(self) -> list[Chunk]:
@@ -267,82 +262,52 @@ class _StreamParser:
                 )
             )
         if self.usage is not None:
-            chunks.append(self.usage)
+            chunks.append(priced(self.usage, self.price))
         chunks.append(Finish(self.finish))
         return chunks
-
-
-# -- errors ---------------------------------------------------------------------------
-
-
-def _trim(text: str) -> str:
-    text = " ".join(text.split())
-    if len(text) > _MAX_ERROR_CHARS:
-        text = text[: _MAX_ERROR_CHARS - 3] + "..."
-    return text
-
-
-def _error_text(payload: Any) -> str:
-    """The human message of an OpenAI-style error payload, trimmed; '' if none."""
-    if not isinstance(payload, dict):
-        return ""
-    error = payload.get("error", payload)
-    if isinstance(error, dict):
-        error = error.get("message")
-    return _trim(error) if isinstance(error, str) else ""
-
-
-async def _status_summary(response: httpx.Response) -> str:
-    """``HTTP 401: <message>``, reading at most a few KB of the error body."""
-    body = b""
-    async for piece in response.aiter_bytes():
-        body += piece
-        if len(body) >= _MAX_ERROR_BODY_BYTES:
-            break
-    try:
-        message = _error_text(json.loads(body))
-    except ValueError:
-        message = ""  # not JSON: an HTML error page is noise, not an explanation
-    summary = f"HTTP {response.status_code}"
-    return f"{summary}: {message}" if message else summary
 
 
 # -- the adapter ----------------------------------------------------------------------
 
 
 class OpenAICompatibleAdapter:
-    """A model provider speaking the OpenAI chat-completions streaming protocol.
+    """A model provider speaking the OpenAI chat-completions streaming protocol (vLLM,
+    Ollama, llama.cpp's server, OpenRouter, DeepSeek, ...).
 
-    ``client_factory()`` must return a fresh ``httpx.AsyncClient``; the adapter enters
-    and closes it around each call. ``backoff`` lists the delays before the 1st, 2nd,
-    ... retry (the last one repeats), so ``max_attempts=3`` waits 0.5 s then 2 s.
-    ``echo_reasoning`` sends an assistant turn's reasoning back as
-    ``reasoning_content`` (DeepSeek requires it after tool calls).
+    ``api_key`` is the key itself or an ``ApiKey`` naming the variable that holds it
+    (none at all for a local server without auth). ``client_factory()`` must return a
+    fresh ``httpx.AsyncClient``; the adapter enters and closes it around each call.
+    ``retry`` says how often 429s, 5xx and broken connections are retried (a 4xx is
+    ModelRejectedError at once); ``draw`` is the jitter's random source. ``prices``
+    (per model name) put a cost on each call's Usage. ``echo_reasoning`` sends an
+    assistant turn's reasoning back as ``reasoning_content`` (DeepSeek requires it after
+    tool calls).
+
+    Cancelling the caller's scope mid-stream closes the HTTP stream and its connection
+    before the cancellation propagates.
     """
 
     def __init__(
         self,
         base_url: str,
-        api_key: str,
+        api_key: str | ApiKey | None = None,
         *,
         client_factory: Callable[[], httpx.AsyncClient] | None = None,
-        max_attempts: int = 3,
-        backoff: Sequence[float] = (0.5, 2.0),
+        retry: RetryPolicy = DEFAULT_RETRY,
+        draw: Callable[[], float] = random.random,
         timeout: httpx.Timeout | float | None = DEFAULT_TIMEOUT,
         models: Sequence[str] = (),
+        prices: Mapping[str, Price] | None = None,
         echo_reasoning: bool = True,
     ) -> None:
-        if max_attempts < 1:
-            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
-        if not backoff or any(d < 0 for d in backoff):
-            raise ValueError(f"backoff must be a non-empty list of delays >= 0, got {backoff!r}")
         self.base_url = base_url.rstrip("/")
-        self._api_key = api_key
+        self._key = api_key if isinstance(api_key, ApiKey) else ApiKey(api_key)
         self._timeout = timeout
         self._client_factory = client_factory or self._default_client
-        self.max_attempts = max_attempts
-        self.backoff = tuple(float(d) for d in backoff)
+        self.retry = retry
+        self._draw = draw
         self.models = tuple(models)
+        self.prices = dict(prices or {})
         self.echo_reasoning = echo_reasoning
 
     def __repr__(self) -> str:
@@ -352,81 +317,35 @@ class OpenAICompatibleAdapter:
     def _default_client(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(timeout=self._timeout)
 
-    def _redact(self, text: str) -> str:
-        # An error body may echo the credential back; it must not reach a log.
-        return text.replace(self._api_key, "***") if self._api_key else text
-
-    def _delay(self, attempt: int) -> float:
-        return self.backoff[min(attempt - 1, len(self.backoff) - 1)]
-
     async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
         url = f"{self.base_url}/chat/completions"
+        key = self._key.get(self.base_url)
+
+        def redact(text: str) -> str:
+            # An error body may echo the credential back; it must not reach a log.
+            return text.replace(key, "***") if key else text
+
         body = build_body(request, echo_reasoning=self.echo_reasoning)
-        headers = {
-            "Authorization": f"Bearer {self._api_key}",
-            "Accept": "text/event-stream",
-        }
-        async with self._client_factory() as client:
-            attempt = 0
-            while True:
-                attempt += 1
-                yielded = False
-                try:
-                    async with client.stream("POST", url, json=body, headers=headers) as response:
-                        if response.status_code != 200:
-                            summary = self._redact(await _status_summary(response))
-                            if _is_retryable_status(response.status_code):
-                                raise _RetryableStatus(summary)
-                            raise ModelError(f"model call to {self.base_url} failed: {summary}")
-                        parser = _StreamParser(redact=self._redact)
-                        # aiter_lines is an async generator: closed at once when we stop early.
-                        lines_gen = cast(AsyncGenerator[str, None], response.aiter_lines())
-                        async with aclosing(lines_gen) as lines:
-                            async for line in lines:
-                                for chunk in parser.feed(line):
-                                    yielded = True
-                                    yield chunk
-                                if parser.done:
-                                    break
-                        for chunk in parser.end():
-                            yielded = True
-                            yield chunk
-                    return
-                # Only failures of the connection or the server are retried; trio.Cancelled,
-                # GeneratorExit and ModelError are not caught here and propagate as is.
-                except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError,
-                        _RetryableStatus) as exc:  # fmt: skip
-                    short = (
-                        exc.summary if isinstance(exc, _RetryableStatus) else type(exc).__name__
-                    )
-                    if yielded:
-                        raise ModelError(
-                            f"model stream from {self.base_url} broke off: {short}"
-                        ) from exc
-                    if attempt >= self.max_attempts:
-                        raise ModelError(
-                            f"model call to {self.base_url} failed after {attempt} "
-                            f"attempt{'s' if attempt > 1 else ''}: {short}"
-                        ) from exc
-                except (httpx.HTTPError, httpx.InvalidURL) as exc:
-                    # Anything else from httpx (a bad URL or scheme, a proxy refusing, an
-                    # undecodable body) will not get better by retrying.
-                    raise ModelError(
-                        f"model call to {self.base_url} failed: {type(exc).__name__}"
-                    ) from exc
-                # Waiting happens outside the handler, so a cancellation arriving during
-                # the backoff is not chained to the failure that caused it.
-                delay = self._delay(attempt)
-                log.warning("model.retry", attempt=attempt, delay=delay, error=short)
-                if request.on_retry is not None:
-                    await request.on_retry(RetryNotice(attempt, delay, short))
-                await trio.sleep(delay)
+        headers = {"Accept": "text/event-stream"}
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        price = self.prices.get(request.model)
+        call = SseCall(
+            self._client_factory, url, body, headers, self.base_url, redact,
+            lambda: _StreamParser(redact=redact, price=price),
+        )  # fmt: skip
+        attempts = Attempts(self.base_url, self.retry, request.on_retry, self._draw)
+        async with aclosing(call.stream(attempts)) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
 
 def deepseek_adapter(env: Mapping[str, str]) -> OpenAICompatibleAdapter | None:
-    """The DeepSeek adapter configured from ``env``, or None without ``DEEPSEEK_API_KEY``."""
-    key = (env.get("DEEPSEEK_API_KEY") or "").strip()
-    if not key:
+    """DeepSeek, a preset of the OpenAI-compatible adapter: its base URL (or
+    ``DEEPSEEK_BASE_URL``), its key from ``DEEPSEEK_API_KEY``; None without that key."""
+    if not (env.get("DEEPSEEK_API_KEY") or "").strip():
         return None
     base_url = (env.get("DEEPSEEK_BASE_URL") or "").strip() or DEEPSEEK_BASE_URL
-    return OpenAICompatibleAdapter(base_url, key, models=DEEPSEEK_MODELS)
+    return OpenAICompatibleAdapter(
+        base_url, ApiKey(env_name="DEEPSEEK_API_KEY", env=env), models=DEEPSEEK_MODELS
+    )

@@ -8,6 +8,7 @@ from .._errors import LoopdockError, UnknownAdapterError
 from ._adapter import ModelAdapter
 from ._openai import deepseek_adapter
 from ._ping import PingAdapter
+from ._providers import ProviderSpec, build_adapter
 
 
 class DuplicateAdapterError(LoopdockError):
@@ -62,11 +63,14 @@ class AdapterRegistry:
 DEEPSEEK = "deepseek"
 
 
-def default_adapters(env: Mapping[str, str]) -> AdapterRegistry:
-    """``ping`` always; ``deepseek`` when ``env`` has a DeepSeek key."""
+def default_adapters(env: Mapping[str, str], providers: Mapping[str, ProviderSpec] | None = None) -> AdapterRegistry:
+    """``ping`` always; each configured provider (keys read from ``env``); ``deepseek``
+    when ``env`` has a DeepSeek key and no configured provider takes the name."""
     registry = AdapterRegistry()
     registry.register("ping", PingAdapter())
+    for name, spec in (providers or {}).items():
+        registry.register(name, build_adapter(spec, env))
     deepseek = deepseek_adapter(env)
-    if deepseek is not None:
+    if deepseek is not None and DEEPSEEK not in registry:
         registry.register(DEEPSEEK, deepseek)
     return registry

@@ -71,7 +71,7 @@ def test_models_as_strings_params_prices_and_loops_with_drivers():
     ("change", "message"),
     [
         ({"model": ["ping/ping-1"]}, "unknown key model; known keys: name, tasks, scorer, models, loops, repeats, "
-         "limits, concurrency, retries, currency, prices, compare"),
+         "limits, concurrency, retries, currency, prices, compare, providers"),
         ({"tasks": []}, "tasks must be a non-empty list, got []"),
         ({"tasks": [{"input": "x", "target": "y"}]}, "tasks[0].id is required"),
         ({"tasks": [{"id": "a", "target": "y"}]},

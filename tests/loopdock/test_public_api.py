@@ -17,7 +17,7 @@ PUBLIC = {
     "ENTER", "Enter", "Event", "EventsTrimmedError", "FakeDriver", "GC_THRESHOLD", "HomeInUseError",
     "InvalidCommandError", "InvalidMessageError", "InvalidOptionsError", "InvalidReservationError",
     "InvalidSessionIdError", "LiveEvent", "LoopInfo", "LoopdockError", "LoopxSettings", "Message",
-    "MessageRefusedError", "ModelAdapter", "ModelError", "ModelRequest", "NoWorkerError",
+    "MessageRefusedError", "ModelAdapter", "ModelError", "ModelRejectedError", "ModelRequest", "ModelStreamBrokenError", "NoWorkerError",
     "NotServedError", "PortInUseError", "PreStep", "Preset", "ProducerSource", "ReactDriver",
     "RegistryMismatchError", "Reject", "RemoteError", "Reply", "RequestTimeoutError", "Reservation",
     "ResumeAgentOptions", "Runtime", "RuntimeClosedError", "ScriptedAdapter", "SessionClosedError",

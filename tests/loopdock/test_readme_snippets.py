@@ -56,6 +56,8 @@ def test_the_readme_blocks_print_what_their_comments_say(tmp_path):
     lines = set(dock.splitlines())
     assert {"a1 standard default", "a2 loop2.reviewer loop2", "a3 minimal-first loop2",
             "flash standard default", "pro minimal-first default"} <= lines, dock
+    models = next(outputs[i] for i, block in enumerate(OFFLINE) if "openrouter" in block)
+    assert models.startswith("('claude', 'openai-compatible', 'openrouter', "), models
 
 
 def test_the_dock_blocks_config_is_the_agents_yml_the_readme_shows(tmp_path):

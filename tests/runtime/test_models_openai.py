@@ -1,9 +1,5 @@
-"""OpenAICompatibleAdapter against a fake chat-completions server on loopback.
-
-The fake server below speaks just enough HTTP/1.1: it reads the request line, headers
-and a Content-Length body, records the request, and plays one scripted answer per
-connection (every answer says ``Connection: close``, so each attempt is a fresh
-connection and the order of answers is the order of attempts).
+"""OpenAICompatibleAdapter against a stand-in chat-completions server on loopback
+(tests/openai_standin.py).
 
 Clocks: tests with retry backoff or timeouts run on ``io_autojump_clock``, a MockClock
 that jumps only after every task has been idle for 20 ms of *real* time. The stock
@@ -18,19 +14,27 @@ sleeps free. Tests without timers use the real clock.
 
 from __future__ import annotations
 
-import functools
-import json
 from collections.abc import Sequence
 from contextlib import aclosing
 from typing import Any
 
-import attrs
 import httpx
 import pytest
 import trio
 import trio.testing
+from openai_standin import (
+    Answer,
+    FakeOpenAI,
+    content,
+    finish,
+    reasoning,
+    sse,
+    status,
+    tool_fragment,
+    usage,
+)
 
-from loopdock.runtime._errors import ModelError
+from loopdock.runtime._errors import ModelError, ModelRejectedError, ModelStreamBrokenError
 from loopdock.runtime._messages import (
     Message,
     ReasoningBlock,
@@ -41,16 +45,21 @@ from loopdock.runtime._messages import (
     user_message,
 )
 from loopdock.runtime.models import (
+    ApiKey,
     Finish,
     ModelRequest,
     OpenAICompatibleAdapter,
+    Price,
     ReasoningDelta,
     RetryNotice,
+    RetryPolicy,
     TextDelta,
     ToolCallChunk,
     ToolSpec,
     Usage,
+    deepseek_adapter,
 )
+from loopdock.runtime.models._http import retry_after
 
 API_KEY = "sk-test-not-a-real-key"
 
@@ -68,179 +77,6 @@ def _no_proxies(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-# -- the fake server ------------------------------------------------------------------
-
-
-@attrs.frozen
-class RecordedRequest:
-    method: str
-    path: str
-    headers: dict[str, str]  # lower-cased names
-    body: Any  # decoded JSON
-
-
-@attrs.define
-class Answer:
-    """One scripted HTTP answer.
-
-    ``events`` are SSE ``data:`` payloads (dicts are JSON-encoded; ``"[DONE]"`` is sent
-    as is). ``hold_after``: after that many events, stop and wait for the client to hang
-    up. ``break_after``: after that many events, drop the connection mid-body (the
-    declared Content-Length is never reached). ``hang``: never answer at all.
-    """
-
-    status: int = 200
-    events: Sequence[Any] = ()
-    error_body: Any = None
-    hold_after: int | None = None
-    break_after: int | None = None
-    hang: bool = False
-
-
-def sse(*events: Any, done: bool = True, **options: Any) -> Answer:
-    return Answer(events=[*events, "[DONE]"] if done else list(events), **options)
-
-
-def status(code: int, message: str | None = None) -> Answer:
-    body = {"error": {"message": message, "type": "x"}} if message is not None else None
-    return Answer(status=code, error_body=body)
-
-
-def _encode_event(event: Any) -> bytes:
-    data = event if isinstance(event, str) else json.dumps(event)
-    return f"data: {data}\n\n".encode()
-
-
-_REASONS = {200: "OK", 401: "Unauthorized", 429: "Too Many Requests", 503: "Unavailable"}
-
-
-class FakeOpenAI:
-    def __init__(self, answers: Sequence[Answer]) -> None:
-        self.answers = list(answers)
-        self.requests: list[RecordedRequest] = []
-        self.hung_up = trio.Event()  # set when a held connection saw the client go
-        self.port = 0
-
-    async def start(self, nursery: trio.Nursery) -> FakeOpenAI:
-        # nursery.start passes no keyword arguments, hence the partial.
-        serve = functools.partial(trio.serve_tcp, self._handle, 0, host="127.0.0.1")
-        listeners = await nursery.start(serve)
-        self.port = listeners[0].socket.getsockname()[1]
-        return self
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    async def _handle(self, stream: trio.SocketStream) -> None:
-        # A handler exception would crash serve_tcp's nursery and the test with it;
-        # a client that hangs up mid-answer is normal here, not an error.
-        try:
-            async with stream:
-                request = await self._read_request(stream)
-                self.requests.append(request)
-                answer = self.answers[len(self.requests) - 1]
-                await self._answer(stream, answer)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-
-    async def _read_request(self, stream: trio.SocketStream) -> RecordedRequest:
-        buffer = b""
-        while b"\r\n\r\n" not in buffer:
-            data = await stream.receive_some()
-            assert data, "client closed before sending a full request"
-            buffer += data
-        head, _, rest = buffer.partition(b"\r\n\r\n")
-        request_line, *header_lines = head.decode("latin-1").split("\r\n")
-        method, path, _version = request_line.split(" ")
-        headers = {}
-        for line in header_lines:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        length = int(headers.get("content-length", "0"))
-        while len(rest) < length:
-            rest += await stream.receive_some()
-        return RecordedRequest(method, path, headers, json.loads(rest) if rest else None)
-
-    async def _wait_for_hangup(self, stream: trio.SocketStream) -> None:
-        while await stream.receive_some():
-            pass
-        self.hung_up.set()
-
-    async def _answer(self, stream: trio.SocketStream, answer: Answer) -> None:
-        if answer.hang:
-            await self._wait_for_hangup(stream)
-            return
-        if answer.status != 200:
-            body = json.dumps(answer.error_body).encode() if answer.error_body else b"oops"
-            await stream.send_all(
-                f"HTTP/1.1 {answer.status} {_REASONS.get(answer.status, 'Error')}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-                "Connection: close\r\n\r\n".encode()
-                + body
-            )
-            return
-        payloads = [_encode_event(e) for e in answer.events]
-        head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n"
-        if answer.break_after is not None:
-            # Promise more than we send, so the early close is a protocol error.
-            head += f"Content-Length: {sum(map(len, payloads)) + 1000}\r\n"
-        await stream.send_all((head + "\r\n").encode())
-        for number, payload in enumerate(payloads):
-            if number == answer.hold_after:
-                await self._wait_for_hangup(stream)
-                return
-            if number == answer.break_after:
-                return
-            # Split every event across two writes, so the client must reassemble lines.
-            middle = len(payload) // 2
-            await stream.send_all(payload[:middle])
-            await stream.send_all(payload[middle:])
-
-
-# -- helpers --------------------------------------------------------------------------
-
-
-def content(text: str) -> dict:
-    return {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
-
-
-def reasoning(text: str) -> dict:
-    return {
-        "choices": [{"index": 0, "delta": {"reasoning_content": text}, "finish_reason": None}]
-    }
-
-
-def finish(reason: str) -> dict:
-    return {"choices": [{"index": 0, "delta": {}, "finish_reason": reason}]}
-
-
-def usage(prompt: int, completion: int) -> dict:
-    return {
-        "choices": [],
-        "usage": {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-        },
-    }
-
-
-def tool_fragment(index: int, *, id: str | None = None, name: str | None = None,
-                  arguments: str | None = None) -> dict:  # fmt: skip
-    fragment: dict[str, Any] = {"index": index}
-    if id is not None:
-        fragment["id"] = id
-        fragment["type"] = "function"
-    function = {}
-    if name is not None:
-        function["name"] = name
-    if arguments is not None:
-        function["arguments"] = arguments
-    fragment["function"] = function
-    return {"choices": [{"index": 0, "delta": {"tool_calls": [fragment]}, "finish_reason": None}]}
-
-
 def make_request(*messages: Message, **kwargs: Any) -> ModelRequest:
     return ModelRequest(
         provider="openai",
@@ -252,7 +88,9 @@ def make_request(*messages: Message, **kwargs: Any) -> ModelRequest:
 
 
 def adapter_for(server: FakeOpenAI, **kwargs: Any) -> OpenAICompatibleAdapter:
-    return OpenAICompatibleAdapter(server.base_url, API_KEY, **kwargs)
+    # No jitter unless a test asks for it: delays are then exactly the backoff's.
+    kwargs.setdefault("draw", lambda: 0.0)
+    return OpenAICompatibleAdapter(server.base_url, kwargs.pop("api_key", API_KEY), **kwargs)
 
 
 async def collect(adapter: OpenAICompatibleAdapter, request: ModelRequest) -> list:
@@ -497,17 +335,51 @@ async def test_429_and_503_are_retried_with_notices_then_succeed(io_autojump_clo
     ]
     with trio.fail_after(10):
         start = trio.current_time()
-        chunks, server = await run_against(answers, request, backoff=(0.5, 2.0))
+        chunks, server = await run_against(answers, request)
         elapsed = trio.current_time() - start
 
     assert chunks == [TextDelta("ok"), Finish("stop")]
     assert len(server.requests) == 3
     assert notices.seen == [
         RetryNotice(1, 0.5, "HTTP 503: busy"),
-        RetryNotice(2, 2.0, "HTTP 429: slow down"),
+        RetryNotice(2, 1.0, "HTTP 429: slow down"),
     ]
-    # The backoff really was slept (in virtual time): 0.5 s + 2 s.
-    assert elapsed == pytest.approx(2.5, abs=0.1)
+    # The exponential backoff really was slept (in virtual time): 0.5 s + 1 s.
+    assert elapsed == pytest.approx(1.5, abs=0.1)
+
+
+async def test_retry_after_is_honoured_instead_of_the_backoff(io_autojump_clock):
+    notices = Notices()
+    answers = [status(429, "slow down", Retry_After="7"), sse(content("ok"), finish("stop"))]
+    with trio.fail_after(30):
+        start = trio.current_time()
+        chunks, server = await run_against(answers, make_request(on_retry=notices))
+        elapsed = trio.current_time() - start
+    assert chunks == [TextDelta("ok"), Finish("stop")]
+    assert notices.seen == [RetryNotice(1, 7.0, "HTTP 429: slow down")]
+    assert elapsed == pytest.approx(7.0, abs=0.1)
+    assert len(server.requests) == 2
+
+
+async def test_a_retry_after_past_the_limit_fails_at_once(io_autojump_clock):
+    notices = Notices()
+    with trio.fail_after(30):
+        with pytest.raises(ModelError, match="asks to wait 3600 s") as info:
+            await run_against([status(429, Retry_After="3600"), sse(content("x"), finish("stop"))],
+                              make_request(on_retry=notices))  # fmt: skip
+    assert not isinstance(info.value, ModelRejectedError)
+    assert notices.seen == []
+
+
+async def test_backoff_is_exponential_capped_and_jittered(io_autojump_clock):
+    notices = Notices()
+    policy = RetryPolicy(max_attempts=5, base_delay=1.0, max_delay=3.0, jitter=0.5)
+    with trio.fail_after(60):
+        with pytest.raises(ModelError, match="failed after 5 attempts"):
+            await run_against([status(503)] * 5, make_request(on_retry=notices), retry=policy,
+                              draw=lambda: 0.5)  # fmt: skip
+    # 1, 2, 4 -> 3 (the cap), 8 -> 3; each less half of its jitter share (0.5 * 0.5).
+    assert [n.delay for n in notices.seen] == [0.75, 1.5, 2.25, 2.25]
 
 
 async def test_retries_exhausted_is_a_model_error(io_autojump_clock):
@@ -517,11 +389,10 @@ async def test_retries_exhausted_is_a_model_error(io_autojump_clock):
             await run_against(
                 [status(503), status(503), status(503)],
                 make_request(on_retry=notices),
-                max_attempts=3,
-                backoff=(1.0,),
+                retry=RetryPolicy(max_attempts=3, base_delay=1.0),
             )
     assert [n.attempt for n in notices.seen] == [1, 2]
-    assert [n.delay for n in notices.seen] == [1.0, 1.0]  # the last delay repeats
+    assert [n.delay for n in notices.seen] == [1.0, 2.0]
     assert "oops" not in str(info.value)  # a non-JSON body is not quoted
 
 
@@ -531,10 +402,11 @@ async def test_401_is_not_retried_and_the_key_is_not_echoed(io_autojump_clock):
     async with trio.open_nursery() as nursery:
         with trio.fail_after(10):
             server = await FakeOpenAI([status(401, message), status(401)]).start(nursery)
-            with pytest.raises(ModelError) as info:
+            with pytest.raises(ModelRejectedError) as info:
                 await collect(adapter_for(server), make_request(on_retry=notices))
         nursery.cancel_scope.cancel()
 
+    assert info.value.status == 401 and info.value.code == "MODEL_REJECTED"
     text = str(info.value)
     assert "HTTP 401" in text
     assert "Authentication Fails" in text
@@ -562,7 +434,7 @@ async def test_no_retry_once_a_chunk_was_yielded(io_autojump_clock):
         with trio.fail_after(10):
             answers = [sse(content("partial"), finish("stop"), break_after=1)]
             server = await FakeOpenAI(answers).start(nursery)
-            with pytest.raises(ModelError, match="broke off"):
+            with pytest.raises(ModelStreamBrokenError, match="broke off"):
                 async with aclosing(
                     adapter_for(server).stream(make_request(on_retry=notices))
                 ) as chunks:
@@ -598,7 +470,9 @@ async def test_connection_refused_is_retried_then_fails(io_autojump_clock):
     listener.close()
 
     notices = Notices()
-    adapter = OpenAICompatibleAdapter(f"http://127.0.0.1:{port}", API_KEY, max_attempts=2)
+    adapter = OpenAICompatibleAdapter(
+        f"http://127.0.0.1:{port}", API_KEY, retry=RetryPolicy(max_attempts=2), draw=lambda: 0.0
+    )
     with trio.fail_after(10):
         with pytest.raises(ModelError, match="failed after 2 attempts: ConnectError"):
             await collect(adapter, make_request(on_retry=notices))
@@ -672,3 +546,64 @@ async def test_cancellation_during_backoff_propagates(io_autojump_clock):
             nursery.cancel_scope.cancel()
     assert scope.cancelled_caught
     assert len(server.requests) == 1  # the retry never happened
+
+
+# -- keys, prices, Retry-After --------------------------------------------------------
+
+
+async def test_the_key_is_read_from_the_named_variable_at_each_call():
+    env = {"MY_KEY": "sk-from-env"}
+    key = ApiKey(env_name="MY_KEY", env=env)
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(10):
+            server = await FakeOpenAI([sse(content("a"), finish("stop"))] * 2).start(nursery)
+            adapter = adapter_for(server, api_key=key)
+            await collect(adapter, make_request())
+            env["MY_KEY"] = "sk-rotated"
+            await collect(adapter, make_request())
+        nursery.cancel_scope.cancel()
+    assert [r.headers["authorization"] for r in server.requests] == ["Bearer sk-from-env", "Bearer sk-rotated"]
+    assert "sk-" not in repr(key) and "sk-" not in repr(adapter)
+
+
+async def test_an_unset_key_variable_is_refused_before_any_request():
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(10):
+            server = await FakeOpenAI([sse(content("a"), finish("stop"))]).start(nursery)
+            adapter = adapter_for(server, api_key=ApiKey(env_name="NOT_SET_KEY", env={}))
+            with pytest.raises(ModelRejectedError, match=r"needs \$NOT_SET_KEY"):
+                await collect(adapter, make_request())
+        nursery.cancel_scope.cancel()
+    assert server.requests == []
+
+
+async def test_no_key_sends_no_authorization_header():
+    with trio.fail_after(10):
+        chunks, server = await run_against([sse(content("a"), finish("stop"))], api_key=None)
+    assert chunks == [TextDelta("a"), Finish("stop")]
+    assert "authorization" not in server.requests[0].headers
+
+
+async def test_prices_put_a_cost_on_the_usage():
+    prices = {"deepseek-v4-flash": Price(input=0.5, output=2.0)}
+    with trio.fail_after(10):
+        chunks, _ = await run_against([sse(content("a"), finish("stop"), usage(1000, 500))], prices=prices)
+        other, _ = await run_against([sse(content("a"), finish("stop"), usage(1000, 500))],
+                                     make_request(model="unpriced"), prices=prices)  # fmt: skip
+    assert Usage(1000, 500, cost=pytest.approx(0.0015)) in chunks
+    assert Usage(1000, 500) in other  # no price for the model: no cost
+
+
+def test_retry_after_reads_seconds_and_http_dates():
+    assert retry_after({"retry-after": "12"}) == 12.0
+    assert retry_after({"retry-after": "Wed, 21 Oct 2015 07:28:30 GMT"}, now=1445412480.0) == 30.0
+    assert retry_after({"retry-after": "soon"}) is None
+    assert retry_after({}) is None
+
+
+def test_deepseek_is_a_preset_of_the_generic_adapter():
+    env = {"DEEPSEEK_API_KEY": "k", "DEEPSEEK_BASE_URL": "http://127.0.0.1:1/v1/"}
+    adapter = deepseek_adapter(env)
+    assert type(adapter) is OpenAICompatibleAdapter
+    assert adapter.base_url == "http://127.0.0.1:1/v1"
+    assert deepseek_adapter({}) is None
