@@ -459,7 +459,7 @@ async def test_bench_tables_rewrites_a_checkouts_docs_and_refuses_elsewhere(plai
         assert (checkout / doc).read_text() == (ROOT / doc).read_text(), doc
 
 
-@invokes("experiment run", "experiment report", "experiment export", "experiment bench")
+@invokes("experiment run", "experiment rescore", "experiment report", "experiment export", "experiment bench")
 async def test_experiment_runs_reports_and_says_what_export_needs(plain_venv, user):
     smallest = user.cwd / "smallest.yml"
     shutil.copyfile(ROOT / "examples" / "experiments" / "smallest.yml", smallest)
@@ -472,6 +472,10 @@ async def test_experiment_runs_reports_and_says_what_export_needs(plain_venv, us
     assert done.code == 2 and "pass --resume to go on with it" in done.err
     done = await user.run(plain_venv.loopdock("experiment", "run", "smallest.yml", "--resume"))
     assert done.code == 0 and "4 rollouts, 4 scored before, 0 scored now" in done.out
+    done = await user.run(plain_venv.loopdock("experiment", "rescore", "smallest.yml"))
+    assert done.code == 0, done.err
+    assert done.out.splitlines() == ["experiment smallest: rescored 4 rollouts (0 changed), 0 failed",
+                                     "report: loopdock experiment report smallest"]
 
     done = await user.run(plain_venv.loopdock("experiment", "report", "smallest", "-v"))
     assert done.code == 0, done.err
