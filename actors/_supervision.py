@@ -26,7 +26,6 @@ Cancellation is never a failure: it always goes through.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
@@ -95,7 +94,7 @@ async def supervised(
     started, so the caller is never left waiting. Cancellation propagates untouched.
     """
     status = _Started(task_status)
-    failures: deque[float] = deque()
+    failures: list[float] = []  # times of recent failures (a list: most actors never fail)
     while True:
         try:
             await actor(*args, task_status=status)
@@ -108,7 +107,7 @@ async def supervised(
             now = trio.current_time()
             failures.append(now)
             while failures and now - failures[0] > policy.window:
-                failures.popleft()
+                del failures[0]
             restart = policy.kind == "restart" and len(failures) <= policy.max_restarts
             action: Action = "restarted" if restart else "stopped"
             try:

@@ -23,6 +23,7 @@ PHASES = {
     "history": ("_agents", "run_history"),
     "memory": ("_agents", "run_memory"),
     "idle": ("_agents", "run_idle"),
+    "usage": ("_usage", "run_usage"),
     "latency": ("_agents", "run_latency"),
     "loops": ("_agents", "run_loops"),
     "floor-bare": ("_floor", "run_floor_bare"),

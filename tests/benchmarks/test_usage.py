@@ -1,0 +1,42 @@
+"""The memory-as-used benchmark at a tiny size: the user's sequence runs through the public
+API, every mark is measured, the events stay readable, and the live memory it traces per
+agent is bounded (RSS at this size is noise; the traced figure is not)."""
+
+import math
+
+import pytest
+
+from loopdock.benchmarks._usage import main, run_usage
+
+
+async def test_usage_measures_each_mark_and_keeps_events_readable():
+    labels: list[str] = []
+    result = await run_usage({"n": 12, "marks": [2, 5], "trace": True}, lambda fraction, label: labels.append(label))
+    assert result["n"] == 12
+    assert [row["turns"] for row in result["marks"]] == [2, 5]
+    assert result["last_agent_turns_read"] == 5  # read back whole from the store
+    assert labels[-1] == "usage: 5/5 turns of 12 agents"
+    for row in result["marks"]:
+        assert math.isfinite(row["kb_per_agent"]) and row["cpu_us_per_turn"] > 0
+        # Held per agent (agent, session, a 10-message transcript kept warm): tens of KB, not hundreds.
+        assert 0 < row["traced_kb_per_agent"] < 100
+        assert len(row["top"]) == 10 and all(":" in top["site"] for top in row["top"])
+    assert result["marks"][-1]["warm_agents"] == 12  # the default budget keeps them all warm
+
+
+def test_usage_command_writes_its_figures(tmp_path, capsys):
+    out = tmp_path / "usage.json"
+    assert main(["--n", "3", "--marks", "1,2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert '"turns": 2' in printed and out.read_text().strip() == printed.strip()
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--marks", "one,two"], "marks are turn counts separated by commas"),
+    (["--marks", "10,0"], "marks must be positive"),
+    (["--n", "0"], "a positive number of agents"),
+])
+def test_usage_command_refuses_bad_input_with_a_usage_error(args, says, capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(args)
+    assert exit.value.code == 2 and says in capsys.readouterr().err
