@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from loopdock.runtime import LoopdockError, SetupError
+from loopdock.runtime.mcp import McpServer, require_sdk
 
 from ._agent import AgentActor
 from ._agent_context import AgentContext
@@ -90,12 +91,20 @@ async def publish_agent(
             raise
         except Exception as exc:
             raise SetupError(f"setup of agent {agent.id!r} failed: {exc!r}") from exc
+        if agent.options.mcp_servers:
+            require_sdk()  # one clear line, before anything is published
         owner.check_open()
         owner.enter(agent)
         entered = True
         agent.session.publish()
         owner.announce("agent/created", agent.id, {"source": source})
         await owner.nursery.start(owner.run_agent, agent)
+        for spec in agent.options.mcp_servers:
+            # Each server is the agent's companion: stopped with it. This returns once the
+            # server's tools are registered, or once its first start failed (its tools then
+            # appear on a later start; its fault is logged).
+            server = McpServer(spec, agent.tools, agent.cwd)
+            await agent.start_companion(server.run, name=f"mcp:{spec.name}")
     except BaseException:
         agent.dispose_scoped()
         if entered:

@@ -1,6 +1,6 @@
 """The launcher: a small process between the runtime and every program it runs.
 
-Run as ``python -I -S _launcher.py GRACE ON_EXIT CWD -- PROGRAM ARG...`` with its stdin on a Unix
+Run as ``python -I -S _launcher.py GRACE ON_EXIT CWD [STDIN_FD] -- PROGRAM ARG...`` with its stdin on a Unix
 socket to the runtime (``runtime._process``), an empty environment, and stdout/stderr on
 the pipes the runtime reads. It exists so that a program cannot outlive its call:
 
@@ -15,7 +15,8 @@ the pipes the runtime reads. It exists so that a program cannot outlive its call
   over. With ON_EXIT ``leave`` (a trusted program's own daemons, see ``runtime._process``)
   a program's own exit sweeps nothing; a stop still sweeps everything.
 - The program's environment comes over the socket, not through the launcher's own, so
-  ``/proc/<launcher>/environ`` shows nothing. The program's stdin is ``/dev/null``.
+  ``/proc/<launcher>/environ`` shows nothing. The program's stdin is ``/dev/null``, or
+  the pipe inherited as STDIN_FD when the runtime talks to the program (``open_child``).
 
 The subreaper is this process and never the runtime: the runtime would otherwise inherit
 every orphan of every program and have to reap them itself.
@@ -180,14 +181,19 @@ def _status_line(status: int | None) -> str:
 
 
 def main(argv: list[str]) -> int:
+    # An optional STDIN_FD before "--": an inherited pipe that becomes the program's stdin
+    # (a long-lived child the runtime talks to, such as an MCP server), instead of /dev/null.
+    stdin_fd = None
+    if len(argv) >= 7 and argv[4].isdigit() and argv[5] == "--":
+        stdin_fd = int(argv.pop(4))
     if len(argv) < 6 or argv[2] not in ("kill", "leave") or argv[4] != "--":
-        raise SystemExit("usage: _launcher.py GRACE kill|leave CWD -- PROGRAM [ARG...]")
+        raise SystemExit("usage: _launcher.py GRACE kill|leave CWD [STDIN_FD] -- PROGRAM [ARG...]")
     grace, on_exit, cwd, program_argv = float(argv[1]), argv[2], argv[3], argv[5:]
 
     control = os.dup(0)  # non-inheritable: the program never sees the socket
-    devnull = os.open(os.devnull, os.O_RDWR)
-    os.dup2(devnull, 0)
-    os.close(devnull)
+    stdin = os.open(os.devnull, os.O_RDWR) if stdin_fd is None else stdin_fd
+    os.dup2(stdin, 0)
+    os.close(stdin)
     env = _read_env(control)
 
     # Stay alive through a group SIGTERM (the grace period) and a terminal's signals, to

@@ -9,6 +9,7 @@ import attrs
 
 from ._errors import InvalidOptionsError
 from ._names import snake
+from .mcp._spec import McpServerSpec, parse_servers
 
 
 @attrs.frozen
@@ -30,6 +31,8 @@ class AgentOptions:
     system_prompt: str | None = None
     loop: str | None = None
     driver: str | None = None
+    #: MCP servers mounted as this agent's scoped tools (runtime/mcp; ``loopdock[mcp]``).
+    mcp_servers: tuple[McpServerSpec, ...] = ()
 
     def __attrs_post_init__(self) -> None:
         for name in ("provider", "model"):
@@ -70,6 +73,8 @@ class AgentOptions:
             kwargs[name] = item
         if isinstance(kwargs.get("tools"), list):
             kwargs["tools"] = tuple(kwargs["tools"])
+        if "mcp_servers" in kwargs:
+            kwargs["mcp_servers"] = parse_servers(kwargs["mcp_servers"])
         return cls(**kwargs)
 
     def evolve(self, **changes: Any) -> AgentOptions:

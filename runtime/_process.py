@@ -21,7 +21,8 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -74,10 +75,13 @@ def _env_block(env: Mapping[str, str]) -> bytes:
     return len(entries).to_bytes(8, "big") + entries
 
 
-def _launcher_argv(argv: list[str], cwd: Path, grace: float, leave_on_exit: bool) -> list[str]:
+def _launcher_argv(
+    argv: list[str], cwd: Path, grace: float, leave_on_exit: bool, stdin_fd: int | None = None
+) -> list[str]:
     # -I: no PYTHON* variables, no user site, no cwd on sys.path; -S: no site-packages.
     on_exit = "leave" if leave_on_exit else "kill"
-    return [sys.executable, "-I", "-S", str(LAUNCHER), repr(float(grace)), on_exit, os.fspath(cwd), "--", *argv]
+    stdin = [] if stdin_fd is None else [str(stdin_fd)]
+    return [sys.executable, "-I", "-S", str(LAUNCHER), repr(float(grace)), on_exit, os.fspath(cwd), *stdin, "--", *argv]
 
 
 def _status(line: bytes) -> int:
@@ -264,3 +268,60 @@ async def run_child(
         with trio.CancelScope(shield=True):
             await run.finish(grace)
     return run.completed()
+
+
+@attrs.define(eq=False)
+class Child:
+    """A program the runtime talks to while it runs (``open_child``): write its stdin, read
+    its stdout and stderr (uncapped: the reader decides what to keep), ``wait`` for its end."""
+
+    stdin: trio.abc.SendStream
+    stdout: trio.abc.ReceiveStream
+    stderr: trio.abc.ReceiveStream
+    _run: _Run
+
+    async def wait(self) -> int:
+        """The program's returncode, once the launcher has swept its tree and reported."""
+        await self._run._read_status()
+        return _status(bytes(self._run.status))
+
+    async def stop(self) -> None:
+        """Ask the launcher to kill and reap the program's tree (idempotent)."""
+        await self._run.stop()
+
+
+@asynccontextmanager
+async def open_child(argv: list[str], *, cwd: Path, env: Mapping[str, str], grace: float = 0.0) -> AsyncIterator[Child]:
+    """Start ``argv`` under the launcher with a pipe for stdin (as ``run_child``: exactly
+    ``env``, in ``cwd``); leaving the block, however it is left, stops it and returns only
+    once its whole tree is gone. Raises OSError as ``run_child`` does."""
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    read_fd, write_fd = os.pipe()
+    try:
+        with child:
+            process = await trio.lowlevel.open_process(
+                _launcher_argv(argv, cwd, grace, False, stdin_fd=read_fd),
+                stdin=child.fileno(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env={},
+                start_new_session=True,
+                pass_fds=(read_fd,),
+            )
+    except BaseException:
+        parent.close()
+        os.close(write_fd)
+        raise
+    finally:
+        os.close(read_fd)
+    control = trio.SocketStream(trio.socket.from_stdlib_socket(parent))
+    run = _Run(process, control, 0, 0)
+    stdin = trio.lowlevel.FdStream(write_fd)
+    assert process.stdout is not None and process.stderr is not None
+    try:
+        await control.send_all(_env_block(env))
+        yield Child(stdin, process.stdout, process.stderr, run)
+    finally:
+        with trio.CancelScope(shield=True):
+            await stdin.aclose()
+            await run.finish(grace)

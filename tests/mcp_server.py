@@ -1,0 +1,56 @@
+"""A real MCP server written with the SDK (FastMCP), for the MCP client's tests.
+
+``python mcp_server.py stdio`` serves on stdin/stdout; ``python mcp_server.py http PORT``
+serves streamable HTTP on 127.0.0.1:PORT at /mcp.
+"""
+
+import os
+import sys
+
+import anyio
+from mcp.server.fastmcp import Context, FastMCP
+
+server = FastMCP("test", host="127.0.0.1", port=int(sys.argv[2]) if len(sys.argv) > 2 else 8000)
+
+
+@server.tool()
+def echo(text: str) -> str:
+    """Echo the text back."""
+    return f"echo: {text}"
+
+
+@server.tool()
+def pid() -> str:
+    """This server's process id."""
+    return str(os.getpid())
+
+
+@server.tool()
+def crash() -> str:
+    """Exit the server in the middle of the call."""
+    os._exit(3)
+
+
+@server.tool()
+async def hang() -> str:
+    """Never answer."""
+    await anyio.sleep_forever()
+    return ""
+
+
+@server.tool()
+def fail() -> str:
+    """Fail as a tool error."""
+    raise ValueError("boom")
+
+
+@server.tool()
+async def grow(ctx: Context) -> str:  # type: ignore[type-arg]
+    """Add the tool `late` and say the list changed."""
+    server.add_tool(lambda: "late one", name="late", description="Added later")
+    await ctx.session.send_tool_list_changed()
+    return "grown"
+
+
+if __name__ == "__main__":
+    server.run("streamable-http" if sys.argv[1] == "http" else "stdio")

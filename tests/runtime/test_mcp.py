@@ -1,0 +1,123 @@
+"""MCP servers as an agent's tools, against a real server written with the SDK
+(tests/mcp_server.py): stdio (a child under the launcher) and streamable HTTP."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from loopdock import Runtime
+from loopdock.runtime import AgentOptions, InvalidOptionsError
+from loopdock.runtime.models import Reply, ScriptedAdapter, ToolCall
+
+SERVER = str(Path(__file__).resolve().parents[1] / "mcp_server.py")
+TIMEOUT = 60
+
+
+def options(**server):
+    spec = {"name": "t", "command": [sys.executable, SERVER, "stdio"], **server}
+    return {"provider": "scripted", "model": "script-1", "mcp_servers": [spec]}
+
+
+def call(name, call_id, **arguments):
+    return Reply(tool_calls=[ToolCall(name, arguments, call_id=call_id)])
+
+
+async def results(agent):
+    events = await agent.session.read_events()
+    return {b["callId"]: (b["content"], b["isError"]) for e in events if e.type == "tool/result" for b in e.data["content"]}
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+async def run_turn(rt, adapter, session_id="a1", **server):
+    rt.register_adapter("scripted", adapter)
+    handle = await rt.create_agent(session_id=session_id, agent_options=options(**server))
+    handle.agent.followup("go")
+    await handle.agent.wait_idle()
+    return handle
+
+
+async def test_the_model_calls_an_mcp_tool_and_the_server_dies_with_the_agent(tmp_path):
+    adapter = ScriptedAdapter([call("t__echo", "c1", text="hi"), call("t__pid", "c2"), call("t__fail", "c3"), "done"])
+    with trio.fail_after(TIMEOUT):
+        async with Runtime.open(tmp_path / "home") as rt:
+            handle = await run_turn(rt, adapter)
+            got = await results(handle.agent)
+            assert got["c1"] == ("echo: hi", False)
+            assert got["c3"][1] is True and "boom" in got["c3"][0]
+            pid = int(got["c2"][0])
+            assert alive(pid)
+            # The server's tools were offered with the server's schema.
+            [spec] = [t for t in adapter.requests[0].tools if t.name == "t__echo"]
+            assert spec.parameters["properties"]["text"]["type"] == "string"
+            await handle.dispose()
+            assert not alive(pid)
+
+
+async def test_the_tool_list_is_refreshed_when_the_server_says_it_changed(tmp_path):
+    adapter = ScriptedAdapter([call("t__grow", "c1"), "grown", call("t__late", "c2"), "done"])
+    with trio.fail_after(TIMEOUT):
+        async with Runtime.open(tmp_path / "home") as rt:
+            handle = await run_turn(rt, adapter)
+            assert "t__late" not in [t.name for t in adapter.requests[0].tools]
+            with trio.fail_after(10):
+                while "t__late" not in handle.agent.tools.names():  # noqa: ASYNC110 (no event to wait on)
+                    await trio.sleep(0.01)  # polls for the refresh the notification started
+            handle.agent.followup("again")
+            await handle.agent.wait_idle()
+            assert (await results(handle.agent))["c2"] == ("late one", False)
+            await handle.dispose()
+
+
+async def test_a_crash_mid_call_fails_that_call_and_the_next_call_restarts_the_server(tmp_path):
+    adapter = ScriptedAdapter([call("t__pid", "c1"), call("t__crash", "c2"), call("t__pid", "c3"), "done"])
+    with trio.fail_after(TIMEOUT):
+        async with Runtime.open(tmp_path / "home") as rt:
+            handle = await run_turn(rt, adapter)
+            got = await results(handle.agent)
+            assert got["c2"][1] is True and "exited during the call" in got["c2"][0]
+            first, second = int(got["c1"][0]), int(got["c3"][0])
+            assert first != second and not alive(first) and alive(second)
+            await handle.dispose()
+            assert not alive(second)
+
+
+async def test_past_the_restart_budget_the_tools_answer_unavailable(tmp_path):
+    adapter = ScriptedAdapter([call("t__crash", "c1"), call("t__crash", "c2"), call("t__echo", "c3", text="x"), "done"])
+    with trio.fail_after(TIMEOUT):
+        async with Runtime.open(tmp_path / "home") as rt:
+            handle = await run_turn(rt, adapter, maxRestarts=1)
+            got = await results(handle.agent)
+            assert got["c3"][1] is True and "unavailable" in got["c3"][0]
+            assert (handle.agent.status, adapter.remaining) == ("idle", 0)  # the agent went on
+            await handle.dispose()
+
+
+async def test_a_server_that_never_answers_costs_only_its_call(tmp_path):
+    adapter = ScriptedAdapter([call("t__hang", "c1"), call("t__echo", "c2", text="after"), "done"])
+    with trio.fail_after(TIMEOUT):
+        async with Runtime.open(tmp_path / "home") as rt:
+            handle = await run_turn(rt, adapter, timeout=1)
+            got = await results(handle.agent)
+            assert got["c1"][1] is True and "did not answer within 1 s" in got["c1"][0]
+            assert got["c2"] == ("echo: after", False)
+            await handle.dispose()
+
+
+def test_bad_server_specs_are_refused():
+    with pytest.raises(InvalidOptionsError, match="exactly one of command"):
+        AgentOptions.from_value({"mcp_servers": [{"name": "x"}]})
+    with pytest.raises(InvalidOptionsError, match="name"):
+        AgentOptions.from_value({"mcp_servers": [{"name": "a.b", "url": "http://127.0.0.1:1/mcp"}]})
+    spec = AgentOptions.from_value({"mcpServers": [{"name": "x", "command": ["srv"], "maxRestarts": 2}]}).mcp_servers
+    assert (spec[0].command, spec[0].max_restarts) == (("srv",), 2)
