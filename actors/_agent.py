@@ -459,6 +459,10 @@ class AgentActor:
         first = self._inbox.take_turn()
         self.turns += 1
         turn = Turn(self, self.turns, [first] if first else [], slot)
+        tracing = self.owner.tracing
+        if tracing is not None:  # off: this check is all tracing costs a turn
+            options = self.options
+            turn.span = tracing.start_turn(self.id, options.loop, options.driver, turn.number)
         try:
             await self._run_turn_in(turn)
         finally:
@@ -505,5 +509,9 @@ class AgentActor:
     def _end_turn(self, turn: Turn, reason: dict[str, Any]) -> None:
         turn.settle_unadmitted(reason.get("cause") or reason["kind"])
         self.session.append("turn/end", {"turn": turn.number, "reason": reason})
+        if turn.span is not None:
+            tracing = self.owner.tracing
+            assert tracing is not None  # the span came from it
+            tracing.end_turn(turn.span, reason)
 
 

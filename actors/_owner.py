@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from loopdock.runtime import Message
+from loopdock.runtime import Message, Tracing
 from loopdock.runtime.models import AdapterRegistry
 from loopdock.runtime.tools import ToolRegistry
 
@@ -36,6 +36,10 @@ class AgentOwner(Protocol):
     @property
     def history(self) -> HistoryCache:
         """Which idle agents keep their history in memory."""
+
+    @property
+    def tracing(self) -> Tracing | None:
+        """The spans of turns, model and tool calls; None (the default): no tracing."""
 
     def announce(self, event_type: str, agent_id: str, data: Mapping[str, Any]) -> None:
         """Publish a live event about ``agent_id``."""

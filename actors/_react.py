@@ -26,6 +26,7 @@ from loopdock.runtime import (
 from loopdock.runtime.models import (
     Chunk,
     Finish,
+    ModelAdapter,
     ModelRequest,
     ReasoningDelta,
     TextDelta,
@@ -57,11 +58,13 @@ class ReactBody:
                 "request/header",
                 {"turn": turn.number, "step": turn.step, "provider": request.provider, "model": request.model},
             )
-            if getattr(adapter, "cpu_bound", False):  # it computes: keep the slot
-                message, finish, usage = await _collect(adapter.stream(request))
+            tracing = agent.owner.tracing
+            if tracing is None:  # off: this check is all tracing costs a model call
+                message, finish, usage = await _call_model(turn, adapter, request)
             else:
-                async with turn.outside():  # the model may take seconds: no slot meanwhile
-                    message, finish, usage = await _collect(adapter.stream(request))
+                with tracing.chat(turn.span, request.provider, request.model) as span:
+                    message, finish, usage = await _call_model(turn, adapter, request)
+                    tracing.chat_done(span, finish, usage)
             turn.record("assistant/message", message, usage=usage)
             calls = message.tool_calls
             for call in calls:
@@ -78,6 +81,13 @@ class ReactBody:
             turn.end_step()
             if not turn.has_step_input():
                 return "completed"
+
+
+async def _call_model(turn: Turn, adapter: ModelAdapter, request: ModelRequest) -> tuple[Message, str, Usage | None]:
+    if getattr(adapter, "cpu_bound", False):  # it computes: keep the slot
+        return await _collect(adapter.stream(request))
+    async with turn.outside():  # the model may take seconds: no slot meanwhile
+        return await _collect(adapter.stream(request))
 
 
 async def _collect(stream: AsyncIterator[Chunk]) -> tuple[Message, str, Usage | None]:
@@ -131,13 +141,13 @@ async def _run_tools(turn: Turn, calls: Sequence[ToolCallBlock]) -> None:
         if len(calls) == 1:
             # The common case: nothing to run concurrently, so no nursery, no limiter
             # and no extra task; cancellation reaches the call the same way.
-            results[calls[0].call_id] = await _run_tool(agent, calls[0])
+            results[calls[0].call_id] = await _run_tool(turn, calls[0])
         else:
             limiter = trio.CapacityLimiter(agent.options.max_parallel_tool_calls)
 
             async def run_one(call: ToolCallBlock) -> None:
                 async with limiter:
-                    results[call.call_id] = await _run_tool(agent, call)
+                    results[call.call_id] = await _run_tool(turn, call)
 
             async with trio.open_nursery() as nursery:
                 for call in calls:
@@ -148,7 +158,18 @@ async def _run_tools(turn: Turn, calls: Sequence[ToolCallBlock]) -> None:
             turn.record("tool/result", _result_message(call.call_id, content, is_error))
 
 
-async def _run_tool(agent: TurnAgent, call: ToolCallBlock) -> tuple[str, bool]:
+async def _run_tool(turn: Turn, call: ToolCallBlock) -> tuple[str, bool]:
+    tracing = turn.agent.owner.tracing
+    if tracing is None:  # off: this check is all tracing costs a tool call
+        return await _run_tool_untraced(turn.agent, call)
+    with tracing.tool(turn.span, call.name, call.call_id) as span:
+        content, is_error = await _run_tool_untraced(turn.agent, call)
+        if is_error:
+            tracing.tool_failed(span, content[:200])
+        return content, is_error
+
+
+async def _run_tool_untraced(agent: TurnAgent, call: ToolCallBlock) -> tuple[str, bool]:
     tool = agent.tools.lookup(call.name)
     if tool is None:
         visible = ", ".join(t.name for t in agent.tools.visible()) or "none"

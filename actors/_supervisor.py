@@ -23,6 +23,7 @@ from loopdock.runtime import (
     SessionHeader,
     SessionLog,
     SessionNotFoundError,
+    Tracing,
     check_session_id,
     get_logger,
     safe_message,
@@ -66,6 +67,7 @@ class Supervisor:
         *,
         admission: AdmissionGate | None = None,
         history: HistoryCache | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.nursery = nursery
         self.store = store
@@ -79,6 +81,7 @@ class Supervisor:
         # Its stall watcher (``admission.run``) runs in the runtime's nursery.
         self.admission = admission if admission is not None else AdmissionGate()
         self.history = history if history is not None else HistoryCache()
+        self.tracing = tracing
         self.closing = False
         # Applied in order to every message admitted into a model step; each returns the
         # messages to record in place of the one it got (``[m]`` leaves it alone).

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
@@ -23,6 +23,9 @@ from ._inbox import Entry, ReservationState
 from ._owner import AgentOwner
 from ._pre_step import ENTER, PreStep, Reject, Verdict, enter
 from ._session import SessionActor
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 
 class TurnBlocked(Exception):
@@ -78,6 +81,9 @@ class Turn:
         self._entries = first  # claimed but not yet through pre-step
         # An automatic turn's admission slot (actors._admission); a person's turn has none.
         self._slot = slot
+        # The turn's ``invoke_agent`` span, parent of its model and tool calls' spans;
+        # None when the runtime does not trace (runtime._tracing).
+        self.span: Span | None = None
 
     @property
     def holds_slot(self) -> bool:

@@ -26,6 +26,7 @@ from loopdock.runtime import Event, LoopdockError, configure_logging, resolve_ho
 from loopdock.runtime.tools import ShellPolicy
 
 from . import _goal, _install, _sessions
+from ._otlp import OTLP_ENV
 from ._runtime import Runtime
 from ._serve import serve_command
 from .experiment._command import add_arguments as add_experiment_arguments
@@ -221,6 +222,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--cluster", metavar="URL",
                        help="also show the agents of the cluster at redis://HOST:PORT/DB on the console; its workers "
                             "must have this dock's loops (docs/cluster.md)")
+    serve.add_argument("--otlp", metavar="URL", default=os.environ.get(OTLP_ENV) or None,
+                       help=f"export the agents' traces to this OTLP/HTTP collector, e.g. http://127.0.0.1:4318 "
+                            f"(default: ${OTLP_ENV}; needs pip install 'loopdock[otel]')")
 
     worker = command(
         "worker", "run agents as one worker of a Redis cluster, until interrupted",
@@ -317,7 +321,7 @@ def _dispatch(args: Any, out: TextIO) -> int:
         shell = ShellPolicy(allow=allowed) if allowed else None  # type: ignore[arg-type]
         trio.run(functools.partial(
             serve_command, args.home, args.host, args.port, out, not args.no_loopx, args.project,
-            config=args.config, shell=shell, cluster=args.cluster,
+            config=args.config, shell=shell, cluster=args.cluster, otlp=args.otlp,
         ))
     elif args.command == "worker":
         from ._worker import worker_command  # needs coredis: pip install 'loopdock[cluster]'

@@ -17,7 +17,7 @@ import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -63,6 +63,7 @@ from loopdock.runtime import (
     SessionLog,
     SessionStore,
     StoreUnusableError,
+    Tracing,
     acquire_home,
     get_logger,
     governed,
@@ -75,6 +76,9 @@ from loopdock.runtime.skills import SkillCatalog, expand_skill_invocations, skil
 from loopdock.runtime.tools import ShellPolicy, Tool, ToolRegistry, builtin_tools, shell_tool
 
 from ._bridge import Bridge, open_bridge
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
 
 log = get_logger(__name__)
 
@@ -124,6 +128,7 @@ class Runtime:
         warm_history_bytes: int = WARM_HISTORY_BYTES,
         persist: bool = True,
         store: SessionLog | None = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> AsyncIterator[Runtime]:
         """Open the runtime on ``home`` (else ``$LOOPDOCK_HOME``, else
         ``$XDG_DATA_HOME/loopdock``, i.e. ``~/.local/share/loopdock``).
@@ -178,6 +183,12 @@ class Runtime:
         here is the caller's, open before and after the runtime (a cluster worker passes
         its Redis store).
 
+        ``tracer_provider``: an OpenTelemetry ``TracerProvider`` (``pip install
+        'loopdock[otel]'``); the runtime's agents then make spans after the GenAI
+        conventions: ``invoke_agent`` per turn, ``chat`` per model call, ``execute_tool``
+        per tool call. The provider is the caller's, to configure and shut down. Without
+        one (the default) nothing is traced and OpenTelemetry is not imported.
+
         Agents that the workers of a Redis cluster run are reached with
         ``loopdock.open_cluster(url)`` instead (docs/cluster.md).
         """
@@ -190,10 +201,12 @@ class Runtime:
         environ = env if env is not None else os.environ
         catalog = skills if skills is not None else SkillCatalog.from_env(Path.cwd(), environ)
         path = resolve_home(home)
+        tracing = None if tracer_provider is None else Tracing(tracer_provider)
         # Held until the store is closed; see runtime/_home_lock.py for why it fails at once.
         with await trio.to_thread.run_sync(acquire_home, path), governed(gc_threshold) as governor:
             async with cls._open(
-                path, dock_config, environ, catalog, shell, loopx, admission, history, governor, persist, store
+                path, dock_config, environ, catalog, shell, loopx, admission, history, governor, persist, store,
+                tracing,
             ) as rt:
                 yield rt
 
@@ -212,6 +225,7 @@ class Runtime:
         governor: GcGovernor | None,
         persist: bool,
         given_store: SessionLog | None,
+        tracing: Tracing | None,
     ) -> AsyncIterator[Runtime]:
         store: SessionLog
         if given_store is None:
@@ -275,7 +289,8 @@ class Runtime:
                     name="admission gate",
                 )
                 supervisor = Supervisor(
-                    nursery, store, writer, default_adapters(environ, dock_config.providers), tools, admission=admission, history=history
+                    nursery, store, writer, default_adapters(environ, dock_config.providers), tools, admission=admission, history=history,
+                    tracing=tracing,
                 )
                 if governor is not None:
                     # A governor that keeps failing stops freezing: full collections walk

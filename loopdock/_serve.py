@@ -19,6 +19,7 @@ from loopdock.runtime.tools import ShellPolicy
 
 from ._bridge import open_bridge, page_urls
 from ._open_cluster import open_cluster
+from ._otlp import otlp_tracing, traces_url
 from ._project import checked_project
 from ._runtime import Runtime
 
@@ -73,6 +74,7 @@ async def serve_command(
     config: str | os.PathLike[str] | None = None,
     shell: ShellPolicy | None = None,
     cluster: str | None = None,
+    otlp: str | None = None,
 ) -> None:
     """Open the runtime on ``home``, serve the bridge on ``host`` (default loopback) and
     ``port`` (0: any free port), print one readiness line on ``out`` (then the console's
@@ -89,7 +91,9 @@ async def serve_command(
     announced a ``cwd`` for (default: the current directory). ``cluster``: a cluster's
     ``redis://`` URL; its workers must offer the loops and drivers this dock offers
     (REGISTRY_MISMATCH), its agents show on the console, and ``config`` may not name
-    agents (they would run here, outside the cluster)."""
+    agents (they would run here, outside the cluster). ``otlp``: an OTLP/HTTP collector's
+    URL (``http://127.0.0.1:4318``): the runtime's spans are exported there
+    (``loopdock[otel]``; ``loopdock._otlp``), the rest flushed on exit."""
     host = host or DEFAULT_HOST
     project_dir = await trio.to_thread.run_sync(checked_project, project, "--project")
     # A bad file: one line, now.
@@ -103,15 +107,20 @@ async def serve_command(
                 "--config names agents, which would run in this serve process, outside the cluster: "
                 "create them on the cluster instead (loopdock.open_cluster(url), then create_agent)"
             )
+    if otlp is not None:
+        traces_url(otlp)  # a bad URL: one line, now
     check_port(host, port)
     # The LoopX integration is on for serve: start-up initialises the CLI and the skills
     # (a failure is a safe diagnostic in rt.loopx.startup; /loopx-init repairs it).
     # serve owns its process: it hides its environment block from the programs its agents
     # run and tunes the collector for many agents (an embedded runtime does neither unasked).
-    async with Runtime.open(
-        resolve_home(home), config=dock_config, shell=shell, loopx=LoopxSettings() if loopx else None,
-        hide_environment=True, gc_threshold=GC_THRESHOLD,
-    ) as rt:
+    async with (
+        otlp_tracing(otlp) as tracer_provider,
+        Runtime.open(
+            resolve_home(home), config=dock_config, shell=shell, loopx=LoopxSettings() if loopx else None,
+            hide_environment=True, gc_threshold=GC_THRESHOLD, tracer_provider=tracer_provider,
+        ) as rt,
+    ):
         live = rt.subscribe_live()  # before any checkpoint: the configured agents start at the first one
         async with (
             follow_cluster(cluster, rt) as (follower, workers),
@@ -124,6 +133,8 @@ async def serve_command(
                 console_url, goalbar_url = page_urls(host, bridge.port, bridge.token)
                 print(f"  console: {console_url}", file=out, flush=True)
                 print(f"  goalbar: {goalbar_url}", file=out, flush=True)
+                if otlp is not None:
+                    print(f"  traces: {traces_url(otlp)}", file=out, flush=True)
                 if cluster is not None:
                     live_workers = f"{workers} live worker{'' if workers == 1 else 's'}"
                     print(f"  cluster: {redact(cluster)} ({live_workers})", file=out, flush=True)

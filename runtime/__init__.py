@@ -84,6 +84,7 @@ from ._session_log import SessionLog as SessionLog
 from ._store import SessionStore as SessionStore
 from ._store import StoreError as StoreError
 from ._store import Write as Write
+from ._tracing import Tracing as Tracing
 from ._transcript import Transcript as Transcript
 from ._waterfall import Next as Next
 from ._waterfall import Waterfall as Waterfall

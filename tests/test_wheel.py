@@ -68,7 +68,11 @@ def test_the_wheel_puts_only_loopdock_into_site_packages(wheel):
 def test_the_wheels_metadata_names_its_console_command_and_extras(wheel):
     (info,) = {name.split("/")[0] for name in wheel.namelist() if ".dist-info/" in name}
     meta = email.parser.Parser().parsestr(wheel.read(f"{info}/METADATA").decode())
-    assert {"dsh", "cluster", "mcp", "test"} <= set(meta.get_all("Provides-Extra"))
+    assert {"dsh", "cluster", "mcp", "otel", "test"} <= set(meta.get_all("Provides-Extra"))
+    # Tracing's extra: the API, the SDK and its OTLP HTTP exporter, none needed without it.
+    otel = {r.split(">")[0].strip() for r in meta.get_all("Requires-Dist") if "extra == \"otel\"" in r}
+    assert otel == {"opentelemetry-api", "opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http"}
+    assert not any(r.startswith("opentelemetry") for r in meta.get_all("Requires-Dist") if "extra ==" not in r)
     assert "loopdock = loopdock._cli:main" in wheel.read(f"{info}/entry_points.txt").decode()
 
 

@@ -58,6 +58,8 @@ def test_the_readme_blocks_print_what_their_comments_say(tmp_path):
             "flash standard default", "pro minimal-first default"} <= lines, dock
     models = next(outputs[i] for i, block in enumerate(OFFLINE) if "openrouter" in block)
     assert models.startswith("('claude', 'openai-compatible', 'openrouter', "), models
+    traced = next(outputs[i] for i, block in enumerate(OFFLINE) if "tracer_provider" in block)
+    assert traced.splitlines() == ["chat ping-1 chat", "invoke_agent traced invoke_agent"], traced
 
 
 def test_the_dock_blocks_config_is_the_agents_yml_the_readme_shows(tmp_path):
