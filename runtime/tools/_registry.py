@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection, Iterable
 import attrs
 import trio
 
+from .._changes import Changes
 from .._errors import DuplicateToolError, UnknownToolError
 from .._logging import get_logger
 from ..models._adapter import ToolSpec
@@ -139,6 +140,19 @@ class AgentTools:
         self._visible: tuple[Tool, ...] = ()
         self._by_name: dict[str, Tool] = {}
         self._specs: tuple[ToolSpec, ...] = ()
+        self._changes: Changes | None = None  # made by the first waiter: most views have none
+
+    def _changed(self) -> None:
+        self._version += 1
+        if self._changes is not None:
+            self._changes.notify()
+
+    async def wait_until(self, predicate: Callable[[], bool]) -> None:
+        """Wait until ``predicate()`` holds, checked now and after each change of this view
+        (a scoped tool registered or removed, a restriction added or lifted)."""
+        if self._changes is None:
+            self._changes = Changes()
+        await self._changes.wait_until(predicate)
 
     @property
     def threads(self) -> trio.CapacityLimiter:
@@ -163,12 +177,12 @@ class AgentTools:
             raise DuplicateToolError(f"tool {tool.name!r} is already registered for this agent")
         slot = _Slot(tool)
         self._scoped[tool.name] = slot
-        self._version += 1
+        self._changed()
 
         def dispose() -> None:
             if self._scoped.get(tool.name) is slot:
                 del self._scoped[tool.name]
-                self._version += 1
+                self._changed()
 
         return dispose
 
@@ -188,14 +202,14 @@ class AgentTools:
             raise _unknown(missing, known, "restriction")
         restriction = _Restriction(allow_names, deny_names)
         self._restrictions.append(restriction)
-        self._version += 1
+        self._changed()
 
         def dispose() -> None:
             # Identity, not equality: two equal restrictions are still two restrictions.
             for i, active in enumerate(self._restrictions):
                 if active is restriction:
                     del self._restrictions[i]
-                    self._version += 1
+                    self._changed()
                     return
 
         return dispose
@@ -213,7 +227,7 @@ class AgentTools:
             )
         self._scoped.clear()
         self._restrictions.clear()
-        self._version += 1
+        self._changed()
 
     # -- views ----------------------------------------------------------------------
 

@@ -70,9 +70,8 @@ async def test_the_tool_list_is_refreshed_when_the_server_says_it_changed(tmp_pa
         async with Runtime.open(tmp_path / "home") as rt:
             handle = await run_turn(rt, adapter)
             assert "t__late" not in [t.name for t in adapter.requests[0].tools]
-            with trio.fail_after(10):
-                while "t__late" not in handle.agent.tools.names():  # noqa: ASYNC110 (no event to wait on)
-                    await trio.sleep(0.01)  # polls for the refresh the notification started
+            with trio.fail_after(10):  # the refresh the notification started
+                await handle.agent.tools.wait_until(lambda: "t__late" in handle.agent.tools.names())
             handle.agent.followup("again")
             await handle.agent.wait_idle()
             assert (await results(handle.agent))["c2"] == ("late one", False)

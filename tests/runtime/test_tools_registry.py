@@ -308,3 +308,31 @@ def test_visible_is_base_intersect_active_allows_minus_active_denies(ops):
 
     agent.dispose_scoped()
     assert visible_names(agent) == list(BASE)
+
+
+async def test_a_waiter_on_an_agent_s_tools_wakes_when_a_scoped_tool_comes_and_goes():
+    import trio
+    import trio.testing
+
+    tools = AgentTools(ToolRegistry())
+    seen: list[tuple[str, ...]] = []
+
+    async def waiter(predicate) -> None:
+        await tools.wait_until(predicate)
+        seen.append(tools.names())
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter, lambda: "late" in tools.names())
+            await trio.testing.wait_all_tasks_blocked()
+            assert seen == []  # nothing changed yet
+            tools.register(make("other"))
+            await trio.testing.wait_all_tasks_blocked()
+            assert seen == []  # a change, but not the one waited for
+            dispose = tools.register(make("late"))
+            await trio.testing.wait_all_tasks_blocked()
+            assert seen == [("late", "other")]
+            nursery.start_soon(waiter, lambda: "late" not in tools.names())
+            await trio.testing.wait_all_tasks_blocked()
+            dispose()
+    assert seen[-1] == ("other",)
