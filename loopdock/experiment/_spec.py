@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import attrs
 
+from loopdock.runtime.models import Price as Price
 from loopdock.runtime.models import ProviderSpec
 
 ScorerKind = Literal["exact", "includes", "regex", "python", "judge"]
@@ -69,15 +70,6 @@ class Task:
     scorer: Scorer | None = None  # None: the experiment's scorer
 
 
-@attrs.frozen
-class Price:
-    """Cost per million tokens, in the experiment's currency."""
-
-    input: float
-    output: float
-
-    def cost(self, input_tokens: int, output_tokens: int) -> float:
-        return (input_tokens * self.input + output_tokens * self.output) / 1_000_000
 
 
 @attrs.frozen

@@ -69,7 +69,8 @@ DEFAULT_RETRY = RetryPolicy()
 
 @attrs.frozen
 class Price:
-    """US dollars per million input and output tokens."""
+    """The price of a million input and of a million output tokens (US dollars for a
+    provider's usage; an experiment's prices may be in any one currency)."""
 
     input: float
     output: float
