@@ -59,7 +59,7 @@ from loopdock.bridge._patch import PLUGIN_ID
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The extras a user installs, "" for plain ``loopdock``.
-EXTRAS = ("", "dsh", "cluster")
+EXTRAS = ("", "dsh", "cluster", "mcp", "otel")
 #: The modules that need coredis (``loopdock[cluster]``); everything else imports without it.
 CLUSTER_MODULES = {"loopdock._cluster", "loopdock._serve_cluster", "loopdock._worker",
                    "loopdock.actors.cluster", "loopdock.runtime.cluster"}
@@ -155,6 +155,16 @@ def dsh_venv(tmp_path_factory, wheel_file, pytestconfig) -> Venv:
 @pytest.fixture(scope="session")
 def cluster_venv(tmp_path_factory, wheel_file, pytestconfig) -> Venv:
     return _make_venv("cluster", tmp_path_factory, wheel_file, pytestconfig)
+
+
+@pytest.fixture(scope="session")
+def mcp_venv(tmp_path_factory, wheel_file, pytestconfig) -> Venv:
+    return _make_venv("mcp", tmp_path_factory, wheel_file, pytestconfig)
+
+
+@pytest.fixture(scope="session")
+def otel_venv(tmp_path_factory, wheel_file, pytestconfig) -> Venv:
+    return _make_venv("otel", tmp_path_factory, wheel_file, pytestconfig)
 
 
 @pytest.fixture(params=EXTRAS, ids=lambda extra: extra or "plain")
@@ -691,3 +701,39 @@ async def answer(ws, request_id: str) -> dict:
         reply = json.loads(await ws.get_message())
         if reply.get("re") == request_id:
             return reply
+
+
+# -- loopdock[mcp] and loopdock[otel] ----------------------------------------------------------
+
+MCP_TURN = """
+import sys, trio
+from loopdock import Runtime
+from loopdock.runtime.models import Reply, ScriptedAdapter, ToolCall
+
+async def main():
+    async with Runtime.open("home") as rt:
+        rt.register_adapter("scripted", ScriptedAdapter([Reply(tool_calls=[ToolCall("t__echo", {"text": "hi"})]), "done"]))
+        server = {"name": "t", "command": [sys.executable, "mcp_server.py", "stdio"]}
+        handle = await rt.create_agent(session_id="m", agent_options={"provider": "scripted", "model": "s", "mcp_servers": [server]})
+        handle.agent.followup("go")
+        await handle.agent.wait_idle()
+        for event in await handle.agent.session.read_events():
+            if event.type == "tool/result":
+                print(event.data["content"][0]["content"])
+        await handle.dispose()
+
+trio.run(main)
+"""
+
+
+async def test_an_agent_calls_an_mcp_server_s_tool_from_the_mcp_extra(mcp_venv, user):
+    shutil.copyfile(ROOT / "tests" / "mcp_server.py", user.cwd / "mcp_server.py")
+    done = await user.run(mcp_venv.python("-c", MCP_TURN), timeout=120)
+    assert (done.code, done.out) == (0, "echo: hi\n"), done.err
+
+
+async def test_the_readme_s_tracing_example_runs_from_the_otel_extra(otel_venv, user):
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Tracing", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    done = await user.run(otel_venv.python("-c", block), timeout=120)
+    assert (done.code, done.out.splitlines()) == (0, ["chat ping-1 chat", "invoke_agent traced invoke_agent"]), done.err
