@@ -42,6 +42,7 @@ import attrs
 from loopdock.runtime import (
     MAX_QUOTE,
     MAX_YAML_NODES,
+    InvalidOptionsError,
     InvalidSessionIdError,
     YamlFileError,
     check_session_id,
@@ -49,6 +50,7 @@ from loopdock.runtime import (
 )
 from loopdock.runtime import cut as _cut
 from loopdock.runtime import short_repr as _quote
+from loopdock.runtime.mcp import McpServerSpec, parse_servers
 from loopdock.runtime.models import ANTHROPIC_DEFAULTS, PROVIDER_TYPES, Price, ProviderSpec
 
 from ._errors import DockError
@@ -92,11 +94,15 @@ class AgentEntry:
     max_tokens: int | None = None
     reasoning_effort: str | None = None
     cwd: str | None = None
+    mcp_servers: tuple[McpServerSpec, ...] = ()
 
     def agent_options(self) -> dict[str, Any]:
-        """The model options this entry sets (unset ones are left to the defaults)."""
+        """The agent options this entry sets (unset ones are left to the defaults)."""
         names = ("provider", "model", "max_tokens", "reasoning_effort")
-        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        options = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        if self.mcp_servers:
+            options["mcp_servers"] = self.mcp_servers
+        return options
 
 
 def _entries(value: Iterable[AgentEntry]) -> tuple[AgentEntry, ...]:
@@ -215,9 +221,16 @@ def _positive_int(value: object, path: str) -> int:
     return value
 
 
+def _mcp_servers(value: object, path: str) -> tuple[McpServerSpec, ...]:
+    try:
+        return parse_servers(value, path)
+    except InvalidOptionsError as exc:
+        raise _error(str(exc)) from None
+
+
 _AGENT_KEYS = (
     "id", "sessionId", "resumeSessionId", "loop", "driver",
-    "provider", "model", "maxTokens", "reasoningEffort", "cwd",
+    "provider", "model", "maxTokens", "reasoningEffort", "cwd", "mcpServers",
 )  # fmt: skip
 _AGENT_CHECKS = {
     "sessionId": _session,
@@ -229,6 +242,7 @@ _AGENT_CHECKS = {
     "maxTokens": _positive_int,
     "reasoningEffort": _text,
     "cwd": _text,
+    "mcpServers": _mcp_servers,
 }
 
 
@@ -387,6 +401,7 @@ def config_to_dict(config: DockConfig) -> dict[str, Any]:
     agents = []
     for agent in config.agents:
         entry = {camel: getattr(agent, _snake(camel)) for camel in _AGENT_KEYS}
+        entry["mcpServers"] = [_mcp_to_value(spec) for spec in agent.mcp_servers] or None
         agents.append({key: item for key, item in entry.items() if item is not None})
     return {
         "defaultLoop": config.default_loop,
@@ -397,6 +412,20 @@ def config_to_dict(config: DockConfig) -> dict[str, Any]:
         "loopPackages": list(config.loop_packages),
         "providers": {name: _provider_to_value(spec) for name, spec in config.providers.items()},
     }
+
+
+def _mcp_to_value(spec: McpServerSpec) -> dict[str, Any]:
+    value: dict[str, Any] = {"name": spec.name, "timeout": spec.timeout, "maxRestarts": spec.max_restarts,
+                             "restartWindow": spec.restart_window}  # fmt: skip
+    if spec.command is not None:
+        value["command"] = list(spec.command)
+    if spec.url is not None:
+        value["url"] = spec.url
+    if spec.env:
+        value["env"] = dict(spec.env)
+    if spec.cwd is not None:
+        value["cwd"] = spec.cwd
+    return value
 
 
 def _provider_to_value(spec: ProviderSpec) -> dict[str, Any]:

@@ -537,3 +537,39 @@ def test_every_config_error_quotes_values_cut_short(config, path):
     message = str(rejects(config, ""))
     assert path in message, message
     assert len(message) <= MAX_MESSAGE, len(message)
+
+
+# --- MCP servers per agent ---------------------------------------------------------------
+
+MCP_AGENT = {
+    "id": "tooled",
+    "mcpServers": [
+        {"name": "files", "command": ["python", "server.py", "stdio"], "env": {"ROOT": "/srv"}, "timeout": 5},
+        {"name": "web", "url": "http://127.0.0.1:8000/mcp", "maxRestarts": 0},
+    ],
+}
+
+
+def test_an_agent_s_mcp_servers_reach_its_options_and_round_trip():
+    config = parse_config({"agents": [MCP_AGENT]})
+    [entry] = config.agents
+    files, web = entry.agent_options()["mcp_servers"]
+    assert (files.name, files.command, dict(files.env), files.timeout) == ("files", ("python", "server.py", "stdio"),
+                                                                           {"ROOT": "/srv"}, 5)  # fmt: skip
+    assert (web.name, web.url, web.max_restarts) == ("web", "http://127.0.0.1:8000/mcp", 0)
+    assert parse_config(config_to_dict(config)) == config
+    assert parse_config({"agents": [{"id": "a", "mcp_servers": MCP_AGENT["mcpServers"]}]}).agents[0].mcp_servers == (
+        entry.mcp_servers
+    )
+    assert "mcp_servers" not in AgentEntry(id="a").agent_options()
+
+
+@pytest.mark.parametrize(("servers", "message"), [
+    ("files", "agents[0].mcpServers must be a list of servers"),
+    ([{"name": "x"}], "agents[0].mcpServers[0]: give exactly one of command (a stdio server) or url"),
+    ([{"name": "x", "command": ["a"], "shell": True}], "agents[0].mcpServers[0]: unknown key 'shell'"),
+    ([{"name": "x", "url": "ftp://h"}], "agents[0].mcpServers[0].url must be an http(s) URL"),
+    ([{"name": "x", "url": "http://h"}, {"name": "x", "url": "http://i"}], "agents[0].mcpServers[1].name 'x' repeats"),
+])
+def test_a_bad_mcp_server_is_a_config_error_with_its_path(servers, message):
+    rejects({"agents": [{"id": "a", "mcpServers": servers}]}, message)

@@ -120,3 +120,15 @@ def test_bad_server_specs_are_refused():
         AgentOptions.from_value({"mcp_servers": [{"name": "a.b", "url": "http://127.0.0.1:1/mcp"}]})
     spec = AgentOptions.from_value({"mcpServers": [{"name": "x", "command": ["srv"], "maxRestarts": 2}]}).mcp_servers
     assert (spec[0].command, spec[0].max_restarts) == (("srv",), 2)
+
+
+async def test_a_configured_agent_mounts_the_servers_its_config_names(tmp_path):
+    config = {"agents": [{"id": "cfg", "provider": "ping", "model": "ping-1",
+                          "mcpServers": [{"name": "t", "command": [sys.executable, SERVER, "stdio"]}]}]}  # fmt: skip
+    with trio.fail_after(TIMEOUT):
+        async with Runtime.open(tmp_path / "home", config=config) as rt:
+            started = await rt.dock.wait_configured()
+            assert rt.dock.warnings == []
+            tools = started["cfg"].agent.tools.names()
+            assert {"t__echo", "t__pid", "t__crash"} <= set(tools)
+            await started["cfg"].dispose()
