@@ -166,7 +166,7 @@ class McpServer:
         self._changed = trio.Event()
 
     async def _connect(self, ready: Callable[[], None]) -> None:
-        from mcp.client.streamable_http import streamablehttp_client
+        from mcp.client.streamable_http import streamable_http_client
 
         if self.spec.command is not None:
             env = {**pick_env(os.environ, BASE_ENV), **self.spec.env}
@@ -185,7 +185,7 @@ class McpServer:
                     nursery.cancel_scope.cancel()
         else:
             assert self.spec.url is not None
-            async with streamablehttp_client(self.spec.url) as (read, write, _):
+            async with streamable_http_client(self.spec.url) as (read, write, _):
                 await self._serve(read, write, trio.Event(), ready)
 
     async def _serve(self, read: Any, write: Any, gone: trio.Event, ready: Callable[[], None]) -> None:

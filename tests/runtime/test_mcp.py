@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import functools
+import subprocess
 import sys
 from pathlib import Path
 
@@ -132,3 +134,50 @@ async def test_a_configured_agent_mounts_the_servers_its_config_names(tmp_path):
             tools = started["cfg"].agent.tools.names()
             assert {"t__echo", "t__pid", "t__crash"} <= set(tools)
             await started["cfg"].dispose()
+
+
+@pytest.fixture
+async def http_server(nursery):
+    """The test server on streamable HTTP at 127.0.0.1 (a free port), once it listens."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = await nursery.start(
+        functools.partial(trio.run_process, [sys.executable, SERVER, "http", str(port)], stderr=subprocess.PIPE,
+                          check=False)  # fmt: skip
+    )
+    seen = b""
+    with trio.fail_after(TIMEOUT):
+        while b"Uvicorn running on" not in seen:  # its own word that it listens
+            chunk = await process.stderr.receive_some()
+            assert chunk, f"the server exited before listening: {seen.decode(errors='replace')}"
+            seen += chunk
+    nursery.start_soon(_drain, process.stderr)
+    yield f"http://127.0.0.1:{port}/mcp", process
+    process.kill()
+
+
+async def _drain(stream) -> None:
+    while await stream.receive_some():
+        pass
+
+
+async def test_a_streamable_http_server_s_tools_work_and_its_death_costs_only_its_calls(tmp_path, http_server):
+    url, process = http_server
+    adapter = ScriptedAdapter([call("h__echo", "c1", text="over http"), call("h__crash", "c2"), "done"])
+    with trio.fail_after(TIMEOUT):
+        async with Runtime.open(tmp_path / "home") as rt:
+            rt.register_adapter("scripted", adapter)
+            options = {"provider": "scripted", "model": "script-1",
+                       "mcp_servers": [{"name": "h", "url": url, "timeout": 3}]}  # fmt: skip
+            handle = await rt.create_agent(session_id="h1", agent_options=options)
+            handle.agent.followup("go")
+            await handle.agent.wait_idle()
+            got = await results(handle.agent)
+            assert got["c1"] == ("echo: over http", False)
+            assert got["c2"][1] is True  # the server died mid-call: that call fails, the turn goes on
+            assert (handle.agent.status, adapter.remaining) == ("idle", 0)
+            await handle.dispose()
+        assert await process.wait() == 3  # crash() exited the server as asked
