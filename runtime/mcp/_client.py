@@ -77,6 +77,15 @@ def result_text(result: CallToolResult) -> str:
     return "\n".join(parts)
 
 
+class ServerGoneError(Exception):
+    """The server's process ended (its stdout closed) before the handshake was done."""
+
+
+async def _cancel_when_set(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
 class _Connection:
     def __init__(self, session: ClientSession) -> None:
         self.session = session
@@ -200,9 +209,16 @@ class McpServer:
         async with ClientSession(read, write, message_handler=on_message) as session:
             conn = _Connection(session)
             try:
+                shaken = False
                 with trio.fail_after(self.spec.timeout):
-                    await session.initialize()
-                    await self._list_tools(session)
+                    async with trio.open_nursery() as handshake:  # a server that exits fails it at once
+                        handshake.start_soon(_cancel_when_set, gone, handshake.cancel_scope)
+                        await session.initialize()
+                        await self._list_tools(session)
+                        shaken = True
+                        handshake.cancel_scope.cancel()
+                if not shaken:
+                    raise ServerGoneError(self.last_error or "the server exited before its handshake")
                 self._conn = conn
                 self._notify()
                 ready()

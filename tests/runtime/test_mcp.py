@@ -181,3 +181,22 @@ async def test_a_streamable_http_server_s_tools_work_and_its_death_costs_only_it
             assert (handle.agent.status, adapter.remaining) == ("idle", 0)
             await handle.dispose()
         assert await process.wait() == 3  # crash() exited the server as asked
+
+
+async def test_a_server_that_exits_before_its_handshake_fails_at_once_not_at_its_timeout(tmp_path):
+    # A 300 s handshake timeout, and a bound of 60 s on the whole test: only the exit can end it.
+    dead = {"name": "d", "command": [sys.executable, "-c", "import sys; sys.exit(4)"], "timeout": 300,
+            "maxRestarts": 0}  # fmt: skip
+    adapter = ScriptedAdapter([call("d__anything", "c1"), "done"])
+    with trio.fail_after(TIMEOUT):
+        async with Runtime.open(tmp_path / "home") as rt:
+            rt.register_adapter("scripted", adapter)
+            options = {"provider": "scripted", "model": "script-1", "mcp_servers": [dead]}
+            handle = await rt.create_agent(session_id="d1", agent_options=options)
+            assert not [name for name in handle.agent.tools.names() if name.startswith("d__")]
+            handle.agent.followup("go")
+            await handle.agent.wait_idle()
+            got = await results(handle.agent)
+            assert got["c1"][1] is True  # the model's call of a tool that never came is an error it sees
+            assert (handle.agent.status, adapter.remaining) == ("idle", 0)
+            await handle.dispose()
