@@ -204,31 +204,96 @@ def _csv_dataset(value: object, path: str, base: Path) -> tuple[Sample, ...]:
     return tuple(samples)
 
 
-def _dataset(value: object, path: str, base: Path) -> tuple[Sample, ...]:
-    if isinstance(value, Mapping):
-        if list(value) != ["csv"]:
-            raise _error(f"{path} must be a JSONL file or {{csv: FILE}}, got {_quote(value)}")
-        return _csv_dataset(value["csv"], f"{path}.csv", base)
+#: Inspect's sample fields this loader reads; the sandbox ones have no meaning here.
+_INSPECT_KEYS = ("id", "input", "target", "choices", "metadata")
+_INSPECT_UNSUPPORTED = ("sandbox", "files", "setup")
+
+
+def _message_text(message: object, where: str) -> tuple[str, str]:
+    """(role, text) of one of Inspect's chat messages: content a string or text parts."""
+    if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+        raise _error(f"{where} must be a chat message with a role, got {_quote(message)}")
+    content = message.get("content")
+    if isinstance(content, list):
+        parts = [part.get("text") for part in content if isinstance(part, Mapping) and part.get("type") == "text"]
+        texts = [part for part in parts if isinstance(part, str)]
+        if len(texts) != len(content):
+            raise _error(f"{where}.content: only text parts can be sent to an agent, got {_quote(content)}")
+        content = "\n".join(texts)
+    if not isinstance(content, str):
+        raise _error(f"{where}.content must be text, got {_quote(content)}")
+    return message["role"], content
+
+
+def _inspect_input(value: object, where: str) -> str:
+    """A string, or a list of system and user messages: the agent gets one message, the
+    system texts first, then the user texts, separated by blank lines."""
+    if isinstance(value, str):
+        return _text(value, where)
+    if not isinstance(value, list) or not value:
+        raise _error(f"{where} must be a string or a non-empty list of chat messages, got {_quote(value)}")
+    texts: dict[str, list[str]] = {"system": [], "user": []}
+    for index, message in enumerate(value):
+        role, text = _message_text(message, f"{where}[{index}]")
+        if role not in texts:
+            raise _error(f"{where}[{index}]: a {role!r} message cannot be replayed as an agent's input; "
+                         "only system and user messages can")  # fmt: skip
+        texts[role].append(text)
+    if not texts["user"]:
+        raise _error(f"{where} holds no user message")
+    return "\n\n".join([*texts["system"], *texts["user"]])
+
+
+def _inspect_sample(record: object, where: str, default_id: str) -> Sample:
+    if isinstance(record, Mapping):
+        for key in _INSPECT_UNSUPPORTED:
+            if key in record:
+                raise _error(f"{where}: Inspect's {key!r} is not supported (an agent works in its own folder)")
+    fields = _mapping(record, where, _INSPECT_KEYS, ("input",))
+    text = _inspect_input(fields["input"], f"{where}.input")
+    if "choices" in fields:
+        choices = fields["choices"]
+        if not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices) or len(choices) > 26:
+            raise _error(f"{where}.choices must be a list of 1 to 26 strings, got {_quote(choices)}")
+        text += "\n\n" + "\n".join(f"{chr(ord('A') + i)}) {choice}" for i, choice in enumerate(choices))
+    metadata = fields.get("metadata", {})
+    if not isinstance(metadata, Mapping):
+        raise _error(f"{where}.metadata must be a mapping, got {_quote(metadata)}")
+    return Sample(
+        id=_id(fields["id"], f"{where}.id") if "id" in fields else default_id,
+        input=text,
+        target=_targets(fields["target"], f"{where}.target") if "target" in fields else (),
+        metadata=dict(metadata),
+    )
+
+
+def _jsonl_records(value: object, path: str, base: Path) -> tuple[Path, list[tuple[str, object]]]:
+    """The file and its records, each with where it is (for errors)."""
     file = (base / _text(value, path)).resolve()
-    try:
-        lines = file.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise _error(f"{path}: cannot read {file}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise _error(f"{path}: {file} is not UTF-8 text") from None
-    samples: list[Sample] = []
-    for number, line in enumerate(lines, start=1):
+    records = []
+    for number, line in enumerate(_read_text(file, path).splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{path} ({file.name} line {number})"
         try:
-            record = json.loads(line)
+            records.append((where, json.loads(line)))
         except ValueError as exc:
             raise _error(f"{where}: not JSON: {exc}") from None
-        samples.append(_sample(record, where, file.parent, str(len(samples) + 1)))
-    if not samples:
+    if not records:
         raise _error(f"{path}: {file} holds no samples")
-    return tuple(samples)
+    return file, records
+
+
+def _dataset(value: object, path: str, base: Path) -> tuple[Sample, ...]:
+    if isinstance(value, Mapping):
+        if list(value) == ["csv"]:
+            return _csv_dataset(value["csv"], f"{path}.csv", base)
+        if list(value) == ["inspect"]:
+            _, records = _jsonl_records(value["inspect"], f"{path}.inspect", base)
+            return tuple(_inspect_sample(record, where, str(i + 1)) for i, (where, record) in enumerate(records))
+        raise _error(f"{path} must be a JSONL file, {{csv: FILE}} or {{inspect: FILE}}, got {_quote(value)}")
+    file, records = _jsonl_records(value, path, base)
+    return tuple(_sample(record, where, file.parent, str(i + 1)) for i, (where, record) in enumerate(records))
 
 
 _TASK_KEYS = ("id", "input", "target", "samples", "dataset", "files", "scorer", "metadata")

@@ -202,3 +202,42 @@ def test_a_csv_dataset_gives_samples_and_names_a_malformed_row(tmp_path):
     rejects({**SMALLEST, "tasks": [task]},
             "tasks[0].dataset.csv: d.csv needs a header row with an input column, got ['question', 'answer']",
             base=tmp_path)  # fmt: skip
+
+
+def test_an_inspect_dataset_gives_samples_and_names_what_it_cannot_replay(tmp_path):
+    import json
+
+    records = [
+        {"id": 7, "input": "What is 2+2?", "target": "4", "metadata": {"level": "easy"}},
+        {"input": [{"role": "system", "content": "Answer in one word."},
+                   {"role": "user", "content": [{"type": "text", "text": "Capital of France?"}]}],
+         "target": ["Paris", "paris"]},
+        {"id": "mc", "input": "Which is a prime?", "choices": ["4", "7", "9"], "target": "B"},
+    ]  # fmt: skip
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n\n")
+    task = {"id": "t", "dataset": {"inspect": "d.jsonl"}}
+    plain, chat, choice = parse_experiment({**SMALLEST, "tasks": [task]}, base=tmp_path, default_name="x").tasks[0].samples
+    assert (plain.id, plain.input, plain.target, plain.metadata) == ("7", "What is 2+2?", ("4",), {"level": "easy"})
+    assert (chat.id, chat.input, chat.target) == ("2", "Answer in one word.\n\nCapital of France?", ("Paris", "paris"))
+    assert (choice.id, choice.input, choice.target) == ("mc", "Which is a prime?\n\nA) 4\nB) 7\nC) 9", ("B",))
+
+    def refused(record: dict, message: str) -> None:
+        (tmp_path / "d.jsonl").write_text(json.dumps(records[0]) + "\n" + json.dumps(record) + "\n")
+        with pytest.raises(ExperimentError) as info:
+            parse_experiment({**SMALLEST, "tasks": [task]}, base=tmp_path, default_name="x")
+        assert info.value.code == "INVALID_EXPERIMENT"
+        assert str(info.value).startswith(f"tasks[0].dataset.inspect (d.jsonl line 2){message}"), str(info.value)
+
+    refused({"input": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]},
+            ".input[1]: a 'assistant' message cannot be replayed as an agent's input")  # fmt: skip
+    refused({"input": [{"role": "system", "content": "be brief"}]}, ".input holds no user message")
+    refused({"input": [{"role": "user", "content": [{"type": "image", "image": "x.png"}]}]},
+            ".input[0].content: only text parts can be sent to an agent")  # fmt: skip
+    refused({"input": "q", "sandbox": "docker"}, ": Inspect's 'sandbox' is not supported")
+    refused({"input": "q", "choices": []}, ".choices must be a list of 1 to 26 strings")
+    (tmp_path / "d.jsonl").write_text(json.dumps({"input": "q", "answer": "a"}) + "\n")
+    rejects({**SMALLEST, "tasks": [task]}, "unknown key tasks[0].dataset.inspect (d.jsonl line 1).answer; known keys: "
+            "id, input, target, choices, metadata", base=tmp_path)  # fmt: skip
+    (tmp_path / "d.jsonl").write_text("{not json\n")
+    with pytest.raises(ExperimentError, match=r"^tasks\[0\]\.dataset\.inspect \(d\.jsonl line 1\): not JSON"):
+        parse_experiment({**SMALLEST, "tasks": [task]}, base=tmp_path, default_name="x")
