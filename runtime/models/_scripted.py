@@ -2,7 +2,9 @@
 
 Tests script what "the model" says (text, reasoning, tool calls, a finish reason, or an
 error), hold a call in flight with a ``trio.Event`` to exercise cancellation, and assert
-on every ``ModelRequest`` the adapter received through ``.requests``.
+on every ``ModelRequest`` the adapter received through ``.requests`` (kept without its
+``on_retry`` callback: that closes over the agent, and an adapter shared by thousands of
+rollouts would keep every agent alive).
 """
 
 from __future__ import annotations
@@ -112,7 +114,7 @@ class ScriptedAdapter:
         return reply
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
-        self.requests.append(request)
+        self.requests.append(request if request.on_retry is None else attrs.evolve(request, on_retry=None))
         reply = await self._reply_for(request)
         if reply.block is not None:
             await reply.block.wait()

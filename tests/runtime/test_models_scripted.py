@@ -181,3 +181,26 @@ async def test_block_is_awaited_before_the_error():
             assert outcome == []
             gate.set()
     assert outcome == ["late failure"]
+
+
+async def test_an_adapter_shared_by_many_agents_keeps_their_requests_not_the_agents(tmp_path):
+    import gc
+    import weakref
+
+    from loopdock import Runtime
+
+    adapter = ScriptedAdapter(lambda request: "ok")
+    agents: list[weakref.ref] = []
+    async with Runtime.open(tmp_path / "home") as rt:
+        rt.register_adapter("shared", adapter)
+        for i in range(20):
+            handle = await rt.create_agent(session_id=f"s{i}", agent_options={"provider": "shared", "model": "m"})
+            handle.agent.followup("hello")
+            await handle.agent.wait_idle()
+            agents.append(weakref.ref(handle.agent))
+            await handle.dispose()
+        del handle
+        gc.collect()
+        assert [ref for ref in agents if ref() is not None] == []
+    assert len(adapter.requests) == 20 and all(r.on_retry is None for r in adapter.requests)
+    assert adapter.requests[0].messages[-1].text == "hello"  # what tests read is still there
