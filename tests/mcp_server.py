@@ -8,7 +8,7 @@ import os
 import sys
 
 import anyio
-from mcp.server.fastmcp import Context, FastMCP
+from mcp.server.fastmcp import Context, FastMCP, Image
 
 server = FastMCP("test", host="127.0.0.1", port=int(sys.argv[2]) if len(sys.argv) > 2 else 8000)
 
@@ -50,6 +50,28 @@ async def grow(ctx: Context) -> str:  # type: ignore[type-arg]
     server.add_tool(lambda: "late one", name="late", description="Added later")
     await ctx.session.send_tool_list_changed()
     return "grown"
+
+
+@server.tool()
+def picture() -> Image:
+    """A 100-byte PNG-looking image."""
+    return Image(data=b"\x89PNG" + b"0" * 96, format="png")
+
+
+@server.tool()
+def shout() -> str:
+    """Write a megabyte to stderr, then answer."""
+    sys.stderr.write("e" * 1024 * 1024 + "\n")
+    sys.stderr.flush()
+    return "still here"
+
+
+@server.tool()
+def flood() -> str:
+    """Write a line of 9 MiB to stdout, the protocol's channel."""
+    sys.stdout.buffer.write(b"x" * (9 * 1024 * 1024))
+    sys.stdout.buffer.flush()
+    return "never read"
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ def result_text(result: CallToolResult) -> str:
         if kind == "text":
             parts.append(block.text)
         elif kind in ("image", "audio"):
-            size = len(block.data) * 3 // 4
+            size = len(block.data) * 3 // 4 - block.data[-2:].count("=")  # base64's padding is no data
             parts.append(f"[{kind} {block.mimeType}, {size} bytes]")
         elif kind == "resource_link":
             parts.append(f"[resource {block.uri}]")

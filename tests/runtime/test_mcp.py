@@ -200,3 +200,17 @@ async def test_a_server_that_exits_before_its_handshake_fails_at_once_not_at_its
             assert got["c1"][1] is True  # the model's call of a tool that never came is an error it sees
             assert (handle.agent.status, adapter.remaining) == ("idle", 0)
             await handle.dispose()
+
+
+async def test_images_stderr_floods_and_stdout_floods_cost_only_what_they_must(tmp_path):
+    adapter = ScriptedAdapter([call("t__picture", "c1"), call("t__shout", "c2"), call("t__flood", "c3"),
+                               call("t__echo", "c4", text="after"), "done"])  # fmt: skip
+    with trio.fail_after(TIMEOUT):
+        async with Runtime.open(tmp_path / "home") as rt:
+            handle = await run_turn(rt, adapter)
+            got = await results(handle.agent)
+            assert got["c1"] == ("[image image/png, 100 bytes]", False)  # a placeholder, not 100 bytes of base64
+            assert got["c2"] == ("still here", False)  # a megabyte of stderr is read and dropped past the cap
+            assert got["c3"][1] is True  # a 9 MiB line on the protocol's channel stops that server...
+            assert got["c4"] == ("echo: after", False)  # ...and the next call has a new one
+            await handle.dispose()
