@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 
 _log = get_logger(__name__)
 
+#: How long a server may take to start and answer its handshake, whatever its ``timeout``
+#: (a call's deadline): a stdio server is an interpreter importing its SDK, which takes
+#: seconds on a loaded machine, and a short per-call deadline must not fail its start.
+HANDSHAKE_SECONDS = 30.0
 #: The longest line (one JSON-RPC message) a stdio server may write: past it the server is
 #: stopped, as one that floods its stdout.
 MAX_LINE = 8 * 1024 * 1024
@@ -210,7 +214,7 @@ class McpServer:
             conn = _Connection(session)
             try:
                 shaken = False
-                with trio.fail_after(self.spec.timeout):
+                with trio.fail_after(max(self.spec.timeout, HANDSHAKE_SECONDS)):
                     async with trio.open_nursery() as handshake:  # a server that exits fails it at once
                         handshake.start_soon(_cancel_when_set, gone, handshake.cancel_scope)
                         await session.initialize()
