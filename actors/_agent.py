@@ -154,7 +154,7 @@ class AgentActor:
         in a worker thread, for this call only: reading does not make the agent warm."""
         if self._transcript is not None:
             return self._transcript
-        return Transcript(fold_transcript(await self.session.read_history(MESSAGE_TYPES)))
+        return Transcript(await self.session.read_messages(MESSAGE_TYPES))
 
     def followup(self, message: str | Message) -> Message:
         """Queue for the next turn and wake the agent."""
@@ -451,9 +451,9 @@ class AgentActor:
         return None
 
     async def _load_transcript(self) -> None:
-        events = await self.session.read_history(MESSAGE_TYPES)
+        messages = await self.session.read_messages(MESSAGE_TYPES)
         if self._transcript is None:
-            self._transcript = Transcript(fold_transcript(events))
+            self._transcript = Transcript(messages)
 
     async def _run_turn(self, slot: Slot | None) -> None:
         first = self._inbox.take_turn()

@@ -31,10 +31,12 @@ from loopdock.runtime import (
     Event,
     EventsTrimmedError,
     LoopdockError,
+    Message,
     SessionHeader,
     Write,
     check_event_type,
     get_logger,
+    message_from_wire,
     new_event,
 )
 
@@ -116,6 +118,15 @@ class SessionActor:
         base = self._base
         older = await trio.to_thread.run_sync(self._read, 0, base, types) if base else []
         return [*older, *(e for e in self.events_since(base) if e.type in types)]
+
+    async def read_messages(self, types: Collection[str]) -> list[Message]:
+        """The messages of every event of ``types`` (message events), in seq order: what
+        was trimmed from memory is read from the store in a worker thread, decoded
+        straight into messages."""
+        base = self._base
+        older = await trio.to_thread.run_sync(self._writer.store.load_messages, self.id, base, types) if base else []
+        older.extend(message_from_wire(e.data) for e in self.events_since(base) if e.type in types)
+        return older
 
     def events_since(self, index: int) -> list[Event]:
         """The events from position ``index`` on, from memory (for incremental folds that

@@ -12,6 +12,7 @@ from collections.abc import Collection, Sequence
 from typing import Protocol
 
 from ._events import Event, SessionHeader
+from ._messages import Message
 from ._store import StoreError, Write
 
 
@@ -25,6 +26,9 @@ class SessionLog(Protocol):
         self, session_id: str, start: int = 0, stop: int | None = None, types: Collection[str] | None = None
     ) -> list[Event]:
         """Events with ``start <= seq < stop`` (of ``types`` if given), in seq order."""
+
+    def load_messages(self, session_id: str, stop: int, types: Collection[str]) -> list[Message]:
+        """The messages of the events of ``types`` with ``seq < stop``, in seq order."""
 
     def load_outline(
         self, session_id: str, types: Collection[str]

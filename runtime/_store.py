@@ -28,8 +28,9 @@ import trio
 from ._errors import LoopdockError
 from ._events import Event, SessionHeader
 from ._logging import get_logger
+from ._messages import Message
 from ._private import private_dir, private_file
-from ._serde import event_from_wire, header_from_wire, header_to_wire
+from ._serde import event_from_wire, header_from_wire, header_to_wire, message_from_wire
 
 log = get_logger(__name__)
 
@@ -328,6 +329,22 @@ class SessionStore:
         with self._use("load events") as conn:
             rows = conn.execute(sql + " ORDER BY seq", params).fetchall()
         return [_event_from_row(row) for row in rows]
+
+    def load_messages(self, session_id: str, stop: int, types: Collection[str]) -> list[Message]:
+        """The messages of the session's events of ``types`` (message events) with
+        ``seq < stop``, in seq order: what a turn reads back when its history was evicted.
+        Each row is decoded straight into its message, never into an event, so a long
+        conversation is held about once while it is read, not as rows, events and
+        their dicts besides (their peak set the heap's high-water mark)."""
+        wanted = sorted(types)
+        sql = (
+            "SELECT data FROM events WHERE session_id = ? AND seq < ? "
+            f"AND type IN ({','.join('?' * len(wanted))}) ORDER BY seq"
+        )
+        with self._use("load messages") as conn:
+            rows = conn.execute(sql, [session_id, stop, *wanted]).fetchall()
+        loads = json.loads
+        return [message_from_wire(loads(text)) for (text,) in rows]
 
     def load_outline(
         self, session_id: str, types: Collection[str]

@@ -32,7 +32,8 @@ import trio
 
 from .._events import Event, SessionHeader
 from .._logging import get_logger
-from .._serde import header_from_wire, header_to_wire
+from .._messages import Message
+from .._serde import header_from_wire, header_to_wire, message_from_wire
 from .._store import StoreError, Write, encode_json
 from . import keys
 from ._connect import RETRYABLE
@@ -114,6 +115,9 @@ class RedisSessionStore:
         self, session_id: str, start: int = 0, stop: int | None = None, types: Collection[str] | None = None
     ) -> list[Event]:
         return self._blocking(self.aload_events, session_id, start, stop, types)
+
+    def load_messages(self, session_id: str, stop: int, types: Collection[str]) -> list[Message]:
+        return [message_from_wire(event.data) for event in self.load_events(session_id, 0, stop, types)]
 
     def load_outline(
         self, session_id: str, types: Collection[str]
