@@ -41,8 +41,8 @@ from ._http import (
     RetryPolicy,
     SseCall,
     error_text,
+    finish_reason,
     priced,
-    trim,
 )
 
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
@@ -170,7 +170,7 @@ class _StreamParser:
             self._usage(event.get("usage"))
             reason = (event.get("delta") or {}).get("stop_reason")
             if reason:
-                self.finish = self._map_finish(str(reason))
+                self.finish = finish_reason(str(reason), _FINISH_REASONS, "stop reason")
         elif kind == "message_stop":
             self.done = True
         elif kind == "error":
@@ -231,14 +231,6 @@ class _StreamParser:
         if kind in _RETRYABLE_ERRORS:
             raise RetryableStatus(f"{kind}: {message}", None)
         raise ModelError(f"model stream reported an error: {kind}: {message}")
-
-    @staticmethod
-    def _map_finish(reason: str) -> FinishReason:
-        mapped = _FINISH_REASONS.get(reason)
-        if mapped is None:
-            # refusal, pause_turn, ...: not a normal end of turn the agent can act on.
-            raise ModelError(f"model stopped with stop reason {trim(reason)!r}")
-        return mapped
 
     def end(self) -> list[Chunk]:
         if self.finish is None:

@@ -242,7 +242,7 @@ async def test_stop_reasons_are_mapped(wire, ours):
 
 async def test_a_refusal_is_a_model_error():
     with trio.fail_after(10):
-        with pytest.raises(ModelError, match="refusal"):
+        with pytest.raises(ModelError, match="stopped with stop reason .refusal."):
             await run_against([messages(start(), *stop("refusal"))])
 
 
