@@ -173,7 +173,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tables", metavar="JSON", nargs="*",
         help="run nothing: regenerate the docs' tables from these results (default: the committed full runs, "
-        "benchmarks/results/bench-full.json and bench-cluster-full.json)",
+        "benchmarks/results/bench-full.json, bench-cluster-full.json and bench-tracing-full.json)",
     )
 
 

@@ -20,7 +20,11 @@ from typing import Any
 DOCS = {"README.md": ("summary",), "benchmarks/README.md": ("details",), "benchmarks/PROFILE.md": ("profile",)}
 CLUSTER_DOCS = {"docs/cluster.md": ("cluster",)}
 TRACING_DOCS = {"README.md": ("tracing-summary",), "benchmarks/PROFILE.md": ("tracing",)}
-COMMITTED = ("benchmarks/results/bench-full.json", "benchmarks/results/bench-cluster-full.json")
+COMMITTED = (
+    "benchmarks/results/bench-full.json",
+    "benchmarks/results/bench-cluster-full.json",
+    "benchmarks/results/bench-tracing-full.json",
+)
 _VERDICT = {True: "met", False: "**missed**", None: "not judged"}
 
 
@@ -294,7 +298,8 @@ def _tracing_source(results: dict[str, Any]) -> str:
         f"From `benchmarks/results/bench-tracing-{results['mode']}.json` (`loopdock bench --tracing`, commit "
         f"`{m.get('git_commit') or '-'}`, {m['date']}, {m['cpu_count']} CPUs; median (min-max) of "
         f"{cfg['repeats']} runs each, off and on alternating, each a fresh process; {cfg['n']} agents x "
-        f"{cfg['k']} turns of the `turns` workload)"
+        f"{cfg['k']} turns of the `turns` workload; load average {m.get('load_average_at_start')} at the start, "
+        f"{m.get('load_average_at_end')} at the end)"
     )
 
 
@@ -320,10 +325,10 @@ def tracing_summary(results: dict[str, Any]) -> str:
     f = results["figures"]
     return (
         f"Measured with `loopdock bench --tracing` (commit `{results['machine'].get('git_commit') or '-'}`, "
-        f"{results['config']['repeats']} runs each): a tool-call turn takes "
-        f"{spread(f['on_vs_off'], 2)}x the CPU with spans on (an SDK provider exporting nowhere) as with tracing "
-        f"off, {fmt(f['added_cpu_us_per_turn']['median'], 0)} us more per turn "
-        "(benchmarks/PROFILE.md)."
+        f"{results['config']['repeats']} runs each), the cheapest tool-call turn there is (the offline ping "
+        f"model, an in-memory tool) takes {spread(f['on_vs_off'], 2)}x the CPU with spans on (an SDK provider "
+        f"exporting nowhere) as with tracing off: {fmt(f['added_cpu_us_per_turn']['median'], 0)} us more per "
+        "turn, which a real model's latency dwarfs (benchmarks/PROFILE.md)."
     )
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loopdock.benchmarks import _tracing
+from loopdock.benchmarks import _tables, _tracing
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,3 +62,14 @@ def test_bench_tracing_is_a_loopdock_bench_option(capsys):
         main(["bench", "--help"])
     assert "--tracing" in capsys.readouterr().out
 
+
+
+def test_the_committed_tracing_figures_are_generated_from_the_committed_json():
+    results = json.loads((ROOT / "benchmarks/results/bench-tracing-full.json").read_text())
+    check_figures(results, results["config"]["repeats"])
+    assert results["mode"] == "full" and results["config"]["repeats"] >= 5
+    generated = {"tracing": _tables.tracing_table(results), "tracing-summary": _tables.tracing_summary(results)}
+    for doc, names in _tables.TRACING_DOCS.items():
+        text = (ROOT / doc).read_text()
+        for name in names:
+            assert f"<!-- bench:{name} -->\n{generated[name]}\n<!-- /bench:{name} -->" in text, (doc, name)
