@@ -1,10 +1,11 @@
 """``AnthropicAdapter``: the Anthropic Messages API, streamed (``POST /v1/messages``).
 
 The SSE events: ``message_start`` (input usage), ``content_block_start`` / ``_delta`` /
-``_stop`` (text; thinking, whose signature arrives as ``signature_delta``; redacted_thinking,
-whole at its start; or a tool_use whose input arrives as ``input_json_delta`` pieces), ``message_delta`` (stop reason, output usage), ``message_stop``, ``ping``, and
-``error`` (``overloaded_error`` and ``api_error`` are retried like a 529 while nothing was
-yielded). Retries, key handling and cancellation are ``_http.SseCall``'s.
+``_stop`` (text; thinking, whose signature arrives as ``signature_delta``;
+redacted_thinking, whole at its start; or a tool_use whose input arrives as
+``input_json_delta`` pieces), ``message_delta`` (stop reason, output usage),
+``message_stop``, ``ping``, and ``error`` (``overloaded_error`` and ``api_error`` are
+retried like a 529 while nothing was yielded). Retries, key handling and cancellation are ``_http.SseCall``'s.
 """
 
 from __future__ import annotations
