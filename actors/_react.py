@@ -29,6 +29,7 @@ from loopdock.runtime.models import (
     ModelAdapter,
     ModelRequest,
     ReasoningDelta,
+    ReasoningEnd,
     TextDelta,
     ToolCallChunk,
     Usage,
@@ -93,6 +94,7 @@ async def _call_model(turn: Turn, adapter: ModelAdapter, request: ModelRequest) 
 async def _collect(stream: AsyncIterator[Chunk]) -> tuple[Message, str, Usage | None]:
     text: list[str] = []
     reasoning: list[str] = []
+    ended: list[Block] = []  # reasoning blocks the provider closed (signed, redacted)
     calls: list[ToolCallBlock] = []
     finish = "stop"
     usage: Usage | None = None
@@ -101,13 +103,17 @@ async def _collect(stream: AsyncIterator[Chunk]) -> tuple[Message, str, Usage | 
             text.append(chunk.text)
         elif isinstance(chunk, ReasoningDelta):
             reasoning.append(chunk.text)
+        elif isinstance(chunk, ReasoningEnd):
+            ended.append(ReasoningBlock("".join(reasoning), chunk.signature, chunk.redacted_data))
+            reasoning.clear()
         elif isinstance(chunk, ToolCallChunk):
             calls.append(ToolCallBlock(chunk.call_id, chunk.name, chunk.arguments))
         elif isinstance(chunk, Usage):
             usage = chunk
         elif isinstance(chunk, Finish):
             finish = chunk.reason
-    blocks: list[Block] = []
+    # Reasoning first, each closed block as it came (a provider replays them in order).
+    blocks: list[Block] = ended
     if reasoning:
         blocks.append(ReasoningBlock("".join(reasoning)))
     if text:

@@ -278,12 +278,19 @@ async def _steps(handles: list[Any]) -> int:
 
 
 async def run_turns(params: dict[str, Any], progress: Progress) -> dict[str, Any]:
-    """``params``: ``n``, ``k``; optional ``home_parent``."""
+    """``params``: ``n``, ``k``; optional ``home_parent``, and ``tracing`` (spans on: an
+    SDK provider whose batch processor counts and drops them, see ``_tracing``)."""
     n, k = params["n"], params["k"]
     home = _Home(params.get("home_parent"))
     latencies: list[float] = []
+    provider = spans = None
+    if params.get("tracing"):
+        from ._tracing import counting_provider
+
+        provider, spans = counting_provider()
+    traced: dict[str, Any] = {}
     try:
-        async with Runtime.open(home.path / "home", gc_threshold=GC_THRESHOLD) as rt:
+        async with Runtime.open(home.path / "home", gc_threshold=GC_THRESHOLD, tracer_provider=provider) as rt:
             _prepare(rt)
             warm = await _create(rt, home, "warm")
             await _clients([warm.agent], 2, TASK)
@@ -292,6 +299,9 @@ async def run_turns(params: dict[str, Any], progress: Progress) -> dict[str, Any
             handles = [await _create(rt, home, f"a{i}") for i in range(n)]
             for handle in handles:
                 await handle.agent.session.flush()
+            if provider is not None:
+                provider.force_flush()  # the warm-up's spans: not in the figure
+                spans0 = spans.spans
             progress(0.3, f"turns N={n}: running")
             gc_pauses = GcPauses()
             with gc_pauses:
@@ -299,16 +309,23 @@ async def run_turns(params: dict[str, Any], progress: Progress) -> dict[str, Any
                 await _clients([h.agent for h in handles], k, TASK, latencies)
                 for handle in handles:
                     await handle.agent.session.flush()
+                if provider is not None:
+                    provider.force_flush()  # every span exported, inside the clock
                 seconds, cpu = time.perf_counter() - started, time.process_time() - cpu0
+            if provider is not None:
+                traced = {"spans_per_turn": (spans.spans - spans0) / (n * k)}
             steps = await _steps(handles)
             commits = rt.supervisor.writer.commits
     finally:
+        if provider is not None:
+            provider.shutdown()
         home.remove()
     turns = n * k
     return {
         "n": n, "k": k, "turns": turns, "steps": steps, "seconds": seconds, "commits": commits,
         "turns_per_s": turns / seconds, "cpu_us_per_turn": cpu / turns * 1e6,
         "turn": summary_ms(latencies), "gc": gc_pauses.summary(), "peak_rss_mb": peak_rss_bytes() / 2**20,
+        "tracing": provider is not None, **traced,
     }
 
 

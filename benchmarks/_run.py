@@ -6,19 +6,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
-from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from . import _peer_autogen
-from ._common import PROGRESS_PREFIX, Progress, ProgressBar, load_average, machine
+from ._common import ProgressBar, load_average, machine
 from ._report import compute, plot, print_table
-from ._worker import run_phase
+from ._worker import PhaseError, in_child, run_phase
 
 #: Where results go unless ``--out`` says otherwise: outside the source tree, so that a
 #: run never overwrites the committed results (benchmarks/results, written on purpose).
@@ -70,34 +68,6 @@ CONFIGS: dict[str, dict[str, Any]] = {
         },
     },
 }
-
-
-class PhaseError(RuntimeError):
-    pass
-
-
-def _in_child(phase: str, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="loopdock-bench-out-") as scratch:
-        out = Path(scratch, "result.json")
-        env = dict(os.environ)
-        env.setdefault("AUTOGEN_DISABLE_RUNTIME_TRACING", "true")  # the peer at its fastest
-        process = subprocess.Popen(
-            [sys.executable, "-P", "-m", "loopdock.benchmarks._worker", phase, json.dumps(params), str(out)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-        )
-        tail: deque[str] = deque(maxlen=40)
-        assert process.stderr is not None
-        for line in process.stderr:
-            if line.startswith(PROGRESS_PREFIX):
-                fraction, _, label = line[len(PROGRESS_PREFIX):].strip().partition(" ")
-                progress(float(fraction), label)
-            else:
-                tail.append(line.rstrip())
-        code = process.wait()
-        if code != 0 or not out.exists():
-            raise PhaseError(f"phase {phase} failed (exit {code}):\n" + "\n".join(tail))
-        result: dict[str, Any] = json.loads(out.read_text())
-        return result
 
 
 def plan(cfg: dict[str, Any], have_peer: bool) -> list[tuple[str, str, dict[str, Any], int | None]]:
@@ -159,7 +129,7 @@ def run(
             progress = bar.phase(label, 1.0)
             try:
                 child = isolate or phase.startswith("peer-") or phase == "bridge"
-                result = _in_child(phase, params, progress) if child else run_phase(phase, params, progress)
+                result = in_child(phase, params, progress) if child else run_phase(phase, params, progress)
             finally:
                 bar.end_phase()
             result["load_average"] = load_average()
@@ -197,10 +167,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", action="store_true",
                         help="only the cluster benchmark: embedded vs 1 and 2 workers on a private redis-server, "
                         "and failover after kill -9 (needs redis-server and loopdock[cluster])")
+    parser.add_argument("--tracing", action="store_true",
+                        help="only what tracing costs: CPU per turn with spans off and on, alternating "
+                        "(needs loopdock[otel])")
     parser.add_argument(
         "--tables", metavar="JSON", nargs="*",
         help="run nothing: regenerate the docs' tables from these results (default: the committed full runs, "
-        "benchmarks/results/bench-full.json and bench-cluster-full.json)",
+        "benchmarks/results/bench-full.json, bench-cluster-full.json and bench-tracing-full.json)",
     )
 
 
@@ -222,6 +195,15 @@ def run_from_args(args: argparse.Namespace) -> int:
         from ._cluster import run_cluster
 
         run_cluster("quick" if args.quick else "full", Path(args.out), sys.stdout)
+        return 0
+    if args.tracing:
+        from ._tracing import run_tracing
+
+        try:
+            run_tracing("quick" if args.quick else "full", Path(args.out), isolate=not args.in_process)
+        except PhaseError as exc:
+            print(f"loopdock bench: {exc}", file=sys.stderr)
+            return 1
         return 0
     try:
         run("quick" if args.quick else "full", args.out, isolate=not args.in_process, peer=not args.no_peer)

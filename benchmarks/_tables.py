@@ -3,7 +3,8 @@
 ``loopdock bench --tables [JSON ...]`` rewrites every block between
 ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` in the docs from the JSON: a
 ``bench-*.json`` fills README.md, benchmarks/README.md and benchmarks/PROFILE.md, a
-``bench-cluster-*.json`` docs/cluster.md (by default, both committed full runs in
+``bench-cluster-*.json`` docs/cluster.md, a ``bench-tracing-*.json`` the tracing figures of
+README.md and benchmarks/PROFILE.md (by default, the committed full runs in
 ``benchmarks/results/``). The tables are never copied by hand, and a test checks the
 committed docs match the committed JSON.
 """
@@ -18,7 +19,12 @@ from typing import Any
 
 DOCS = {"README.md": ("summary",), "benchmarks/README.md": ("details",), "benchmarks/PROFILE.md": ("profile",)}
 CLUSTER_DOCS = {"docs/cluster.md": ("cluster",)}
-COMMITTED = ("benchmarks/results/bench-full.json", "benchmarks/results/bench-cluster-full.json")
+TRACING_DOCS = {"README.md": ("tracing-summary",), "benchmarks/PROFILE.md": ("tracing",)}
+COMMITTED = (
+    "benchmarks/results/bench-full.json",
+    "benchmarks/results/bench-cluster-full.json",
+    "benchmarks/results/bench-tracing-full.json",
+)
 _VERDICT = {True: "met", False: "**missed**", None: "not judged"}
 
 
@@ -286,8 +292,52 @@ def cluster_table(results: dict[str, Any]) -> str:
     return source + "\n\n" + _table(["figure", "measured", "target"], rows)
 
 
+def _tracing_source(results: dict[str, Any]) -> str:
+    m, cfg = results["machine"], results["config"]
+    return (
+        f"From `benchmarks/results/bench-tracing-{results['mode']}.json` (`loopdock bench --tracing`, commit "
+        f"`{m.get('git_commit') or '-'}`, {m['date']}, {m['cpu_count']} CPUs; median (min-max) of "
+        f"{cfg['repeats']} runs each, off and on alternating, each a fresh process; {cfg['n']} agents x "
+        f"{cfg['k']} turns of the `turns` workload; load average {m.get('load_average_at_start')} at the start, "
+        f"{m.get('load_average_at_end')} at the end)"
+    )
+
+
+def tracing_table(results: dict[str, Any]) -> str:
+    """What tracing costs a turn, from a ``loopdock bench --tracing`` JSON."""
+    f = results["figures"]
+    rows = [
+        ["tracing off (the default: no provider)", spread(f["off_cpu_us_per_turn"], 0), "-"],
+        ["tracing on (SDK provider, batch processor, spans counted and dropped)", spread(f["on_cpu_us_per_turn"], 0),
+         spread(f["on_vs_off"], 2) + "x"],
+        ["added by the spans", spread(f["added_cpu_us_per_turn"], 0), ""],
+    ]
+    spans = f["spans_per_turn"]["median"]
+    return (
+        _tracing_source(results) + ":\n\n"
+        + _table(["CPU per turn (whole process)", "us per turn", "on / off, run by run"], rows)
+        + f"\n\nSpans exported per turn: {fmt(spans, 1)} (the turn, two model calls, one tool call)."
+    )
+
+
+def tracing_summary(results: dict[str, Any]) -> str:
+    """README's one sentence on what tracing costs."""
+    f = results["figures"]
+    return (
+        f"Measured with `loopdock bench --tracing` (commit `{results['machine'].get('git_commit') or '-'}`, "
+        f"{results['config']['repeats']} runs each), the cheapest tool-call turn there is (the offline ping "
+        f"model, an in-memory tool) takes {spread(f['on_vs_off'], 2)}x the CPU with spans on (an SDK provider "
+        f"exporting nowhere) as with tracing off: {fmt(f['added_cpu_us_per_turn']['median'], 0)} us more per "
+        "turn, which a real model's latency dwarfs (benchmarks/PROFILE.md)."
+    )
+
+
 def is_cluster(results: dict[str, Any]) -> bool:
     return "cluster-1" in results.get("runs", {})
+
+
+def is_tracing(results: dict[str, Any]) -> bool:
+    return "on" in results.get("runs", {}) and "off" in results["runs"]
 
 
 def replace_blocks(text: str, generated: dict[str, str]) -> str:
@@ -304,6 +354,9 @@ def write_docs(json_path: Path, root: Path) -> list[Path]:
     results = json.loads(Path(json_path).read_text())
     if is_cluster(results):
         generated, docs = {"cluster": cluster_table(results)}, CLUSTER_DOCS
+    elif is_tracing(results):
+        generated = {"tracing": tracing_table(results), "tracing-summary": tracing_summary(results)}
+        docs = TRACING_DOCS
     else:
         generated, docs = blocks(results), DOCS
     written = []

@@ -1,16 +1,21 @@
 """One benchmark phase, in this process or as ``python -m loopdock.benchmarks._worker PHASE PARAMS OUT``.
 
-Running each phase in a fresh process keeps the memory figures of one phase clean of
-the others, and keeps asyncio (the autogen-core peer) apart from trio. A child reports
-progress as ``@@progress <fraction> <label>`` lines on stderr and writes its result as
+Running each phase in a fresh process (``in_child``) keeps the memory figures of one
+phase clean of the others, and keeps asyncio (the autogen-core peer) apart from trio. A
+child reports progress as ``@@progress <fraction> <label>`` lines on stderr and writes its result as
 JSON to ``OUT``.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
+from collections import deque
+from pathlib import Path
 from typing import Any
 
 from ._common import PROGRESS_PREFIX, Progress
@@ -30,6 +35,36 @@ PHASES = {
     "floor": ("_floor", "run_floor"),
     "bridge": ("_bridge", "run_bridge"),
 }
+
+
+class PhaseError(RuntimeError):
+    pass
+
+
+def in_child(phase: str, params: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """Run one phase in a fresh process (this module as its main); its progress lines
+    go to ``progress``, its last stderr lines into the PhaseError of a failure."""
+    with tempfile.TemporaryDirectory(prefix="loopdock-bench-out-") as scratch:
+        out = Path(scratch, "result.json")
+        env = dict(os.environ)
+        env.setdefault("AUTOGEN_DISABLE_RUNTIME_TRACING", "true")  # the peer at its fastest
+        process = subprocess.Popen(
+            [sys.executable, "-P", "-m", "loopdock.benchmarks._worker", phase, json.dumps(params), str(out)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+        )
+        tail: deque[str] = deque(maxlen=40)
+        assert process.stderr is not None
+        for line in process.stderr:
+            if line.startswith(PROGRESS_PREFIX):
+                fraction, _, label = line[len(PROGRESS_PREFIX):].strip().partition(" ")
+                progress(float(fraction), label)
+            else:
+                tail.append(line.rstrip())
+        code = process.wait()
+        if code != 0 or not out.exists():
+            raise PhaseError(f"phase {phase} failed (exit {code}):\n" + "\n".join(tail))
+        result: dict[str, Any] = json.loads(out.read_text())
+        return result
 
 
 def run_phase(phase: str, params: dict[str, Any], progress: Progress) -> dict[str, Any]:

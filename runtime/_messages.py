@@ -36,7 +36,14 @@ class TextBlock:
 
 @attrs.frozen
 class ReasoningBlock:
+    """The model's reasoning. A provider that wants it back unchanged says so:
+    ``signature`` signs ``text`` (Anthropic's ``thinking`` blocks), ``redacted_data`` is
+    reasoning it encrypted (a ``redacted_thinking`` block; ``text`` is then empty). Both
+    are opaque: kept in the session log as they came, sent back byte for byte."""
+
     text: str
+    signature: str | None = None
+    redacted_data: str | None = None
 
 
 @attrs.frozen
@@ -206,13 +213,16 @@ class Message:
 
     @property
     def content_chars(self) -> int:
-        """Characters of every block's text: text, reasoning, a tool call's name and
-        arguments, a tool result's content, an image's base64 data. What a message weighs
+        """Characters of every block's text: text, reasoning (its signature or redacted
+        data too), a tool call's name and arguments, a tool result's content, an image's
+        base64 data. What a message weighs
         in the history budget, beyond a fixed cost per message (``actors.HistoryCache``)."""
         chars = 0
         for block in self.content:
-            if isinstance(block, (TextBlock, ReasoningBlock)):
+            if isinstance(block, TextBlock):
                 chars += len(block.text)
+            elif isinstance(block, ReasoningBlock):
+                chars += len(block.text) + len(block.signature or "") + len(block.redacted_data or "")
             elif isinstance(block, ToolCallBlock):
                 chars += len(block.name) + len(block.arguments)
             elif isinstance(block, ToolResultBlock):

@@ -275,9 +275,17 @@ def _direct_block_hooks() -> dict[type, Callable[[Any], dict[str, Any]]]:
     def image(b: ImageBlock) -> dict[str, Any]:
         return {"type": "image", "mediaType": b.media_type, "data": b.data}
 
+    def reasoning(b: ReasoningBlock) -> dict[str, Any]:
+        out = {"type": "reasoning", "text": b.text}
+        if b.signature is not None:
+            out["signature"] = b.signature
+        if b.redacted_data is not None:
+            out["redactedData"] = b.redacted_data
+        return out
+
     return {
         TextBlock: lambda b: {"type": "text", "text": b.text},
-        ReasoningBlock: lambda b: {"type": "reasoning", "text": b.text},
+        ReasoningBlock: reasoning,
         ImageBlock: image,
         ToolCallBlock: lambda b: {"type": "tool-call", "callId": b.call_id, "name": b.name, "arguments": b.arguments},
         ToolResultBlock: lambda b: {"type": "tool-result", "callId": b.call_id, "content": b.content, "isError": b.is_error},

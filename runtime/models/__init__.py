@@ -6,6 +6,7 @@ from ._adapter import FinishReason as FinishReason
 from ._adapter import ModelAdapter as ModelAdapter
 from ._adapter import ModelRequest as ModelRequest
 from ._adapter import ReasoningDelta as ReasoningDelta
+from ._adapter import ReasoningEnd as ReasoningEnd
 from ._adapter import RetryNotice as RetryNotice
 from ._adapter import TextDelta as TextDelta
 from ._adapter import ToolCallChunk as ToolCallChunk

@@ -62,6 +62,17 @@ class ReasoningDelta:
 
 
 @attrs.frozen
+class ReasoningEnd:
+    """Ends one reasoning block that the provider wants back unchanged: the
+    ``ReasoningDelta`` text since the previous ``ReasoningEnd`` with the ``signature``
+    that signs it, or (``redacted_data``, no text) reasoning the provider encrypted. The
+    agent keeps each such block apart, in order (``ReasoningBlock``)."""
+
+    signature: str | None = None
+    redacted_data: str | None = None
+
+
+@attrs.frozen
 class ToolCallChunk:
     """One complete tool call (adapters assemble streamed fragments before yielding)."""
 
@@ -85,7 +96,7 @@ class Finish:
     reason: FinishReason
 
 
-Chunk = Union[TextDelta, ReasoningDelta, ToolCallChunk, Usage, Finish]
+Chunk = Union[TextDelta, ReasoningDelta, ReasoningEnd, ToolCallChunk, Usage, Finish]
 
 
 class ModelAdapter(Protocol):

@@ -1,10 +1,11 @@
 """``AnthropicAdapter``: the Anthropic Messages API, streamed (``POST /v1/messages``).
 
 The SSE events: ``message_start`` (input usage), ``content_block_start`` / ``_delta`` /
-``_stop`` (text, thinking, or a tool_use whose input arrives as ``input_json_delta``
-pieces), ``message_delta`` (stop reason, output usage), ``message_stop``, ``ping``, and
-``error`` (``overloaded_error`` and ``api_error`` are retried like a 529 while nothing was
-yielded). Retries, key handling and cancellation are ``_http.SseCall``'s.
+``_stop`` (text; thinking, whose signature arrives as ``signature_delta``;
+redacted_thinking, whole at its start; or a tool_use whose input arrives as
+``input_json_delta`` pieces), ``message_delta`` (stop reason, output usage),
+``message_stop``, ``ping``, and ``error`` (``overloaded_error`` and ``api_error`` are
+retried like a 529 while nothing was yielded). Retries, key handling and cancellation are ``_http.SseCall``'s.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ import attrs
 import httpx
 
 from .._errors import ModelError
-from .._messages import ImageBlock, Message, TextBlock, ToolCallBlock, ToolResultBlock
+from .._messages import ImageBlock, Message, ReasoningBlock, TextBlock, ToolCallBlock, ToolResultBlock
 from ._adapter import (
     Chunk,
     Finish,
     FinishReason,
     ModelRequest,
     ReasoningDelta,
+    ReasoningEnd,
     TextDelta,
     ToolCallChunk,
     Usage,
@@ -40,8 +42,8 @@ from ._http import (
     RetryPolicy,
     SseCall,
     error_text,
+    finish_reason,
     priced,
-    trim,
 )
 
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
@@ -65,6 +67,14 @@ def _blocks(message: Message) -> list[dict[str, Any]]:
     for block in message.content:
         if isinstance(block, TextBlock) and block.text:
             out.append({"type": "text", "text": block.text})
+        elif isinstance(block, ReasoningBlock):
+            # Extended thinking with tools: the turn's thinking blocks go back unchanged,
+            # before its tool_use blocks. Reasoning without a signature (another
+            # provider's) cannot: the API checks it.
+            if block.redacted_data is not None:
+                out.append({"type": "redacted_thinking", "data": block.redacted_data})
+            elif block.signature is not None:
+                out.append({"type": "thinking", "thinking": block.text, "signature": block.signature})
         elif isinstance(block, ImageBlock):
             source = {"type": "base64", "media_type": block.media_type, "data": block.data}
             out.append({"type": "image", "source": source})
@@ -79,7 +89,6 @@ def _blocks(message: Message) -> list[dict[str, Any]]:
             if block.is_error:
                 result["is_error"] = True
             out.append(result)
-        # Reasoning is not sent back: a thinking block needs the signature we do not keep.
     return out
 
 
@@ -131,6 +140,9 @@ class _StreamParser:
     redact: Callable[[str], str] = lambda text: text
     price: Price | None = None
     tools: dict[int, _ToolUse] = attrs.field(factory=dict)
+    # Open thinking blocks' signatures, and open redacted_thinking blocks' data, by index.
+    signatures: dict[int, str] = attrs.field(factory=dict)
+    redacted: dict[int, str] = attrs.field(factory=dict)
     input_tokens: int = 0
     output_tokens: int = 0
     finish: FinishReason | None = None
@@ -150,10 +162,7 @@ class _StreamParser:
         if kind == "message_start":
             self._usage((event.get("message") or {}).get("usage"))
         elif kind == "content_block_start":
-            block = event.get("content_block") or {}
-            if block.get("type") == "tool_use":
-                index = int(event.get("index", 0))
-                self.tools[index] = _ToolUse(str(block.get("id") or f"call-{index}"), str(block.get("name") or ""))
+            return self._start(int(event.get("index", 0)), event.get("content_block") or {})
         elif kind == "content_block_delta":
             return self._delta(int(event.get("index", 0)), event.get("delta") or {})
         elif kind == "content_block_stop":
@@ -162,7 +171,7 @@ class _StreamParser:
             self._usage(event.get("usage"))
             reason = (event.get("delta") or {}).get("stop_reason")
             if reason:
-                self.finish = self._map_finish(str(reason))
+                self.finish = finish_reason(str(reason), _FINISH_REASONS, "stop reason")
         elif kind == "message_stop":
             self.done = True
         elif kind == "error":
@@ -179,17 +188,35 @@ class _StreamParser:
         if isinstance(usage.get("output_tokens"), int):
             self.output_tokens = usage["output_tokens"]  # a running total
 
+    def _start(self, index: int, block: Mapping[str, Any]) -> list[Chunk]:
+        kind = block.get("type")
+        if kind == "tool_use":
+            self.tools[index] = _ToolUse(str(block.get("id") or f"call-{index}"), str(block.get("name") or ""))
+        elif kind == "thinking":
+            self.signatures[index] = str(block.get("signature") or "")
+            if block.get("thinking"):
+                return [ReasoningDelta(str(block["thinking"]))]
+        elif kind == "redacted_thinking":
+            self.redacted[index] = str(block.get("data") or "")
+        return []
+
     def _delta(self, index: int, delta: Mapping[str, Any]) -> list[Chunk]:
         kind = delta.get("type")
         if kind == "text_delta" and delta.get("text"):
             return [TextDelta(str(delta["text"]))]
         if kind == "thinking_delta" and delta.get("thinking"):
             return [ReasoningDelta(str(delta["thinking"]))]
+        if kind == "signature_delta" and index in self.signatures:
+            self.signatures[index] += str(delta.get("signature") or "")
         if kind == "input_json_delta" and index in self.tools:
             self.tools[index].arguments += str(delta.get("partial_json") or "")
         return []
 
     def _stop(self, index: int) -> list[Chunk]:
+        if index in self.signatures:
+            return [ReasoningEnd(signature=self.signatures.pop(index) or None)]
+        if index in self.redacted:
+            return [ReasoningEnd(redacted_data=self.redacted.pop(index))]
         tool = self.tools.pop(index, None)
         if tool is None:
             return []
@@ -205,14 +232,6 @@ class _StreamParser:
         if kind in _RETRYABLE_ERRORS:
             raise RetryableStatus(f"{kind}: {message}", None)
         raise ModelError(f"model stream reported an error: {kind}: {message}")
-
-    @staticmethod
-    def _map_finish(reason: str) -> FinishReason:
-        mapped = _FINISH_REASONS.get(reason)
-        if mapped is None:
-            # refusal, pause_turn, ...: not a normal end of turn the agent can act on.
-            raise ModelError(f"model stopped with stop reason {trim(reason)!r}")
-        return mapped
 
     def end(self) -> list[Chunk]:
         if self.finish is None:

@@ -22,7 +22,7 @@ import trio
 
 from .._errors import ModelError, ModelRejectedError, ModelStreamBrokenError
 from .._logging import get_logger
-from ._adapter import Chunk, RetryNotice, Usage
+from ._adapter import Chunk, FinishReason, RetryNotice, Usage
 
 log = get_logger(__name__)
 
@@ -123,6 +123,16 @@ def trim(text: str) -> str:
     if len(text) > _MAX_ERROR_CHARS:
         text = text[: _MAX_ERROR_CHARS - 3] + "..."
     return text
+
+
+def finish_reason(reason: str, known: Mapping[str, FinishReason], what: str) -> FinishReason:
+    """Ours for a provider's ``reason``, one of its ``known`` ones. Any other (a refusal,
+    a content filter, ``pause_turn``, ...) is not an end of turn the agent can act on:
+    ModelError, naming it as the provider does (``what``: "finish reason", "stop reason")."""
+    mapped = known.get(reason)
+    if mapped is None:
+        raise ModelError(f"model stopped with {what} {trim(reason)!r}")
+    return mapped
 
 
 def error_text(payload: Any) -> str:

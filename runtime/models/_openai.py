@@ -51,8 +51,8 @@ from ._http import (
     RetryPolicy,
     SseCall,
     error_text,
+    finish_reason,
     priced,
-    trim,
 )
 
 log = get_logger(__name__)
@@ -221,7 +221,7 @@ class _StreamParser:
                 self._add_fragment(fragment)
             reason = choice.get("finish_reason")
             if reason:
-                self.finish = self._map_finish(reason)
+                self.finish = finish_reason(str(reason), _FINISH_REASONS, "finish reason")
         return chunks
 
     def _add_fragment(self, fragment: Mapping[str, Any]) -> None:
@@ -234,15 +234,6 @@ class _StreamParser:
         # a few, and concatenation is right for both.
         call.name += function.get("name") or ""
         call.arguments += function.get("arguments") or ""
-
-    @staticmethod
-    def _map_finish(reason: str) -> FinishReason:
-        mapped = _FINISH_REASONS.get(reason)
-        if mapped is None:
-            # content_filter, insufficient_system_resource, ...: the answer was cut off
-            # for a reason the agent cannot act on as a normal end of turn.
-            raise ModelError(f"model stopped with finish reason {trim(reason)!r}")
-        return mapped
 
     def end(self) -> list[Chunk]:
         """The chunks due once the stream is over: assembled tool calls, usage, finish."""

@@ -449,14 +449,15 @@ async def test_bench_tables_rewrites_a_checkouts_docs_and_refuses_elsewhere(plai
     assert done.err == ("loopdock bench: --tables rewrites a loopdock checkout's docs; "
                         "run it from the checkout's top folder\n")
 
-    # In a copy of a checkout's docs and results, with two tables gone stale.
+    # In a copy of a checkout's docs and results, with three tables gone stale.
     checkout = user.cwd / "checkout"
     docs = ["README.md", "benchmarks/README.md", "benchmarks/PROFILE.md", "docs/cluster.md",
-            "benchmarks/results/bench-full.json", "benchmarks/results/bench-cluster-full.json"]
+            "benchmarks/results/bench-full.json", "benchmarks/results/bench-cluster-full.json",
+            "benchmarks/results/bench-tracing-full.json"]
     for doc in docs:
         (checkout / doc).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ROOT / doc, checkout / doc)
-    for doc, block in (("README.md", "summary"), ("docs/cluster.md", "cluster")):
+    for doc, block in (("README.md", "summary"), ("docs/cluster.md", "cluster"), ("benchmarks/PROFILE.md", "tracing")):
         text = (checkout / doc).read_text()
         stale = re.sub(rf"(<!-- bench:{block} -->\n).*?(<!-- /bench:{block} -->)", r"\1stale\n\2", text, flags=re.S)
         assert stale != text

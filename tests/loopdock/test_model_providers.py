@@ -168,3 +168,81 @@ async def test_an_anthropic_agent_completes_a_turn(tmp_path):
 def test_an_anthropic_provider_defaults_its_url_and_key_variable():
     spec = parse_config({"providers": {"claude": {"type": "anthropic"}}}).providers["claude"]
     assert (spec.base_url, spec.api_key_env) == ("https://api.anthropic.com", "ANTHROPIC_API_KEY")
+
+
+def _anthropic_events(*blocks: list[dict], reason: str) -> Answer:
+    return Answer(named=True, events=[
+        {"type": "message_start", "message": {"usage": {"input_tokens": 9, "output_tokens": 1}}},
+        *(event for block in blocks for event in block),
+        {"type": "message_delta", "delta": {"stop_reason": reason}, "usage": {"output_tokens": 2}},
+        {"type": "message_stop"},
+    ])  # fmt: skip
+
+
+def _block(index: int, start: dict, *deltas: dict) -> list[dict]:
+    return [
+        {"type": "content_block_start", "index": index, "content_block": start},
+        *({"type": "content_block_delta", "index": index, "delta": delta} for delta in deltas),
+        {"type": "content_block_stop", "index": index},
+    ]
+
+
+SIGNATURE = "RXF1aXZhbGVudCB0byBhIHNpZ25hdHVyZQ=="
+REDACTED = "b3BhcXVlIHJlYXNvbmluZw=="
+THINKING_AND_TOOL = _anthropic_events(
+    _block(0, {"type": "thinking", "thinking": "", "signature": ""},
+           {"type": "thinking_delta", "thinking": "The folder "}, {"type": "thinking_delta", "thinking": "first."},
+           {"type": "signature_delta", "signature": SIGNATURE}),
+    _block(1, {"type": "redacted_thinking", "data": REDACTED}),
+    _block(2, {"type": "tool_use", "id": "toolu_1", "name": "list_dir", "input": {}},
+           {"type": "input_json_delta", "partial_json": '{"path": "."}'}),
+    reason="tool_use",
+)  # fmt: skip
+#: The assistant turn as Anthropic must get it back: its thinking blocks unchanged, first.
+REPLAYED = {"role": "assistant", "content": [
+    {"type": "thinking", "thinking": "The folder first.", "signature": SIGNATURE},
+    {"type": "redacted_thinking", "data": REDACTED},
+    {"type": "tool_use", "id": "toolu_1", "name": "list_dir", "input": {"path": "."}},
+]}  # fmt: skip
+
+
+def _text_answer(text: str) -> Answer:
+    return _anthropic_events(_block(0, {"type": "text", "text": ""}, {"type": "text_delta", "text": text}),
+                             reason="end_turn")  # fmt: skip
+
+
+async def test_anthropic_thinking_blocks_go_back_with_the_tool_use_and_after_a_resume(tmp_path):
+    (tmp_path / "notes.txt").write_text("hi")
+    answers = [THINKING_AND_TOOL, _text_answer("one file"), _text_answer("still one")]
+    options = {"provider": "anthropic", "model": "claude-x", "cwd": str(tmp_path)}
+    async with trio.open_nursery() as nursery:
+        server = await FakeOpenAI(answers).start(nursery)
+        config = {"providers": {"anthropic": {"baseUrl": f"http://127.0.0.1:{server.port}"}}}
+        env = {"ANTHROPIC_API_KEY": "sk-ant"}
+        with trio.fail_after(30):
+            async with Runtime.open(tmp_path / "home", config=config, env=env) as rt:
+                handle = await rt.create_agent(session_id="thinker", agent_options=options)
+                handle.agent.followup("what is here?")
+                await handle.agent.wait_idle()
+            # A fresh runtime on the same home: the transcript comes back from the session log.
+            async with Runtime.open(tmp_path / "home", config=config, env=env) as rt:
+                handle = await rt.resume_agent(resume_session_id="thinker", agent_options=options)
+                handle.agent.followup("and now?")
+                await handle.agent.wait_idle()
+                events = await handle.agent.session.read_events()
+        nursery.cancel_scope.cancel()
+
+    first, second, third = (request.body["messages"] for request in server.requests)
+    assert first == [{"role": "user", "content": [{"type": "text", "text": "what is here?"}]}]
+    # The same turn's next request: thinking, redacted thinking, then the tool_use.
+    assert second[1] == REPLAYED
+    assert second[2]["role"] == "user" and second[2]["content"][0]["tool_use_id"] == "toolu_1"
+    # The resumed agent's request replays them from the log, unchanged.
+    assert third[1] == REPLAYED
+    assert third[:3] == second
+    # What the log keeps: the reasoning blocks with their signature and data.
+    replies = [e.data for e in events if e.type == "assistant/message"]
+    assert replies[0]["content"][:2] == [
+        {"type": "reasoning", "text": "The folder first.", "signature": SIGNATURE},
+        {"type": "reasoning", "text": "", "redactedData": REDACTED},
+    ]

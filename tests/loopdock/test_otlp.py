@@ -4,17 +4,21 @@ an OTLP/HTTP collector, here a tiny receiver on 127.0.0.1 that records every POS
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 import trio
 from line_reader import Lines
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from trio_websocket import open_websocket
 
 from loopdock import Runtime
 from loopdock._otlp import otlp_tracing, traces_url
@@ -129,3 +133,138 @@ async def test_serve_refuses_a_bad_otlp_url_in_one_line(tmp_path):
     assert done.stderr.decode().splitlines() == [
         "loopdock: INVALID_OPTIONS: --otlp must be an http(s) URL such as http://127.0.0.1:4318, got 'localhost:4318'"
     ]
+
+
+# -- serve, the installed command, exporting a real turn's spans --------------------------
+
+#: A loop package (loaded by serve from its config's ``loopPackages``): the shipped react
+#: driver, whose agents are given one task as soon as they exist. serve's wire protocol
+#: has no message that starts a turn of the runtime's own agents (DSH hosts run their own
+#: turns), so the turn is started from serve's other public surface, a loop package.
+SELF_STARTING = """
+from loopdock import DriverLoop, ReactDriver
+
+TASK = 'call: list_dir {"path": "."}'
+
+
+class SelfStarting:
+    def __init__(self):
+        self.react = ReactDriver()
+
+    async def create_agent(self, owner, options):
+        handle = await self.react.create_agent(owner, options)
+        handle.agent.followup(TASK)
+        return handle
+
+    async def resume(self, owner, options):
+        return await self.react.resume(owner, options)
+
+
+LOOPS = (DriverLoop.from_driver("self-starting", SelfStarting()),)
+"""
+
+
+def received_spans(receiver: Receiver) -> list:
+    spans = []
+    for path, body in receiver.posts:
+        assert path == "/v1/traces"
+        request = ExportTraceServiceRequest.FromString(body)
+        for resource in request.resource_spans:
+            service = {a.key: a.value.string_value for a in resource.resource.attributes}["service.name"]
+            assert service == "loopdock"
+            spans += [span for scope in resource.scope_spans for span in scope.spans]
+    return spans
+
+
+def attributes(span) -> dict:
+    out = {}
+    for attribute in span.attributes:
+        value = attribute.value
+        kind = value.WhichOneof("value")
+        if kind == "array_value":
+            out[attribute.key] = [getattr(item, item.WhichOneof("value")) for item in value.array_value.values]
+        else:
+            out[attribute.key] = getattr(value, kind)
+    return out
+
+
+async def watch_until_idle_after_a_turn(port: int, token: str, agent_id: str) -> dict:
+    """The console's row of ``agent_id`` once its first turn has ended (serve's /goalbar
+    websocket with the ``console`` capability, as the console page reads it)."""
+    async with open_websocket("127.0.0.1", port, "/goalbar", use_ssl=False) as ws:
+        hello = {"token": token, "role": "goalbar", "protocol": 1, "capabilities": ["live", "goalbar", "console"]}
+        await ws.send_message(json.dumps({"v": 1, "type": "hello", "data": hello}))
+        assert json.loads(await ws.get_message())["type"] == "welcome"
+        while True:
+            frame = json.loads(await ws.get_message())
+            for item in frame.get("data", {}).get("items", ()) if frame["type"] == "live" else ():
+                row = item["data"]
+                if item["type"] == "console/agent" and row["id"] == agent_id and row["turns"] >= 1 \
+                        and row["status"] == "idle":
+                    return row
+
+
+async def test_the_serve_command_exports_a_tool_turns_spans_and_flushes_them_on_sigterm(tmp_path, receiver):
+    (tmp_path / "packages").mkdir()
+    (tmp_path / "packages" / "self_starting_loop.py").write_text(SELF_STARTING)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("hello")
+    config = tmp_path / "dock.yml"
+    config.write_text(textwrap.dedent(f"""\
+        loopPackages: [self_starting_loop]
+        agents:
+          - {{id: traced, loop: self-starting, model: ping-1, cwd: {json.dumps(str(work))}}}
+    """))
+    loopdock = Path(sys.executable).parent / "loopdock"  # the installed console script
+    env = {
+        "PATH": os.environ["PATH"], "HOME": str(tmp_path / "user"), "DSH_HOME": str(tmp_path / "dsh"),
+        "LOOPX_USAGE_PING": "0", "DSH_TELEMETRY_MODE": "DISABLED", "PYTHONPATH": str(tmp_path / "packages"),
+        # The batch processor's timer would export within 5 s; here only the stop path may.
+        "OTEL_BSP_SCHEDULE_DELAY": "600000",
+    }
+    with trio.fail_after(90):
+        proc = await trio.lowlevel.open_process(
+            [str(loopdock), "serve", "--port", "0", "--no-loopx", "--home", str(tmp_path / "home"),
+             "--config", str(config), "--otlp", receiver.url],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        )
+        try:
+            out = Lines(proc.stdout)
+            ready = re.match(r"^loopdock serve: ws://127\.0\.0\.1:(\d+) \(token in (.+)\)$", await out.until(READY.pattern))
+            port, token = int(ready[1]), (await trio.Path(ready[2]).read_text()).strip()
+            row = await watch_until_idle_after_a_turn(port, token, "traced")
+            assert (row["loop"], row["lastTurn"], row["turns"]) == ("self-starting", "completed", 1)
+            assert receiver.posts == []  # batched, and the timer is far off: nothing sent yet
+            proc.send_signal(signal.SIGTERM)
+            assert await proc.wait() == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+    spans = received_spans(receiver)
+    by_name = {span.name: span for span in spans}
+    assert sorted(span.name for span in spans) == ["chat ping-1", "chat ping-1", "execute_tool list_dir",
+                                                   "invoke_agent traced"]
+    turn = by_name["invoke_agent traced"]
+    assert turn.parent_span_id == b""  # a trace of its own: nothing above it
+    turn_attributes = attributes(turn)
+    assert turn_attributes["gen_ai.operation.name"] == "invoke_agent"
+    assert turn_attributes["gen_ai.agent.id"] == "traced"
+    assert turn_attributes["loopdock.loop"] == "self-starting" == row["loop"]
+    # A driver loop is its own driver: none is named, on the console or on the span (a
+    # strategy loop's driver is, as tests/loopdock/test_tracing.py checks).
+    assert row["driver"] is None and "loopdock.driver" not in turn_attributes
+    assert turn_attributes["loopdock.turn.end_reason"] == "completed"
+    for span in spans:
+        if span is not turn:
+            assert span.trace_id == turn.trace_id and span.parent_span_id == turn.span_id, span.name
+    chats = sorted((s for s in spans if s.name == "chat ping-1"), key=lambda s: s.start_time_unix_nano)
+    assert [attributes(s)["gen_ai.response.finish_reasons"] for s in chats] == [["tool_calls"], ["stop"]]
+    assert all(attributes(s)["gen_ai.provider.name"] == "ping" for s in chats)
+    tool = attributes(by_name["execute_tool list_dir"])
+    assert tool["gen_ai.tool.name"] == "list_dir" and tool["gen_ai.operation.name"] == "execute_tool"
+    # The tool ran between the two model calls.
+    assert chats[0].end_time_unix_nano <= by_name["execute_tool list_dir"].start_time_unix_nano
+    assert by_name["execute_tool list_dir"].end_time_unix_nano <= chats[1].start_time_unix_nano

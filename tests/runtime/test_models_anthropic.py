@@ -13,12 +13,21 @@ import trio.testing
 from openai_standin import Answer, FakeOpenAI, status
 
 from loopdock.runtime._errors import ModelError, ModelRejectedError, ModelStreamBrokenError
-from loopdock.runtime._messages import Message, TextBlock, ToolCallBlock, ToolResultBlock, user_message
+from loopdock.runtime._messages import (
+    Message,
+    ReasoningBlock,
+    TextBlock,
+    ToolCallBlock,
+    ToolResultBlock,
+    user_message,
+)
 from loopdock.runtime.models import (
     AnthropicAdapter,
     Finish,
     ModelRequest,
     Price,
+    ReasoningDelta,
+    ReasoningEnd,
     RetryNotice,
     TextDelta,
     ToolCallChunk,
@@ -63,6 +72,28 @@ def tool_block(index: int, call_id: str, name: str, *pieces: str) -> list[dict]:
          "content_block": {"type": "tool_use", "id": call_id, "name": name, "input": {}}},
         *({"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": p}}
           for p in pieces),
+        {"type": "content_block_stop", "index": index},
+    ]  # fmt: skip
+
+
+def thinking_block(index: int, signature: str, *pieces: str) -> list[dict]:
+    """A thinking block as extended thinking streams it: text pieces, then its signature
+    (in two pieces here, to check they are joined)."""
+    half = len(signature) // 2
+    return [
+        {"type": "content_block_start", "index": index,
+         "content_block": {"type": "thinking", "thinking": "", "signature": ""}},
+        *({"type": "content_block_delta", "index": index, "delta": {"type": "thinking_delta", "thinking": p}}
+          for p in pieces),
+        {"type": "content_block_delta", "index": index, "delta": {"type": "signature_delta", "signature": signature[:half]}},
+        {"type": "content_block_delta", "index": index, "delta": {"type": "signature_delta", "signature": signature[half:]}},
+        {"type": "content_block_stop", "index": index},
+    ]  # fmt: skip
+
+
+def redacted_block(index: int, data: str) -> list[dict]:
+    return [
+        {"type": "content_block_start", "index": index, "content_block": {"type": "redacted_thinking", "data": data}},
         {"type": "content_block_stop", "index": index},
     ]  # fmt: skip
 
@@ -165,6 +196,42 @@ async def test_the_request_body_maps_system_tools_and_tool_turns():
     ]  # fmt: skip
 
 
+async def test_thinking_blocks_end_with_their_signature_or_redacted_data():
+    answer = messages(start(), *thinking_block(0, "c2lnLW9uZQ==", "First, ", "look."), *redacted_block(1, "ZW5jcnlwdGVk"),
+                      *tool_block(2, "toolu_1", "list_dir"), *stop("tool_use"))  # fmt: skip
+    with trio.fail_after(10):
+        chunks, _ = await run_against([answer])
+    assert chunks[:-2] == [
+        ReasoningDelta("First, "),
+        ReasoningDelta("look."),
+        ReasoningEnd(signature="c2lnLW9uZQ=="),
+        ReasoningEnd(redacted_data="ZW5jcnlwdGVk"),
+        ToolCallChunk("toolu_1", "list_dir", "{}"),
+    ]
+
+
+async def test_signed_and_redacted_reasoning_go_back_in_order_before_the_tool_use():
+    history = (
+        user_message("list it"),
+        Message("assistant", (
+            ReasoningBlock("First, look.", signature="c2lnLW9uZQ=="),
+            ReasoningBlock("", redacted_data="ZW5jcnlwdGVk"),
+            ReasoningBlock("another provider's, unsigned"),
+            TextBlock("ok"),
+            ToolCallBlock("toolu_1", "list_dir", "{}"),
+        )),
+        Message("tool", (ToolResultBlock("toolu_1", "a.txt"),)),
+    )  # fmt: skip
+    with trio.fail_after(10):
+        _, server = await run_against([messages(start(), *text_block(0, "x"), *stop())], make_request(*history))
+    assert server.requests[0].body["messages"][1] == {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "First, look.", "signature": "c2lnLW9uZQ=="},
+        {"type": "redacted_thinking", "data": "ZW5jcnlwdGVk"},
+        {"type": "text", "text": "ok"},
+        {"type": "tool_use", "id": "toolu_1", "name": "list_dir", "input": {}},
+    ]}  # fmt: skip
+
+
 @pytest.mark.parametrize(("wire", "ours"), [("end_turn", "stop"), ("stop_sequence", "stop"),
                                             ("max_tokens", "max-tokens")])  # fmt: skip
 async def test_stop_reasons_are_mapped(wire, ours):
@@ -175,7 +242,7 @@ async def test_stop_reasons_are_mapped(wire, ours):
 
 async def test_a_refusal_is_a_model_error():
     with trio.fail_after(10):
-        with pytest.raises(ModelError, match="refusal"):
+        with pytest.raises(ModelError, match="stopped with stop reason .refusal."):
             await run_against([messages(start(), *stop("refusal"))])
 
 

@@ -196,7 +196,7 @@ async def test_finish_reasons_are_mapped(wire, ours):
 
 async def test_unknown_finish_reason_is_a_model_error():
     with trio.fail_after(10):
-        with pytest.raises(ModelError, match="content_filter"):
+        with pytest.raises(ModelError, match="stopped with finish reason .content_filter."):
             await run_against([sse(content("x"), finish("content_filter"))])
 
 

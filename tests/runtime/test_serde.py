@@ -33,6 +33,8 @@ from loopdock.runtime._serde import (
 BLOCKS = [
     TextBlock("hello"),
     ReasoningBlock("because"),
+    ReasoningBlock("because, signed", signature="c2ln"),
+    ReasoningBlock("", redacted_data="ZW5j"),
     ImageBlock("image/png", "AAAA"),
     ToolCallBlock("c1", "read_file", '{"path": "x"}'),
     ToolResultBlock("c1", "contents", True),
