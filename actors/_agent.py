@@ -95,7 +95,6 @@ class AgentActor:
             Transcript(fold_transcript(session.events_since(0))) if session.event_count == session.in_memory else None
         )
         self.turns = session.turn_count
-        self._last_turn_seq: int | None = None  # where the previous turn started
         self.log = log.bind(agent_id=self.id, session_id=self.id)
         self._inbox = Inbox()
         self._status: Status = "idle"
@@ -470,10 +469,9 @@ class AgentActor:
 
     async def _run_turn_in(self, turn: Turn) -> None:
         self._set_status("running")
-        # History before the previous turn is in the store: keep the heap flat.
-        if self._last_turn_seq is not None:
-            self.session.trim(self._last_turn_seq)
-        self._last_turn_seq = self.session.event_count
+        # What is durable is in the store: keep the heap flat. (Observers that fold the
+        # log, such as the LoopX continuation, read what they missed from the store.)
+        self.session.trim()
         self.session.append("turn/start", {"turn": turn.number})
         reason: dict[str, Any]
         self._cancel_cause = None
