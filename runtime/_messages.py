@@ -234,9 +234,9 @@ class Message:
 
 #: The source of a person's message without an rpc id: one frozen instance for all of them
 #: (an agent keeps every message of its conversation warm).
-_PERSON = UserSource()
+PERSON = UserSource()
 
 
 def user_message(text: str, *, source: Source | None = None) -> Message:
     """A user-role text message; the source defaults to a person."""
-    return Message(role="user", content=(TextBlock(text),), source=source or _PERSON)
+    return Message(role="user", content=(TextBlock(text),), source=source or PERSON)

@@ -23,12 +23,14 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, overrid
 
 from ._events import Event, SessionHeader
 from ._messages import (
+    PERSON,
     Block,
     ImageBlock,
     InvalidMessageError,
     Message,
     ProducerSource,
     ReasoningBlock,
+    Role,
     SkillInvocationSource,
     Source,
     TextBlock,
@@ -223,9 +225,11 @@ def _make_converter() -> tuple[cattrs.Converter, Callable[[Message], dict[str, A
             raise InvalidMessageError(f"a message must be an object, got {raw!r}")
         try:
             source = raw.get("source")
+            role = raw["role"]
             return Message(
                 id=raw["id"],
-                role=raw["role"],
+                # The decoder makes a new string per message; an agent keeps its messages.
+                role=_ROLES.get(role, role),
                 content=tuple(_fast_block(b) or structure_block(b, Block) for b in raw["content"]),
                 source=(_fast_source(source) or structure_source(source, Source)) if source else None,
             )
@@ -240,6 +244,9 @@ def _make_converter() -> tuple[cattrs.Converter, Callable[[Message], dict[str, A
 # Reading a transcript back from the store builds every message again: the shipped
 # block and source shapes, exactly as the hooks above write them, are built directly
 # (anything else, extra keys included, goes through cattrs as before; tests compare both).
+
+
+_ROLES: dict[str, str] = {role: role for role in get_args(Role)}
 
 
 def _fast_block(raw: Any) -> Block | None:
@@ -265,7 +272,7 @@ def _fast_source(raw: Any) -> Source | None:
         return None
     kind = raw.get("kind")
     if kind == "user" and len(raw) == 1:
-        return UserSource()
+        return PERSON  # frozen: one instance serves every person's message
     if kind == "tool" and len(raw) == 2 and type(raw.get("callId")) is str:
         return ToolSource(raw["callId"])
     return None

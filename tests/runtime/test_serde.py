@@ -95,6 +95,22 @@ def test_the_direct_read_path_builds_what_cattrs_builds():
     assert _serde._fast_source({"kind": "user", "rpcId": "r1"}) is None
 
 
+def test_messages_read_back_share_what_every_message_has_alike():
+    """An agent keeps its messages: one read back from the store must not hold strings and
+    sources of its own for what all messages have alike (its role, a person's source)."""
+    from loopdock.runtime._messages import PERSON
+
+    for role in ("user", "assistant", "tool", "system"):
+        decoded = message_from_wire(json.loads(json.dumps(message_to_wire(Message(role, (TextBlock("x"),))))))
+        assert decoded.role is role
+    person = message_from_wire(json.loads(json.dumps(message_to_wire(Message("user", (TextBlock("x"),), PERSON)))))
+    assert person.source is PERSON
+    with_rpc = message_from_wire(message_to_wire(Message("user", (TextBlock("x"),), UserSource(rpc_id="r1"))))
+    assert with_rpc.source == UserSource(rpc_id="r1") and with_rpc.source is not PERSON
+    with pytest.raises(InvalidMessageError, match="unknown message role"):
+        message_from_wire({"id": "m1", "role": "robot", "content": []})
+
+
 def test_there_is_one_converter_and_the_bridge_registers_on_it():
     from pathlib import Path
 
