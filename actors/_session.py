@@ -109,14 +109,14 @@ class SessionActor:
         base = self._base
         if start >= base:
             return self._events[start - base :]
-        older = await trio.to_thread.run_sync(self._read, start, base)
+        older = await trio.to_thread.run_sync(self._read, start, base, limiter=self._writer.readers)
         return [*older, *self.events_since(base)]
 
     async def read_history(self, types: Collection[str]) -> list[Event]:
         """Every event of the given types, in seq order (what was trimmed from memory is
         read in a worker thread)."""
         base = self._base
-        older = await trio.to_thread.run_sync(self._read, 0, base, types) if base else []
+        older = await trio.to_thread.run_sync(self._read, 0, base, types, limiter=self._writer.readers) if base else []
         return [*older, *(e for e in self.events_since(base) if e.type in types)]
 
     async def read_messages(self, types: Collection[str]) -> list[Message]:
@@ -124,7 +124,8 @@ class SessionActor:
         was trimmed from memory is read from the store in a worker thread, decoded
         straight into messages."""
         base = self._base
-        older = await trio.to_thread.run_sync(self._writer.store.load_messages, self.id, base, types) if base else []
+        read = self._writer.store.load_messages
+        older = await trio.to_thread.run_sync(read, self.id, base, types, limiter=self._writer.readers) if base else []
         older.extend(message_from_wire(e.data) for e in self.events_since(base) if e.type in types)
         return older
 

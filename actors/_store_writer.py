@@ -35,6 +35,12 @@ log = get_logger(__name__)
 #: How long the writer gathers writes before committing them (see the module doc).
 GROUP_COMMIT_WINDOW = 0.001
 
+#: How many worker threads read history back from the store at once (``readers``). The
+#: store has one connection, and decoding what it reads holds the GIL: more readers add
+#: nothing but take the GIL from the trio thread and the commits. With trio's default
+#: (40), a round of cold turns read histories back faster than their turns could run
+#: and end, and the histories read and waiting set the heap's high-water mark.
+READ_THREADS = 2
 #: The first pause before a failed batch is tried again, and the longest (seconds).
 RETRY_FIRST = 0.05
 RETRY_MAX = 2.0
@@ -81,6 +87,8 @@ class StoreWriter:
         self.trouble_listeners: list[Callable[[StoreError | None], None]] = []
         self.retries = 0  # batches tried again (statistics and tests)
         self._closing = trio.Event()  # set by closing(): no more retries
+        #: What every read of a session's history in a worker thread passes (``READ_THREADS``).
+        self.readers = trio.CapacityLimiter(READ_THREADS)
 
     def schedule(self, session: Durable) -> None:
         if self.failure is not None:  # nobody will commit it: say so at once

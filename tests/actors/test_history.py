@@ -178,3 +178,45 @@ async def test_without_persistence_nothing_is_written_and_the_log_stays_in_memor
         assert agent.session.in_memory == agent.session.event_count  # nothing trimmed
         assert [m.text for m in agent.transcript][-1] == "pong: hello 0"
         assert rt.supervisor.store.load("m") is None
+
+
+async def test_cold_turns_read_history_back_a_few_at_a_time(tmp_path, monkeypatch):
+    """A round of cold turns must not read every history back at once: readers beyond
+    READ_THREADS only take the GIL from the trio thread, and each history read and
+    waiting for its turn is memory held. A slow disk (each read 20 ms) makes reads overlap."""
+    import threading
+    import time
+
+    from loopdock.actors._store_writer import READ_THREADS
+
+    async with Runtime.open(tmp_path / "home", warm_history_bytes=0) as rt:
+        agents = [(await rt.create_agent(session_id=f"a{i}")).agent for i in range(12)]
+        for agent in agents:
+            await run_turns(agent, 2)
+            await agent.session.flush()
+            agent.session.trim()
+        store, lock = rt.supervisor.store, threading.Lock()
+        reading, most = [0], [0]
+        load_messages = store.load_messages
+
+        def slow_load(*args, **kwargs):
+            with lock:
+                reading[0] += 1
+                most[0] = max(most[0], reading[0])
+            try:
+                time.sleep(0.02)  # the injected slow disk, in the worker thread
+                return load_messages(*args, **kwargs)
+            finally:
+                with lock:
+                    reading[0] -= 1
+
+        monkeypatch.setattr(store, "load_messages", slow_load)
+        for agent in agents:
+            agent.followup("and now?")
+        for agent in agents:
+            await agent.wait_idle()
+        assert most[0] == READ_THREADS
+        # Every history came back whole: each agent's third answer saw its two turns.
+        for agent in agents:
+            roles = [m.role for m in await agent.read_transcript()]
+            assert roles == ["user", "assistant"] * 3
