@@ -21,11 +21,13 @@ from __future__ import annotations
 
 from typing import Protocol
 
-#: Bytes of idle agents' history kept in memory in all: enough for a thousand agents
+#: Bytes of idle agents' history kept in memory in all: enough for five hundred agents
 #: with conversations of a hundred short messages or so to stay warm. Agents served in
 #: turn (a runtime under load) thrash a least-recently-used cache that holds fewer than
-#: all of them, every turn then reading its whole transcript back.
-WARM_HISTORY_BYTES = 64 * 2**20
+#: all of them, every turn then reading its whole transcript back: about 1 ms of CPU for
+#: 200 messages, little beside a model call, and the budget is what keeps a user's memory
+#: per agent flat (benchmarks/PROFILE.md, "Memory per agent as users measure it").
+WARM_HISTORY_BYTES = 32 * 2**20
 
 #: What a message or an event costs in memory beyond its text: the objects that hold
 #: it. Measured with tracemalloc over turns of short messages: 600-680 B per message

@@ -173,7 +173,7 @@ class Runtime:
         ``automatic_slots``: how many automatic turns compute at once, runtime-wide (a
         person's turn never waits for one; see ``actors.AdmissionGate``).
         ``warm_history_bytes``: how much of idle agents' history stays in memory in all
-        (default 64 MiB, estimated from the messages' text and a fixed cost per message
+        (default 32 MiB, estimated from the messages' text and a fixed cost per message
         and event; least recently active evicted first, read back from the store at
         their next turn; see ``actors.HistoryCache``).
         ``persist=False`` writes nothing: sessions keep their whole log in memory and
