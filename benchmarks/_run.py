@@ -170,10 +170,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tracing", action="store_true",
                         help="only what tracing costs: CPU per turn with spans off and on, alternating "
                         "(needs loopdock[otel])")
+    parser.add_argument("--usage", action="store_true",
+                        help="only memory per agent as a user measures it: 2,000 and 10,000 agents with "
+                        "Runtime.open's defaults, RSS after 10 and 100 turns each (about an hour)")
     parser.add_argument(
         "--tables", metavar="JSON", nargs="*",
         help="run nothing: regenerate the docs' tables from these results (default: the committed full runs, "
-        "benchmarks/results/bench-full.json, bench-cluster-full.json and bench-tracing-full.json)",
+        "benchmarks/results/bench-full.json, bench-cluster-full.json, bench-tracing-full.json and "
+        "bench-usage-full.json)",
     )
 
 
@@ -195,6 +199,15 @@ def run_from_args(args: argparse.Namespace) -> int:
         from ._cluster import run_cluster
 
         run_cluster("quick" if args.quick else "full", Path(args.out), sys.stdout)
+        return 0
+    if args.usage:
+        from ._usage import run_usage_phase
+
+        try:
+            run_usage_phase("quick" if args.quick else "full", Path(args.out))
+        except RuntimeError as exc:
+            print(f"loopdock bench: {exc}", file=sys.stderr)
+            return 1
         return 0
     if args.tracing:
         from ._tracing import run_tracing

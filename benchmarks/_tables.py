@@ -20,10 +20,12 @@ from typing import Any
 DOCS = {"README.md": ("summary",), "benchmarks/README.md": ("details",), "benchmarks/PROFILE.md": ("profile",)}
 CLUSTER_DOCS = {"docs/cluster.md": ("cluster",)}
 TRACING_DOCS = {"README.md": ("tracing-summary",), "benchmarks/PROFILE.md": ("tracing",)}
+USAGE_DOCS = {"benchmarks/PROFILE.md": ("usage",)}
 COMMITTED = (
     "benchmarks/results/bench-full.json",
     "benchmarks/results/bench-cluster-full.json",
     "benchmarks/results/bench-tracing-full.json",
+    "benchmarks/results/bench-usage-full.json",
 )
 _VERDICT = {True: "met", False: "**missed**", None: "not judged"}
 
@@ -332,6 +334,40 @@ def tracing_summary(results: dict[str, Any]) -> str:
     )
 
 
+def usage_table(results: dict[str, Any]) -> str:
+    """Memory per agent as a user measures it, from a ``loopdock bench --usage`` JSON."""
+    m, target = results["machine"], results["target_kb_per_agent"]
+    last = max(results["config"]["marks"])
+    rows = []
+    for run in results["runs"]:
+        for mark in run["marks"]:
+            verdict = _VERDICT[mark["kb_per_agent"] <= target] if mark["turns"] == last else ""
+            rows.append([
+                f"{run['n']:,}", str(mark["turns"]), fmt(mark["kb_per_agent"]), verdict,
+                fmt(mark["cpu_us_per_turn"], 0), f"{mark['warm_agents']:,}",
+            ])
+    traced = results["traced"]
+    top = traced["marks"][-1]
+    sites = [[row["site"], fmt(row["bytes_per_agent"], 0), fmt(row["objects_per_agent"], 1)] for row in top["top"]]
+    return (
+        f"From `benchmarks/results/bench-usage-{results['mode']}.json` (`loopdock bench --usage`, commit "
+        f"`{m.get('git_commit') or '-'}`, {m['date']}, {m['cpu_count']} CPUs, one run per size, each a fresh "
+        f"process; load average {m.get('load_average_at_start')} at the start, {m.get('load_average_at_end')} "
+        "at the end):\n\n"
+        + _table(["agents", "turns each", "KB per agent (RSS)", f"<= {target} KB after {last} turns",
+                  "CPU us per turn, so far", "histories warm"], rows)
+        + f"\n\nWhat {traced['n']:,} agents hold after {top['turns']} turns each (tracemalloc, the same "
+        f"sequence traced): {fmt(top['traced_kb_per_agent'])} KB per agent of live Python memory, beside "
+        f"{fmt(top['kb_per_agent'])} KB of RSS (tracing's own bookkeeping included). The ten biggest "
+        "allocation sites:\n\n"
+        + _table(["allocation site", "bytes per agent", "blocks per agent"], sites)
+    )
+
+
+def is_usage(results: dict[str, Any]) -> bool:
+    return "traced" in results and "target_kb_per_agent" in results
+
+
 def is_cluster(results: dict[str, Any]) -> bool:
     return "cluster-1" in results.get("runs", {})
 
@@ -354,6 +390,8 @@ def write_docs(json_path: Path, root: Path) -> list[Path]:
     results = json.loads(Path(json_path).read_text())
     if is_cluster(results):
         generated, docs = {"cluster": cluster_table(results)}, CLUSTER_DOCS
+    elif is_usage(results):
+        generated, docs = {"usage": usage_table(results)}, USAGE_DOCS
     elif is_tracing(results):
         generated = {"tracing": tracing_table(results), "tracing-summary": tracing_summary(results)}
         docs = TRACING_DOCS

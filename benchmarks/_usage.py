@@ -13,6 +13,11 @@ measures something users do not do, and this is the figure they get.
 ``--trace`` also takes tracemalloc snapshots (slow: several times the run) and reports
 the ten biggest differences by allocation site, and the live Python memory beside the
 RSS, which tells the heap's fragmentation apart from what is held.
+
+``loopdock bench --usage`` runs it for every size of ``SIZES`` (each in a fresh process,
+so one size's heap does not carry into the next) and once more, smaller, with
+``--trace`` for the breakdown; it writes ``bench-usage-<mode>.json``, from which
+``loopdock bench --tables`` writes benchmarks/PROFILE.md's table.
 """
 
 from __future__ import annotations
@@ -20,18 +25,28 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import subprocess
 import sys
 import tempfile
 import time
 import tracemalloc
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import trio
 
 from loopdock import Runtime
 
-from ._common import Progress, machine, rss_bytes
+from ._common import Progress, load_average, machine, rss_bytes
+
+#: The sizes ``loopdock bench --usage`` measures: agents, the marks (turns), and the
+#: size of the traced run (tracemalloc multiplies the time several times).
+SIZES: dict[str, dict[str, Any]] = {
+    "full": {"ns": [2000, 10_000], "marks": [10, 100], "traced_n": 500},
+    "quick": {"ns": [20], "marks": [2, 4], "traced_n": 10},
+}
+#: What a user may expect to pay per agent after 100 turns, RSS, defaults (issue #31).
+TARGET_KB_PER_AGENT = 50
 
 
 def _settled_rss() -> int:
@@ -88,6 +103,34 @@ async def run_usage(params: dict[str, Any], progress: Progress) -> dict[str, Any
     if trace:
         tracemalloc.stop()
     return {"n": n, "marks": results, "last_agent_turns_read": turns}
+
+
+def _one_run(n: int, marks: list[int], trace: bool, stderr: TextIO) -> dict[str, Any]:
+    """One size in a fresh process (its progress goes to ``stderr``)."""
+    command = [sys.executable, "-P", "-m", "loopdock.benchmarks._usage", "--n", str(n),
+               "--marks", ",".join(map(str, marks))] + (["--trace"] if trace else [])  # fmt: skip
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=stderr, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the usage run of {n} agents failed (exit {done.returncode})")
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def run_usage_phase(mode: str, out_dir: Path, stderr: TextIO = sys.stderr) -> dict[str, Any]:
+    """``loopdock bench --usage``: every size of ``SIZES[mode]``, then the traced run;
+    writes and returns ``bench-usage-<mode>.json``."""
+    cfg = SIZES[mode]
+    load_start = load_average()
+    runs = [_one_run(n, cfg["marks"], False, stderr) for n in cfg["ns"]]
+    traced = _one_run(cfg["traced_n"], cfg["marks"], True, stderr)
+    results = {
+        "mode": mode, "config": cfg, "runs": runs, "traced": traced,
+        "target_kb_per_agent": TARGET_KB_PER_AGENT,
+        "machine": {**machine(), "load_average_at_start": load_start, "load_average_at_end": load_average()},
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"bench-usage-{mode}.json").write_text(json.dumps(results, indent=1) + "\n")
+    return results
 
 
 def _positive(text: str) -> int:

@@ -40,3 +40,36 @@ def test_usage_command_refuses_bad_input_with_a_usage_error(args, says, capsys):
     with pytest.raises(SystemExit) as exit:
         main(args)
     assert exit.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_the_usage_phase_measures_each_size_in_its_own_process_and_makes_the_table(tmp_path):
+    import json
+
+    from loopdock.benchmarks._tables import is_usage, usage_table, write_docs
+    from loopdock.benchmarks._usage import SIZES, run_usage_phase
+
+    results = run_usage_phase("quick", tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "bench-usage-quick.json").read_text()) == results
+    cfg = SIZES["quick"]
+    assert [run["n"] for run in results["runs"]] == cfg["ns"]
+    for run in results["runs"]:
+        assert [mark["turns"] for mark in run["marks"]] == cfg["marks"]
+        assert run["last_agent_turns_read"] == cfg["marks"][-1]
+    traced = results["traced"]
+    assert traced["n"] == cfg["traced_n"] and len(traced["marks"][-1]["top"]) == 10
+    assert is_usage(results)
+
+    table = usage_table(results)
+    last = results["runs"][-1]["marks"][-1]
+    verdict = "met" if last["kb_per_agent"] <= results["target_kb_per_agent"] else "**missed**"
+    # One row per size and mark; the verdict only on the last mark's rows.
+    assert f"| {cfg['ns'][-1]:,} | {cfg['marks'][-1]} | " in table and verdict in table
+    assert table.count("| met |") + table.count("| **missed** |") == len(cfg["ns"])
+    assert traced["marks"][-1]["top"][0]["site"] in table
+
+    profile = tmp_path / "checkout" / "benchmarks" / "PROFILE.md"
+    profile.parent.mkdir(parents=True)
+    profile.write_text("before\n<!-- bench:usage -->\nstale\n<!-- /bench:usage -->\nafter\n")
+    json_path = tmp_path / "out" / "bench-usage-quick.json"
+    assert write_docs(json_path, tmp_path / "checkout") == [profile]
+    assert profile.read_text() == f"before\n<!-- bench:usage -->\n{table}\n<!-- /bench:usage -->\nafter\n"

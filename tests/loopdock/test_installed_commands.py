@@ -453,11 +453,12 @@ async def test_bench_tables_rewrites_a_checkouts_docs_and_refuses_elsewhere(plai
     checkout = user.cwd / "checkout"
     docs = ["README.md", "benchmarks/README.md", "benchmarks/PROFILE.md", "docs/cluster.md",
             "benchmarks/results/bench-full.json", "benchmarks/results/bench-cluster-full.json",
-            "benchmarks/results/bench-tracing-full.json"]
+            "benchmarks/results/bench-tracing-full.json", "benchmarks/results/bench-usage-full.json"]
     for doc in docs:
         (checkout / doc).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ROOT / doc, checkout / doc)
-    for doc, block in (("README.md", "summary"), ("docs/cluster.md", "cluster"), ("benchmarks/PROFILE.md", "tracing")):
+    for doc, block in (("README.md", "summary"), ("docs/cluster.md", "cluster"), ("benchmarks/PROFILE.md", "tracing"),
+                       ("benchmarks/PROFILE.md", "usage")):
         text = (checkout / doc).read_text()
         stale = re.sub(rf"(<!-- bench:{block} -->\n).*?(<!-- /bench:{block} -->)", r"\1stale\n\2", text, flags=re.S)
         assert stale != text
