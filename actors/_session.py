@@ -20,8 +20,8 @@ store: ``events_since`` answers from memory only and says so when it cannot.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import trio
 
@@ -44,6 +44,7 @@ from ._fanout import SUBSCRIBER_BUFFER, Fanout, Subscription
 from ._store_writer import StoreWriter
 
 log = get_logger(__name__)
+T = TypeVar("T")
 
 
 class SessionClosedError(LoopdockError):
@@ -106,28 +107,35 @@ class SessionActor:
         """Every event from position ``start`` on (committed or pending), in seq order.
         What was trimmed from memory is read back from the store in a worker thread; when
         nothing was, this returns without a checkpoint."""
-        base = self._base
-        if start >= base:
-            return self._events[start - base :]
-        older = await trio.to_thread.run_sync(self._read, start, base, limiter=self._writer.readers)
+        older, base = await self._read_back(self._read, start)
         return [*older, *self.events_since(base)]
 
     async def read_history(self, types: Collection[str]) -> list[Event]:
         """Every event of the given types, in seq order (what was trimmed from memory is
         read in a worker thread)."""
-        base = self._base
-        older = await trio.to_thread.run_sync(self._read, 0, base, types, limiter=self._writer.readers) if base else []
+        older, base = await self._read_back(lambda a, b: self._read(a, b, types), 0)
         return [*older, *(e for e in self.events_since(base) if e.type in types)]
 
     async def read_messages(self, types: Collection[str]) -> list[Message]:
         """The messages of every event of ``types`` (message events), in seq order: what
         was trimmed from memory is read from the store in a worker thread, decoded
         straight into messages."""
-        base = self._base
-        read = self._writer.store.load_messages
-        older = await trio.to_thread.run_sync(read, self.id, base, types, limiter=self._writer.readers) if base else []
+        store = self._writer.store
+        older, base = await self._read_back(lambda a, b: store.load_messages(self.id, a, b, types), 0)
         older.extend(message_from_wire(e.data) for e in self.events_since(base) if e.type in types)
         return older
+
+    async def _read_back(self, read: Callable[[int, int], list[T]], start: int) -> tuple[list[T], int]:
+        """``read(start, stop)`` in a worker thread for what was trimmed from ``start`` on,
+        again for what was trimmed while it read (an eviction or a turn's start may trim
+        meanwhile); returns what it read and the seq from which memory holds the rest,
+        with no checkpoint after the last check."""
+        items: list[T] = []
+        while start < self._base:
+            stop = self._base
+            items += await trio.to_thread.run_sync(read, start, stop, limiter=self._writer.readers)
+            start = stop
+        return items, start
 
     def events_since(self, index: int) -> list[Event]:
         """The events from position ``index`` on, from memory (for incremental folds that

@@ -27,8 +27,8 @@ class SessionLog(Protocol):
     ) -> list[Event]:
         """Events with ``start <= seq < stop`` (of ``types`` if given), in seq order."""
 
-    def load_messages(self, session_id: str, stop: int, types: Collection[str]) -> list[Message]:
-        """The messages of the events of ``types`` with ``seq < stop``, in seq order."""
+    def load_messages(self, session_id: str, start: int, stop: int, types: Collection[str]) -> list[Message]:
+        """The messages of the events of ``types`` with ``start <= seq < stop``, in seq order."""
 
     def load_outline(
         self, session_id: str, types: Collection[str]

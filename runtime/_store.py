@@ -330,19 +330,19 @@ class SessionStore:
             rows = conn.execute(sql + " ORDER BY seq", params).fetchall()
         return [_event_from_row(row) for row in rows]
 
-    def load_messages(self, session_id: str, stop: int, types: Collection[str]) -> list[Message]:
+    def load_messages(self, session_id: str, start: int, stop: int, types: Collection[str]) -> list[Message]:
         """The messages of the session's events of ``types`` (message events) with
-        ``seq < stop``, in seq order: what a turn reads back when its history was evicted.
+        ``start <= seq < stop``, in seq order: what a turn reads back when its history was evicted.
         Each row is decoded straight into its message, never into an event, so a long
         conversation is held about once while it is read, not as rows, events and
         their dicts besides (their peak set the heap's high-water mark)."""
         wanted = sorted(types)
         sql = (
-            "SELECT data FROM events WHERE session_id = ? AND seq < ? "
+            "SELECT data FROM events WHERE session_id = ? AND seq >= ? AND seq < ? "
             f"AND type IN ({','.join('?' * len(wanted))}) ORDER BY seq"
         )
         with self._use("load messages") as conn:
-            rows = conn.execute(sql, [session_id, stop, *wanted]).fetchall()
+            rows = conn.execute(sql, [session_id, start, stop, *wanted]).fetchall()
         loads = json.loads
         return [message_from_wire(loads(text)) for (text,) in rows]
 

@@ -116,8 +116,8 @@ class RedisSessionStore:
     ) -> list[Event]:
         return self._blocking(self.aload_events, session_id, start, stop, types)
 
-    def load_messages(self, session_id: str, stop: int, types: Collection[str]) -> list[Message]:
-        return [message_from_wire(event.data) for event in self.load_events(session_id, 0, stop, types)]
+    def load_messages(self, session_id: str, start: int, stop: int, types: Collection[str]) -> list[Message]:
+        return [message_from_wire(event.data) for event in self.load_events(session_id, start, stop, types)]
 
     def load_outline(
         self, session_id: str, types: Collection[str]

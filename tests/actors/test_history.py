@@ -220,3 +220,48 @@ async def test_cold_turns_read_history_back_a_few_at_a_time(tmp_path, monkeypatc
         for agent in agents:
             roles = [m.role for m in await agent.read_transcript()]
             assert roles == ["user", "assistant"] * 3
+
+
+async def test_a_read_back_overtaken_by_a_trim_reads_what_was_trimmed_meanwhile(tmp_path, monkeypatch):
+    """``read_transcript`` on an idle agent reads its history in a worker thread. If the
+    agent runs turns meanwhile and its log is trimmed past where that read stops, the
+    read goes on with what was trimmed, instead of failing with EVENTS_TRIMMED."""
+    import threading
+
+    import trio
+
+    with trio.fail_after(30):
+        async with Runtime.open(tmp_path / "home", warm_history_bytes=0) as rt:
+            agent = (await rt.create_agent(session_id="s")).agent
+            await run_turns(agent, 2)
+            await agent.session.flush()
+            agent.session.trim()
+            store, load = rt.supervisor.store, rt.supervisor.store.load_messages
+            entered, release, ranges = trio.Event(), threading.Event(), []
+
+            def first_read_held(session_id, start, stop, types):
+                ranges.append((start, stop))
+                if len(ranges) == 1:
+                    trio.from_thread.run_sync(entered.set)
+                    release.wait(30)  # the worker thread waits for the test, as a slow disk would
+                return load(session_id, start, stop, types)
+
+            monkeypatch.setattr(store, "load_messages", first_read_held)
+            got = []
+            async with trio.open_nursery() as nursery:
+
+                async def reader():
+                    got.append(await agent.read_transcript())
+
+                nursery.start_soon(reader)
+                await entered.wait()
+                await run_turns(agent, 2, "meanwhile")  # their own reads take the other reader thread
+                await agent.session.flush()
+                agent.session.trim()
+                moved_to = agent.session.memory_start
+                release.set()
+            [transcript] = got
+            assert [m.text for m in transcript if m.role == "user"] == ["hello 0", "hello 1", "meanwhile 0", "meanwhile 1"]
+            assert [m.role for m in transcript] == ["user", "assistant"] * 4
+            # The held read stopped where memory began when it started; the rest was read after it.
+            assert ranges[0][0] == 0 and ranges[-1][1] == moved_to and ranges[-1][0] == ranges[0][1]
