@@ -229,7 +229,7 @@ def _make_converter() -> tuple[cattrs.Converter, Callable[[Message], dict[str, A
             return Message(
                 id=raw["id"],
                 # The decoder makes a new string per message; an agent keeps its messages.
-                role=_ROLES.get(role, role),
+                role=cast(Role, _ROLES.get(role, role)),  # checked by Message
                 content=tuple(_fast_block(b) or structure_block(b, Block) for b in raw["content"]),
                 source=(_fast_source(source) or structure_source(source, Source)) if source else None,
             )
@@ -246,7 +246,7 @@ def _make_converter() -> tuple[cattrs.Converter, Callable[[Message], dict[str, A
 # (anything else, extra keys included, goes through cattrs as before; tests compare both).
 
 
-_ROLES: dict[str, str] = {role: role for role in get_args(Role)}
+_ROLES: dict[str, Role] = {role: role for role in get_args(Role)}
 
 
 def _fast_block(raw: Any) -> Block | None:
