@@ -20,7 +20,7 @@ from typing import Any
 DOCS = {"README.md": ("summary",), "benchmarks/README.md": ("details",), "benchmarks/PROFILE.md": ("profile",)}
 CLUSTER_DOCS = {"docs/cluster.md": ("cluster",)}
 TRACING_DOCS = {"README.md": ("tracing-summary",), "benchmarks/PROFILE.md": ("tracing",)}
-USAGE_DOCS = {"benchmarks/PROFILE.md": ("usage",)}
+USAGE_DOCS = {"README.md": ("usage-summary",), "benchmarks/PROFILE.md": ("usage",)}
 COMMITTED = (
     "benchmarks/results/bench-full.json",
     "benchmarks/results/bench-cluster-full.json",
@@ -364,6 +364,22 @@ def usage_table(results: dict[str, Any]) -> str:
     )
 
 
+def usage_summary(results: dict[str, Any]) -> str:
+    """README's sentence on memory per agent as a user measures it."""
+    last = max(results["config"]["marks"])
+    at = [
+        f"{fmt(mark['kb_per_agent'])} KB with {run['n']:,} agents"
+        for run in results["runs"] for mark in run["marks"] if mark["turns"] == last
+    ]
+    return (
+        f"Memory as a user measures it (`loopdock bench --usage`, commit "
+        f"`{results['machine'].get('git_commit') or '-'}`: `Runtime.open()` with its defaults, every agent "
+        f"sent {last} followups in rounds, handles kept, RSS after a full collection) is {' and '.join(at)} "
+        f"per agent after {last} turns each (target <= {results['target_kb_per_agent']} KB; the `memory` row "
+        "above resumes seeded histories with a tuned collector instead; benchmarks/PROFILE.md)."
+    )
+
+
 def is_usage(results: dict[str, Any]) -> bool:
     return "traced" in results and "target_kb_per_agent" in results
 
@@ -391,7 +407,7 @@ def write_docs(json_path: Path, root: Path) -> list[Path]:
     if is_cluster(results):
         generated, docs = {"cluster": cluster_table(results)}, CLUSTER_DOCS
     elif is_usage(results):
-        generated, docs = {"usage": usage_table(results)}, USAGE_DOCS
+        generated, docs = {"usage": usage_table(results), "usage-summary": usage_summary(results)}, USAGE_DOCS
     elif is_tracing(results):
         generated = {"tracing": tracing_table(results), "tracing-summary": tracing_summary(results)}
         docs = TRACING_DOCS

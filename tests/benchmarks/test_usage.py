@@ -45,7 +45,7 @@ def test_usage_command_refuses_bad_input_with_a_usage_error(args, says, capsys):
 def test_the_usage_phase_measures_each_size_in_its_own_process_and_makes_the_table(tmp_path):
     import json
 
-    from loopdock.benchmarks._tables import is_usage, usage_table, write_docs
+    from loopdock.benchmarks._tables import is_usage, usage_summary, usage_table, write_docs
     from loopdock.benchmarks._usage import SIZES, run_usage_phase
 
     results = run_usage_phase("quick", tmp_path / "out")
@@ -67,9 +67,16 @@ def test_the_usage_phase_measures_each_size_in_its_own_process_and_makes_the_tab
     assert table.count("| met |") + table.count("| **missed** |") == len(cfg["ns"])
     assert traced["marks"][-1]["top"][0]["site"] in table
 
-    profile = tmp_path / "checkout" / "benchmarks" / "PROFILE.md"
+    summary = usage_summary(results)
+    kb = f"{last['kb_per_agent']:.1f} KB with {cfg['ns'][-1]:,} agents"
+    assert kb in summary and f"after {cfg['marks'][-1]} turns each" in summary
+
+    checkout = tmp_path / "checkout"
+    profile, readme = checkout / "benchmarks" / "PROFILE.md", checkout / "README.md"
     profile.parent.mkdir(parents=True)
     profile.write_text("before\n<!-- bench:usage -->\nstale\n<!-- /bench:usage -->\nafter\n")
+    readme.write_text("<!-- bench:usage-summary -->\n<!-- /bench:usage-summary -->\n")
     json_path = tmp_path / "out" / "bench-usage-quick.json"
-    assert write_docs(json_path, tmp_path / "checkout") == [profile]
+    assert write_docs(json_path, checkout) == [readme, profile]
     assert profile.read_text() == f"before\n<!-- bench:usage -->\n{table}\n<!-- /bench:usage -->\nafter\n"
+    assert readme.read_text() == f"<!-- bench:usage-summary -->\n{summary}\n<!-- /bench:usage-summary -->\n"
