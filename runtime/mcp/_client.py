@@ -26,6 +26,7 @@ from .._errors import LoopdockError, ToolError
 from .._logging import get_logger
 from .._process import BASE_ENV, open_child, pick_env
 from ..tools import AgentTools, Disposer, Tool, ToolContext
+from ._lines import Lines, LineTooLong
 from ._spec import McpServerSpec
 
 if TYPE_CHECKING:
@@ -43,6 +44,8 @@ HANDSHAKE_SECONDS = 30.0
 MAX_LINE = 8 * 1024 * 1024
 #: How much of a server's stderr goes to the log per start; the rest is read and dropped.
 MAX_STDERR_LOG = 64 * 1024
+#: How much of one stderr line goes to the log (the rest of it is dropped).
+STDERR_LINE = 1000
 _CHUNK = 65_536
 _TOOL_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -301,16 +304,16 @@ class McpServer:
         from mcp.shared.message import SessionMessage
         from mcp.types import JSONRPCMessage
 
-        buffer = b""
+        lines = Lines(MAX_LINE)
         try:
             while chunk := await stdout.receive_some(_CHUNK):
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                if len(buffer) > MAX_LINE:
+                try:
+                    finished = lines.feed(chunk)
+                except LineTooLong:
                     self.last_error = f"the server wrote a line longer than {MAX_LINE} bytes: stopped"
                     self.log.warning("mcp.stdout_flood", limit=MAX_LINE)
                     return
-                for line in lines:
+                for line in finished:
                     if not line.strip():
                         continue
                     try:
@@ -334,16 +337,14 @@ class McpServer:
 
     async def _log_stderr(self, stderr: trio.abc.ReceiveStream) -> None:
         logged = 0
-        buffer = b""
+        lines = Lines(STDERR_LINE, cut=True)
         try:
             while chunk := await stderr.receive_some(_CHUNK):
                 if logged >= MAX_STDERR_LOG:
                     continue  # read and dropped: the server never blocks on a full pipe
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
+                for line in lines.feed(chunk):
                     logged += len(line) + 1
-                    self.log.info("mcp.stderr", line=line[:1000].decode(errors="replace"))
+                    self.log.info("mcp.stderr", line=line.decode(errors="replace"))
                     if logged >= MAX_STDERR_LOG:
                         self.log.warning("mcp.stderr_capped", limit=MAX_STDERR_LOG)
                         break
