@@ -31,7 +31,8 @@ class Lines:
         """The bytes of the unfinished line kept (never more than ``limit``)."""
         return len(self._line)
 
-    def feed(self, chunk: bytes) -> list[bytes]:
+    def feed(self, data: bytes | bytearray) -> list[bytes]:
+        chunk = data if isinstance(data, bytes) else bytes(data)
         lines: list[bytes] = []
         start = 0
         while (end := chunk.find(b"\n", start)) != -1:
