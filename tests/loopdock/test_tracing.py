@@ -161,3 +161,33 @@ def test_without_a_tracer_provider_opentelemetry_is_not_imported(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+async def test_a_turn_cancelled_during_its_model_call_ends_every_span(tmp_path, spans):
+    """Cancelling a turn mid-call must not leave a span open (an open span is never
+    exported): the model call's span ends unmarked, the turn's says it was aborted."""
+    provider, exporter = spans
+    asked = trio.Event()
+
+    async def never_answers(request):
+        asked.set()
+        await trio.sleep_forever()
+
+    with trio.fail_after(30):
+        async with Runtime.open(tmp_path / "home", tracer_provider=provider) as rt:
+            rt.register_adapter("scripted", ScriptedAdapter(never_answers))
+            handle = await rt.create_agent(session_id="stopped", agent_options=SCRIPTED, cwd=str(tmp_path))
+            handle.agent.followup("go")
+            await asked.wait()
+            handle.agent.cancel()
+            await handle.agent.wait_idle()
+            reasons = [e.data["reason"] for e in await handle.agent.session.read_events() if e.type == "turn/end"]
+    found = by_operation(exporter.get_finished_spans())
+    [turn] = found["invoke_agent"]
+    assert reasons[0]["kind"] == turn.attributes["loopdock.turn.end_reason"] == "aborted"  # the log's word
+    assert turn.status.status_code is StatusCode.UNSET  # a person's cancel is not an error
+    [chat] = found["chat"]
+    assert chat.parent.span_id == turn.context.span_id
+    assert chat.status.status_code is StatusCode.UNSET
+    assert "gen_ai.usage.input_tokens" not in chat.attributes
+    assert turn.start_time <= chat.start_time and chat.end_time <= turn.end_time
