@@ -138,7 +138,15 @@ def _rescore(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     home = resolve_home(args.home)
     if not (home / "sessions.db").is_file():
         raise ExperimentError("UNKNOWN_RUN", f"{home} holds no session store (sessions.db): no run was made there")
-    summary = trio.run(lambda: rescore_experiment(experiment, home=home))
+    try:
+        summary = trio.run(lambda: rescore_experiment(experiment, home=home))
+    except BaseException as exc:
+        if not _interrupted(exc):
+            raise
+        again = f"loopdock experiment rescore {args.file}" + (f" --home {args.home}" if args.home else "")
+        print(f"interrupted: the run's scores now mix the old scorers and the new; finish with: {again}",
+              file=err, flush=True)  # fmt: skip
+        return EXIT_INTERRUPTED
     for failure in summary.failed:
         print(f"not rescored (the old result stays): {failure}", file=err)
     skipped = f", {summary.skipped} no longer in the file left as they were" if summary.skipped else ""
@@ -231,7 +239,7 @@ def run_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Run ``loopdock experiment ...``; the exit status: 0 done, 1 a run left rollouts
     to do (rerun with --resume), a rescore failed on a rollout or a report's cell
     scored under ``--fail-under``, 130 a
-    run stopped by Ctrl-C (resume it with --resume). Errors are raised (ExperimentError) for the CLI to print."""
+    run stopped by Ctrl-C (resume it with --resume) or a rescore (run it again). Errors are raised (ExperimentError) for the CLI to print."""
     if args.experiment_command == "run":
         return _run(args, out, err)
     if args.experiment_command == "rescore":

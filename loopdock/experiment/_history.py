@@ -30,6 +30,17 @@ class RunHistory:
     def plan(self) -> Mapping[str, Any] | None:
         return self.plans[-1] if self.plans else None
 
+    def refuse_mid_rescore(self, command: str) -> None:
+        """Raise RESCORE_INTERRUPTED if the newest plan is a rescore's that did not finish:
+        its rollouts then hold the new scorers' scores and the old ones, mixed."""
+        if self.plan is not None and self.plan.get("rescoring"):
+            raise ExperimentError(
+                "RESCORE_INTERRUPTED",
+                f"the last rescore of run {self.run!r} did not finish, so its rollouts' scores mix the old "
+                f"scorers and the new ones: run `loopdock experiment rescore` with the same file again "
+                f"before {command}",
+            )
+
     def latest(self) -> dict[str, RolloutResult]:
         """Per rollout key: its scored attempt if it has one, else its newest attempt."""
         chosen: dict[str, RolloutResult] = {}
@@ -71,13 +82,15 @@ def open_store(home: Path) -> SessionStore:
 
 
 def read_run_at(home: Path, run: str) -> RunHistory:
-    """Blocking: the run ``run`` from the store under ``home``; UNKNOWN_RUN if it has none."""
+    """Blocking: the run ``run`` from the store under ``home``; UNKNOWN_RUN if it has none,
+    RESCORE_INTERRUPTED if a rescore of it did not finish."""
     with open_store(home) as store:
         history = read_run(store, run)
         if not history.plans and not history.results:
             runs = sorted(list_runs(store))
             known = ", ".join(runs) if runs else "none"
             raise ExperimentError("UNKNOWN_RUN", f"no experiment run {run!r} in {home}; runs there: {known}")
+    history.refuse_mid_rescore("reading it")
     return history
 
 

@@ -68,6 +68,12 @@ async def rescore_in_runtime(
     scoring = Scoring([experiment.scorer_for(t) for t in experiment.tasks], experiment.base, rt.adapters)
     planned: dict[str, Rollout] = {r.key: r for r in plan(experiment)}
     root = work_root(rt.home, experiment.name)
+    run_session = run_session_id(experiment.name)
+    if history.plan is not None:
+        # Said first: until the last record below, the rollouts' scores mix old and new
+        # scorers, and a report or a resume is refused (RESCORE_INTERRUPTED) if this stops.
+        rescoring = {**_rescored_plan(history.plan, experiment), "rescoring": True}
+        await _append(rt, run_session, plan_record(rescoring, f"experiment {experiment.name}: rescoring"))
     rescored = changed = skipped = 0
     failed: list[str] = []
     for result in history.latest().values():
@@ -104,8 +110,8 @@ async def rescore_in_runtime(
         rescored += 1
         changed += result.value != score.value
     if history.plan is not None:
-        await _append(rt, run_session_id(experiment.name), plan_record(_rescored_plan(history.plan, experiment),
-                                                                       f"experiment {experiment.name}: rescored"))  # fmt: skip
+        done = _rescored_plan(history.plan, experiment)
+        await _append(rt, run_session, plan_record(done, f"experiment {experiment.name}: rescored"))
     return RescoreSummary(experiment.name, rescored, changed, tuple(failed), skipped)
 
 
@@ -117,7 +123,7 @@ def _rescored_plan(before: Mapping[str, Any], experiment: Experiment) -> dict[st
         if scorer is not None:
             task = {**task, "scorer": scorer.label, "scorerIdentity": _json(attrs.asdict(scorer))}
         tasks.append(task)
-    fields = {k: v for k, v in before.items() if k not in ("kind", "record", "schemaVersion")}  # the record's own
+    fields = {k: v for k, v in before.items() if k not in ("kind", "record", "schemaVersion", "rescoring")}
     return {**fields, "tasks": tasks, "pending": 0}
 
 

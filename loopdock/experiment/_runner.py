@@ -473,6 +473,7 @@ def plan_changes(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]
 
 
 def _check_unchanged(history: RunHistory, fields: Mapping[str, Any]) -> None:
+    history.refuse_mid_rescore("resuming it")
     if history.plan is None or not any(r.finished for r in history.results):
         return
     changes = plan_changes(history.plan, fields)

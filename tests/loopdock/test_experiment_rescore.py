@@ -69,3 +69,41 @@ def test_rescore_refuses_an_unknown_run_or_scorer(tmp_path, capsys, main):
     assert main(["experiment", "rescore", str(experiment_file(tmp_path, "missing")), "--home", str(home)]) == 2
     assert "scorer function 'grade:missing'" in capsys.readouterr().err
     assert cell_scores(main, capsys, home) == [("standard", 1.0, 2), ("minimal-first", 1.0, 2)]
+
+
+STOPS_SECOND_TIME = """\
+from pathlib import Path
+
+MARK = Path(__file__).with_name("scored-once")
+
+
+def strict_then_ctrl_c(state):
+    if MARK.exists():
+        raise KeyboardInterrupt  # Ctrl-C, as the second rollout is being scored
+    MARK.write_text("")
+    return 0.25
+"""
+
+
+def test_an_interrupted_rescore_is_refused_by_report_and_resume_until_run_again(tmp_path, capsys, main):
+    (tmp_path / "grade.py").write_text(SCORERS + "\n\n" + STOPS_SECOND_TIME)
+    home = tmp_path / "home"
+    lenient = experiment_file(tmp_path, "lenient")
+    assert main(["experiment", "run", str(lenient), "--home", str(home)]) == 0
+    capsys.readouterr()
+
+    stopping = experiment_file(tmp_path, "strict_then_ctrl_c")
+    assert main(["experiment", "rescore", str(stopping), "--home", str(home)]) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("interrupted: the run's scores now mix the old scorers and the new; finish with: "
+                          f"loopdock experiment rescore {stopping} --home {home}")  # fmt: skip
+    assert "Traceback" not in err
+    # One rollout holds the new score, the others the old: neither a report nor a resume may use that.
+    assert main(["experiment", "report", "tiny", "--home", str(home)]) == 2
+    assert "RESCORE_INTERRUPTED" in capsys.readouterr().err
+    assert main(["experiment", "run", str(lenient), "--home", str(home), "--resume"]) == 2
+    assert "RESCORE_INTERRUPTED" in capsys.readouterr().err
+
+    assert main(["experiment", "rescore", str(experiment_file(tmp_path, "strict")), "--home", str(home)]) == 0
+    assert "rescored 4 rollouts" in capsys.readouterr().out
+    assert cell_scores(main, capsys, home) == [("standard", 0.25, 2), ("minimal-first", 0.25, 2)]
