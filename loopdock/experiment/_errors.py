@@ -11,6 +11,7 @@ ExperimentErrorCode = Literal[
     "BUDGET_EXCEEDED",
     "UNKNOWN_RUN",
     "MISSING_EXTRA",
+    "RESCORE_INTERRUPTED",
 ]
 
 
@@ -24,7 +25,9 @@ class ExperimentError(LoopdockError):
       (raised before anything starts);
     - UNKNOWN_RUN: a report or export names a run the runtime home does not hold;
     - MISSING_EXTRA: an optional part needs a package that is not installed (the
-      message says which ``pip install`` brings it).
+      message says which ``pip install`` brings it);
+    - RESCORE_INTERRUPTED: a report, export or resume of a run whose last rescore did not
+      finish (its scores mix old and new scorers): run the rescore again.
     """
 
     def __init__(self, code: ExperimentErrorCode, message: str) -> None:
