@@ -49,6 +49,7 @@ from loopdock.runtime import (
     safe_message,
 )
 from loopdock.runtime.cluster import (
+    DONE,
     RETRYABLE,
     SETTLE,
     BadInboxMessageError,
@@ -100,6 +101,7 @@ class ShardHost:
         self.dock = dock
         self.ttl = ttl
         self._settle = redis.register_script(SETTLE)
+        self._done_script = redis.register_script(DONE)
         self.handles: dict[str, AgentHandle] = {}
         self._fresh: list[int] = []  # acquired, not yet taken over
         self._ready: set[int] = set()  # taken over: read from
@@ -265,12 +267,12 @@ class ShardHost:
                 continue
 
     async def _done(self, messages: Sequence[InboxMessage]) -> set[str]:
-        """The ids of ``messages`` their sessions have recorded as done, in one round trip."""
+        """The ids of ``messages`` their sessions have recorded as done, in one call."""
         if not messages:
             return set()
-        async with self._redis.pipeline(transaction=False) as pipe:
-            requests = [pipe.sismember(keys.done(m.session), m.id) for m in messages]
-        return {m.id for m, request in zip(messages, requests, strict=True) if await request}
+        answer: Any = await self._done_script(keys=[keys.done(m.session) for m in messages],
+                                              args=[m.id for m in messages])
+        return {m.id for m, done in zip(messages, answer, strict=True) if int(done)}  # one answer per message
 
     async def _take_over(self, shard: int) -> None:
         if shard not in self.ownership.tokens:

@@ -14,6 +14,7 @@ from ._connect import redact as redact
 from ._ownership import Ownership as Ownership
 from ._ownership import Pending as Pending
 from ._scripts import ACQUIRE as ACQUIRE
+from ._scripts import DONE as DONE
 from ._scripts import HEARTBEAT as HEARTBEAT
 from ._scripts import LEAVE as LEAVE
 from ._scripts import RELEASE as RELEASE

@@ -210,7 +210,7 @@ class RedisSessionStore:
         return headers
 
     async def acommit(self, batch: Sequence[Write]) -> dict[str, StoreError]:
-        """Every session's part in one pipelined round trip, each part one fenced script."""
+        """Every session's part in one call of one script (one round trip), each part fenced."""
         if self._closed:
             raise StoreError("cannot commit: the cluster store is closed")
         refused: dict[str, StoreError] = {}
@@ -227,10 +227,13 @@ class RedisSessionStore:
             attempts += 1
             if self._commit_sha is None:
                 self._commit_sha = str(await self._redis.script_load(COMMIT))
+            script_keys = [key for call in calls for key in call.keys]
+            args: list[str | int] = [len(calls)]
+            for call in calls:
+                args += call.args
             try:
-                async with self._redis.pipeline(transaction=False) as pipe:
-                    requests: list[Any] = [pipe.evalsha(self._commit_sha, call.keys, call.args) for call in calls]
-                return [await request for request in requests]
+                answers: Any = await self._redis.evalsha(self._commit_sha, script_keys, args)
+                return list(answers)
             except coredis.exceptions.NoScriptError:
                 # Redis restarted (its script cache is not persisted): load it again.
                 self._commit_sha = None
