@@ -50,7 +50,9 @@ from loopdock.runtime.cluster import (
     ClusterUnreachableError,
     InboxMessage,
     Ownership,
+    RedisReplyError,
     RedisSessionStore,
+    RespConnection,
     cluster_shards,
     connect,
     consumed_ids,
@@ -110,8 +112,11 @@ class LogWatcher:
     client: each is kept in ``refusals`` (message id -> Refusal, until its sender takes
     it) and wakes the waiters of its session."""
 
-    def __init__(self, redis: coredis.Redis[str], refused: str | None = None) -> None:
+    def __init__(self, redis: coredis.Redis[str], refused: str | None = None, *, url: str | None = None) -> None:
         self._redis = redis
+        #: With the cluster's ``url``, the reads go over a connection of their own (see
+        #: runtime.cluster._resp); without, through coredis.
+        self._reads = RespConnection(url) if url is not None else None
         self._waiters: dict[str, list[_Waiter]] = {}
         self._added = trio.Event()
         self._refused = refused
@@ -158,7 +163,7 @@ class LogWatcher:
             if self._refused is not None:
                 streams[self._refused] = self._refused_cursor
             try:
-                reply = await self._redis.xread(streams, block=_WATCH_BLOCK_MS)
+                reply = await self._xread(streams)
             except RETRYABLE as exc:  # Redis restarting: the waiters wait a little longer
                 log.warning("redis unreachable; following the logs again soon", error=repr(exc))
                 await trio.sleep(delay)
@@ -166,17 +171,17 @@ class LogWatcher:
                 continue
             delay = 0.05
             refused: set[str] = set()
-            for stream, entries in (reply or {}).items():
+            for stream, entries in reply.items():
                 if stream == self._refused:
                     refused.update(self._take_refusals(entries))
                     continue
-                session_id = keys.session_of_log(str(stream))
-                read = [(keys.seq_of(str(e.identifier)), e.field_values) for e in entries]
+                session_id = keys.session_of_log(stream)
+                read = [(keys.seq_of(entry_id), fields) for entry_id, fields in entries]
                 for waiter in list(self._waiters.get(session_id, [])):
                     mine = [(seq, fields) for seq, fields in read if seq >= waiter.cursor]
                     if mine:
                         types = waiter.types
-                        waiter.events = [decode_event(seq, _fields(fields)) for seq, fields in mine
+                        waiter.events = [decode_event(seq, fields) for seq, fields in mine
                                          if types is None or fields["t"] in types]
                         waiter.next_cursor = mine[-1][0] + 1
                         waiter.ready.set()
@@ -189,25 +194,42 @@ class LogWatcher:
                     waiter.ready.set()
                     self._forget(session_id, waiter)
 
-    def _take_refusals(self, entries: Any) -> set[str]:
+    async def _xread(self, streams: dict[str, str]) -> dict[str, list[tuple[str, dict[str, str]]]]:
+        """What ``streams`` have after their cursors (stream -> entry id and fields),
+        waiting up to ``_WATCH_BLOCK_MS`` for something; empty if nothing came."""
+        if self._reads is None:
+            reply = await self._redis.xread(streams, block=_WATCH_BLOCK_MS)
+            return {str(stream): [(str(e.identifier), _fields(e.field_values)) for e in entries]
+                    for stream, entries in (reply or {}).items()}
+        raw = await self._reads.call("XREAD", "BLOCK", _WATCH_BLOCK_MS, "STREAMS", *streams, *streams.values())
+        return {stream: [(entry_id, dict(zip(flat[0::2], flat[1::2], strict=True))) for entry_id, flat in entries]
+                for stream, entries in raw or ()}
+
+    def _take_refusals(self, entries: list[tuple[str, dict[str, str]]]) -> set[str]:
         """Keep the refusals of the stream's ``entries``; the sessions they are for."""
         sessions = set()
-        for entry in entries:
-            fields = _fields(entry.field_values)
+        for entry_id, fields in entries:
             message_id, session_id = fields.get("id"), fields.get("session")
             if message_id and session_id:
                 self.refusals[message_id] = Refusal(session_id, fields.get("code", "ERROR"), fields.get("reason", ""))
                 sessions.add(session_id)
-            self._refused_cursor = str(entry.identifier)
+            self._refused_cursor = entry_id
         return sessions
+
+    async def aclose(self) -> None:
+        if self._reads is not None:
+            await self._reads.aclose()
 
 
 class ClusterRuntime:
     """A client of the cluster (``loopdock.open_cluster``): it creates, resumes and forks
     sessions on the workers and hands out ``RemoteAgent`` objects; it runs no agent."""
 
-    def __init__(self, redis: coredis.Redis[str], shards: int, nursery: trio.Nursery) -> None:
+    def __init__(self, redis: coredis.Redis[str], shards: int, nursery: trio.Nursery, url: str | None = None) -> None:
         self._redis = redis
+        #: With the cluster's ``url``, messages are written over a connection of their
+        #: own (see runtime.cluster._resp); without, through coredis.
+        self._sends = RespConnection(url) if url is not None else None
         self.shards = shards
         #: names this client to the workers, which tell it the messages they refuse
         self.client_id = secrets.token_hex(8)
@@ -216,7 +238,7 @@ class ClusterRuntime:
         self._send, receive = trio.open_memory_channel[_Outgoing](math.inf)
         self._last_sent = trio.Event()
         self._last_sent.set()
-        self.watcher = LogWatcher(redis, keys.refused(self.client_id))
+        self.watcher = LogWatcher(redis, keys.refused(self.client_id), url=url)
         nursery.start_soon(self._sender, receive)
         nursery.start_soon(self.watcher.run)
 
@@ -231,7 +253,7 @@ class ClusterRuntime:
             except ClusterUnreachableError as exc:
                 body_error = exc  # raised below, as the body's own errors
             else:
-                rt = cls(redis, shards, nursery)
+                rt = cls(redis, shards, nursery, url)
                 try:
                     yield rt
                     await rt.wait_sent()
@@ -241,6 +263,7 @@ class ClusterRuntime:
                     body_error = exc
                 finally:
                     nursery.cancel_scope.cancel()
+                    await rt._aclose()
         if body_error is not None:
             raise body_error
 
@@ -331,9 +354,7 @@ class ClusterRuntime:
             delay = 0.05
             while True:
                 try:
-                    async with self._redis.pipeline(transaction=False) as pipe:
-                        for outgoing in batch:
-                            pipe.xadd(outgoing.stream, outgoing.fields)
+                    await self._write(batch)
                     break
                 except RETRYABLE as exc:
                     # Redis restarting: the batch waits, in order. Some of it may have
@@ -343,6 +364,24 @@ class ClusterRuntime:
                     delay = min(delay * 2, 1.0)
             for outgoing in batch:
                 outgoing.sent.set()
+
+    async def _write(self, batch: list[_Outgoing]) -> None:
+        """Append ``batch`` to its streams, in order, in one round trip."""
+        if self._sends is None:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for outgoing in batch:
+                    pipe.xadd(outgoing.stream, outgoing.fields)
+            return
+        commands = [("XADD", o.stream, "*", *(x for pair in o.fields.items() for x in pair)) for o in batch]
+        for reply in await self._sends.pipeline(commands):
+            if isinstance(reply, RedisReplyError):
+                raise reply
+
+    async def _aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            await self.watcher.aclose()
+            if self._sends is not None:
+                await self._sends.aclose()
 
     async def _request(self, kind: str, session_id: str, body: Mapping[str, Any], reply_timeout: float) -> None:
         """Post a control message and wait for its worker's reply: a blocking pop on the

@@ -13,6 +13,9 @@ from ._connect import live_workers as live_workers
 from ._connect import redact as redact
 from ._ownership import Ownership as Ownership
 from ._ownership import Pending as Pending
+from ._resp import RedisReplyError as RedisReplyError
+from ._resp import RespConnection as RespConnection
+from ._resp import RespConnectionError as RespConnectionError
 from ._scripts import ACQUIRE as ACQUIRE
 from ._scripts import DONE as DONE
 from ._scripts import HEARTBEAT as HEARTBEAT

@@ -37,6 +37,7 @@ from .._store import StoreError, Write, encode_json
 from . import keys
 from ._connect import RETRYABLE
 from ._ownership import Ownership, Pending
+from ._resp import RedisReplyError, RespConnection
 from ._scripts import COMMIT
 
 log = get_logger(__name__)
@@ -93,8 +94,13 @@ def _decoded(entries: Sequence[Any], types: Collection[str] | None) -> list[Even
 
 
 class RedisSessionStore:
-    def __init__(self, redis: coredis.Redis[str], ownership: Ownership, *, retry_for: float = 10.0) -> None:
+    def __init__(
+        self, redis: coredis.Redis[str], ownership: Ownership, *, retry_for: float = 10.0, url: str | None = None
+    ) -> None:
         self._redis = redis
+        #: With the cluster's ``url`` (a worker's store), commits go over a connection of
+        #: their own (see _resp); without (a client's, which reads only), through coredis.
+        self._commits = RespConnection(url) if url is not None else None
         self.ownership = ownership
         self.retry_for = retry_for
         # Loaded once and called by digest: a Script object would ask SCRIPT EXISTS first
@@ -128,6 +134,12 @@ class RedisSessionStore:
 
     def close(self) -> None:
         self._closed = True
+
+    async def aclose(self) -> None:
+        """Close the commits' connection (the coredis client is its owner's to close)."""
+        self._closed = True
+        if self._commits is not None:
+            await self._commits.aclose()
 
     # -- the same, from the trio thread ------------------------------------------------
 
@@ -225,16 +237,25 @@ class RedisSessionStore:
         async def run() -> list[Any]:
             nonlocal attempts
             attempts += 1
-            if self._commit_sha is None:
-                self._commit_sha = str(await self._redis.script_load(COMMIT))
             script_keys = [key for call in calls for key in call.keys]
             args: list[str | int] = [len(calls)]
             for call in calls:
                 args += call.args
+            answers: Any
             try:
-                answers: Any = await self._redis.evalsha(self._commit_sha, script_keys, args)
+                if self._commits is not None:
+                    if self._commit_sha is None:
+                        self._commit_sha = str(await self._commits.call("SCRIPT", "LOAD", COMMIT))
+                    answers = await self._commits.call(
+                        "EVALSHA", self._commit_sha, len(script_keys), *script_keys, *args)
+                else:
+                    if self._commit_sha is None:
+                        self._commit_sha = str(await self._redis.script_load(COMMIT))
+                    answers = await self._redis.evalsha(self._commit_sha, script_keys, args)
                 return list(answers)
-            except coredis.exceptions.NoScriptError:
+            except (coredis.exceptions.NoScriptError, RedisReplyError) as exc:
+                if isinstance(exc, RedisReplyError) and not exc.no_script:
+                    raise StoreError(f"the cluster's Redis refused a commit: {exc}") from exc
                 # Redis restarted (its script cache is not persisted): load it again.
                 self._commit_sha = None
                 raise _ScriptGone() from None
