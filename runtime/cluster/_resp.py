@@ -50,16 +50,22 @@ class _Incomplete(Exception):
 def encode(command: Sequence[Arg]) -> bytes:
     """A command as a RESP array of bulk strings."""
     parts = [b"*%d\r\n" % len(command)]
+    append = parts.append
     for arg in command:
-        if isinstance(arg, str):
+        # Exact types first: a commit's arguments are mostly str, then int.
+        if type(arg) is str:
             data = arg.encode()
+        elif type(arg) is int:
+            data = b"%d" % arg
         elif isinstance(arg, bytes):
             data = arg
         elif isinstance(arg, int | float) and not isinstance(arg, bool):
             data = repr(arg).encode()
         else:
             raise TypeError(f"a Redis argument must be str, bytes, int or float, not {type(arg).__name__}")
-        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+        append(b"$%d\r\n" % len(data))
+        append(data)
+        append(b"\r\n")
     return b"".join(parts)
 
 
