@@ -72,6 +72,10 @@ log = get_logger(__name__)
 #: How long the reader blocks on Redis before it looks at its shards again.
 READ_BLOCK_MS = 200
 READ_COUNT = 256
+#: The least time from one read of the inboxes to the next while messages keep coming
+#: (seconds): under load one read (and one duplicate check) serves the messages of
+#: several turns. A message waits at most this much longer; a full batch is followed at once.
+READ_WINDOW = 0.004
 #: How long a reply to ``create``/``resume`` waits in Redis for its requester.
 REPLY_TTL_MS = 60_000
 #: The kinds of message handed to an agent, which is activated for them if need be.
@@ -198,6 +202,7 @@ class ShardHost:
                     await self._wake.wait()
                 continue
             streams = {keys.inbox(shard, lane): ">" for lane in keys.LANES for shard in reading}
+            started = trio.current_time()
             try:
                 batch = await self._read_group(streams)
             except (coredis.exceptions.StreamConsumerGroupError, _NoGroupError):
@@ -208,6 +213,8 @@ class ShardHost:
                 continue
             if batch:
                 await self._handle_batch(batch)
+                if max(len(entries) for entries in batch.values()) < READ_COUNT:
+                    await trio.sleep_until(started + READ_WINDOW)
 
     async def _read_group(self, streams: dict[str, str]) -> dict[str, list[tuple[str, dict[str, str]]]]:
         """New entries of ``streams`` for this worker's consumer: stream -> (entry id,

@@ -94,6 +94,11 @@ def _decoded(entries: Sequence[Any], types: Collection[str] | None) -> list[Even
 
 
 class RedisSessionStore:
+    #: How long a worker's store writer gathers writes before a commit (seconds; the
+    #: embedded store's is 1 ms): a commit is a round trip, and wakes the clients
+    #: waiting on those logs, so gathering longer makes fewer, larger commits.
+    commit_window = 0.004
+
     def __init__(
         self, redis: coredis.Redis[str], ownership: Ownership, *, retry_for: float = 10.0, url: str | None = None
     ) -> None:
