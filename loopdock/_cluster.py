@@ -98,10 +98,14 @@ class Refusal:
 
 @attrs.define(eq=False)
 class _Waiter:
+    session_id: str
     cursor: int
     types: Collection[str] | None
+    #: Follows the session's marks (``runtime.cluster.mark_of``), not its log.
+    marks: bool = False
     ready: trio.Event = attrs.field(factory=trio.Event)
     events: list[Event] = attrs.field(factory=list)
+    read_marks: list[dict[str, Any]] = attrs.field(factory=list)
     next_cursor: int = 0
 
 
@@ -129,25 +133,35 @@ class LogWatcher:
         """Once the session's log has entries from seq ``cursor`` on: those events (only
         those of ``types`` if given: the others are not even decoded), and the seq after
         the last entry read."""
-        waiter = _Waiter(cursor, types)
-        self._waiters.setdefault(session_id, []).append(waiter)
+        waiter = await self._wait(_Waiter(session_id, cursor, types), keys.log(session_id))
+        return waiter.events, waiter.next_cursor
+
+    async def follow_marks(self, session_id: str, cursor: int) -> tuple[list[dict[str, Any]], int]:
+        """Once commits have added to the session's log from seq ``cursor`` on: their marks
+        (``runtime.cluster.mark_of``: what a caller waiting for the agent to be idle needs
+        of them, without their events), and the seq after the last event they added."""
+        waiter = await self._wait(_Waiter(session_id, cursor, None, marks=True), keys.marks(session_id))
+        return waiter.read_marks, waiter.next_cursor
+
+    async def _wait(self, waiter: _Waiter, stream: str) -> _Waiter:
+        self._waiters.setdefault(stream, []).append(waiter)
         self._added.set()
         try:
             await waiter.ready.wait()
         finally:
-            self._forget(session_id, waiter)  # cancelled; a served waiter is gone already
-        return waiter.events, waiter.next_cursor
+            self._forget(stream, waiter)  # cancelled; a served waiter is gone already
+        return waiter
 
     def watched(self) -> set[str]:
         """The sessions some caller waits on now."""
-        return set(self._waiters)
+        return {waiter.session_id for waiters in self._waiters.values() for waiter in waiters}
 
-    def _forget(self, session_id: str, waiter: _Waiter) -> None:
-        waiting = self._waiters.get(session_id, [])
+    def _forget(self, stream: str, waiter: _Waiter) -> None:
+        waiting = self._waiters.get(stream, [])
         if waiter in waiting:
             waiting.remove(waiter)
         if not waiting:
-            self._waiters.pop(session_id, None)
+            self._waiters.pop(stream, None)
 
     async def run(self) -> None:
         delay = 0.05
@@ -157,8 +171,8 @@ class LogWatcher:
                 await self._added.wait()
                 continue
             streams = {
-                keys.log(session_id): keys.log_id(low - 1) if (low := min(w.cursor for w in waiters)) else "0-0"
-                for session_id, waiters in self._waiters.items()
+                stream: keys.log_id(low - 1) if (low := min(w.cursor for w in waiters)) else "0-0"
+                for stream, waiters in self._waiters.items()
             }
             if self._refused is not None:
                 streams[self._refused] = self._refused_cursor
@@ -175,24 +189,29 @@ class LogWatcher:
                 if stream == self._refused:
                     refused.update(self._take_refusals(entries))
                     continue
-                session_id = keys.session_of_log(stream)
+                # A log's entry ids are its events' (``log_id``); a mark's, its commit's
+                # last event's.
                 read = [(keys.seq_of(entry_id), fields) for entry_id, fields in entries]
-                for waiter in list(self._waiters.get(session_id, [])):
+                for waiter in list(self._waiters.get(stream, [])):
                     mine = [(seq, fields) for seq, fields in read if seq >= waiter.cursor]
                     if mine:
                         types = waiter.types
-                        waiter.events = [decode_event(seq, fields) for seq, fields in mine
-                                         if types is None or fields["t"] in types]
+                        if waiter.marks:
+                            waiter.read_marks = [json.loads(fields["k"]) for _, fields in mine]
+                        else:
+                            waiter.events = [decode_event(seq, fields) for seq, fields in mine
+                                             if types is None or fields["t"] in types]
                         waiter.next_cursor = mine[-1][0] + 1
                         waiter.ready.set()
                         # Out of the watch at once: left in until its task runs, it
                         # would make the next XREAD return these entries again at once.
-                        self._forget(session_id, waiter)
+                        self._forget(stream, waiter)
             for session_id in refused:  # nothing new in the log: the waiters look again
-                for waiter in list(self._waiters.get(session_id, [])):
-                    waiter.next_cursor = waiter.cursor
-                    waiter.ready.set()
-                    self._forget(session_id, waiter)
+                for stream in (keys.log(session_id), keys.marks(session_id)):
+                    for waiter in list(self._waiters.get(stream, [])):
+                        waiter.next_cursor = waiter.cursor
+                        waiter.ready.set()
+                        self._forget(stream, waiter)
 
     async def _xread(self, streams: dict[str, str]) -> dict[str, list[tuple[str, dict[str, str]]]]:
         """What ``streams`` have after their cursors (stream -> entry id and fields),
@@ -247,23 +266,27 @@ class ClusterRuntime:
     async def open(cls, url: str) -> AsyncIterator[ClusterRuntime]:
         redis = connect(url)
         body_error: BaseException | None = None
-        async with redis, trio.open_nursery() as nursery:
-            try:
-                shards = await cluster_shards(redis, None)
-            except ClusterUnreachableError as exc:
-                body_error = exc  # raised below, as the body's own errors
-            else:
-                rt = cls(redis, shards, nursery, url)
+        rt: ClusterRuntime | None = None
+        try:
+            async with redis, trio.open_nursery() as nursery:
                 try:
-                    yield rt
-                    await rt.wait_sent()
-                except BaseException as exc:
-                    # Re-raised below, outside the task groups, so that the caller sees its
-                    # own exception rather than an ExceptionGroup around it.
-                    body_error = exc
-                finally:
-                    nursery.cancel_scope.cancel()
-                    await rt._aclose()
+                    shards = await cluster_shards(redis, None)
+                except ClusterUnreachableError as exc:
+                    body_error = exc  # raised below, as the body's own errors
+                else:
+                    rt = cls(redis, shards, nursery, url)
+                    try:
+                        yield rt
+                        await rt.wait_sent()
+                    except BaseException as exc:
+                        # Re-raised below, outside the task groups, so that the caller sees its
+                        # own exception rather than an ExceptionGroup around it.
+                        body_error = exc
+                    finally:
+                        nursery.cancel_scope.cancel()
+        finally:
+            if rt is not None:  # its tasks are gone: nothing uses its connections any more
+                await rt._aclose()
         if body_error is not None:
             raise body_error
 
@@ -473,23 +496,37 @@ class RemoteAgent:
         oldest refusal not raised yet."""
         await self._sent.wait()
         self._take_refusals()
+        watcher = self._rt.watcher
         # With a message outstanding there is something to wait for: the watcher's read
-        # brings every event from the cursor on, so a catch-up read first would only
-        # read them twice. Otherwise the log may have moved on (a turn someone else
+        # brings everything from the cursor on, so a catch-up read first would only
+        # read it twice. Otherwise the log may have moved on (a turn someone else
         # started): read it up to now.
-        if self._outstanding:
-            events, cursor = await self._rt.watcher.follow(self.id, self._cursor, _IDLE_TYPES)
-        else:
+        events: list[Event] = []
+        marks: list[dict[str, Any]] = []
+        if not self._outstanding:
             events = await self._rt.store.aload_events(self.id, self._cursor)
             cursor = events[-1].seq + 1 if events else self._cursor
+        elif self._reservations:
+            events, cursor = await watcher.follow(self.id, self._cursor, _IDLE_TYPES)
+        else:
+            marks, cursor = await watcher.follow_marks(self.id, self._cursor)
         while True:
             for event in events:
                 self._fold(event)
+            for mark in marks:
+                self._fold_mark(mark)
             self._cursor = cursor
             self._take_refusals()
             if not self._outstanding and not self._open_turn:
                 break
-            events, cursor = await self._rt.watcher.follow(self.id, self._cursor, _IDLE_TYPES)
+            # A reservation is settled from its events (admitted, rejected with the
+            # listener's reason, ...): with one unsettled, follow the log itself;
+            # otherwise its marks, one small entry per commit instead of every event.
+            events, marks = [], []
+            if self._reservations:
+                events, cursor = await watcher.follow(self.id, self._cursor, _IDLE_TYPES)
+            else:
+                marks, cursor = await watcher.follow_marks(self.id, self._cursor)
         if self._refused:
             raise self._refused.pop(0)
 
@@ -531,6 +568,13 @@ class RemoteAgent:
             reservation = self._reservations.pop(message_id, None)
             if reservation is not None:
                 reservation._settle(event)
+
+    def _fold_mark(self, mark: Mapping[str, Any]) -> None:
+        """``_fold`` of a commit's events, from its mark (no reservation is unsettled)."""
+        for message_id in (*mark.get("c", ()), *mark.get("i", ())):
+            self._outstanding.pop(str(message_id), None)
+        if mark.get("o") is not None:
+            self._open_turn = bool(mark["o"])
 
     def _take_refusals(self) -> None:
         """Take the refusals of messages sent through this object from the watcher."""

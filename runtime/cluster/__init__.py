@@ -27,6 +27,7 @@ from ._store import CONSUMING_TYPES as CONSUMING_TYPES
 from ._store import RedisSessionStore as RedisSessionStore
 from ._store import consumed_ids as consumed_ids
 from ._store import decode_event as decode_event
+from ._store import mark_of as mark_of
 from ._wire import BadInboxMessageError as BadInboxMessageError
 from ._wire import InboxMessage as InboxMessage
 from .keys import DEFAULT_SHARDS as DEFAULT_SHARDS

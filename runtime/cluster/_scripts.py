@@ -79,12 +79,13 @@ redis.call('HDEL', KEYS[1] .. ':registry', ARGV[1])
 return 1
 """
 
-#: A commit: every session's part, in one call. Per session 7 KEYS: lease, header, log,
-#: sessions, done, human inbox, auto inbox. ARGV: the number of sessions, then per
+#: A commit: every session's part, in one call. Per session 8 KEYS: lease, header, log,
+#: sessions, done, human inbox, auto inbox, marks. ARGV: the number of sessions, then per
 #: session: token ('' to create a session without a lease), header JSON ('' to append),
 #: created_at, session id, group, event count, then per event seq, type, time, data; then
 #: the count of processed message ids and the ids; then the count of entries to
-#: acknowledge and per entry its lane ('human'/'auto') and entry id.
+#: acknowledge and per entry its lane ('human'/'auto') and entry id; then the commit's
+#: mark ('' for none), added to the marks stream under the log id of its last event.
 #: Each session's part is checked before anything of it is written (a Lua script is not
 #: rolled back), and stands alone: one refused leaves the others as they are.
 #: Returns, per session, OK, FENCED (the lease is not this token's), EXISTS (creating a
@@ -128,16 +129,20 @@ local function commit(k, i)
     if ARGV[j] == 'auto' then stream = KEYS[k + 7] end
     redis.call('XACK', stream, ARGV[i + 4], ARGV[j + 1])
   end
+  local mark = ARGV[acks_at + 1 + 2 * acks]
+  if mark ~= '' and n > 0 then
+    redis.call('XADD', KEYS[k + 8], '0-' .. (tonumber(ARGV[first]) + n), 'k', mark)
+  end
   return 'OK'
 end
 local out = {}
 local i = 2
 for s = 1, tonumber(ARGV[1]) do
-  out[s] = commit((s - 1) * 7, i)
+  out[s] = commit((s - 1) * 8, i)
   local n = tonumber(ARGV[i + 5])
   local ids_at = i + 6 + 4 * n
   local acks_at = ids_at + 1 + tonumber(ARGV[ids_at])
-  i = acks_at + 1 + 2 * tonumber(ARGV[acks_at])
+  i = acks_at + 2 + 2 * tonumber(ARGV[acks_at])
 end
 return out
 """

@@ -77,6 +77,28 @@ def consumed_ids(events: Sequence[Event]) -> list[str]:
     return ids
 
 
+def mark_of(events: Sequence[Event], consumed: Sequence[str]) -> str:
+    """What a client waiting for its agent to be idle needs of these events (one commit's;
+    ``consumed``: their ``consumed_ids``), so that it need not read the events: a JSON
+    object of ``c`` the ids of the messages they consumed, ``i`` those of the messages
+    they queued as injections (an injection wakes nobody: nothing more to wait for), and
+    ``o`` whether a turn is open after them (true or false), null if none began or ended.
+    Empty for no events."""
+    if not events:
+        return ""
+    injected: list[str] = []
+    open_turn: bool | None = None
+    for event in events:
+        if event.type == "turn/start":
+            open_turn = True
+        elif event.type == "turn/end":
+            open_turn = False
+        elif event.type == "agent/inbox/spliced" and event.data.get("op") == "insert" \
+                and event.data.get("placement") == "inject":
+            injected.append(str(event.data.get("messageId")))
+    return encode_json({"c": list(consumed), "i": injected, "o": open_turn})
+
+
 def decode_event(seq: int, fields: dict[str, str]) -> Event:
     """An event from its log stream entry's fields."""
     return Event(type=fields["t"], seq=seq, time=int(fields["m"]), data=json.loads(fields["d"]))
@@ -308,10 +330,11 @@ class RedisSessionStore:
         ]
         for _, pending in acks:
             argv += [pending.lane, pending.entry_id]
+        argv.append(mark_of(write.events, ids))
         shard = own.shard(session_id)
         script_keys = [
             keys.lease(shard), keys.header(session_id), keys.log(session_id), keys.SESSIONS, keys.done(session_id),
-            keys.inbox(shard, "human"), keys.inbox(shard, "auto"),
+            keys.inbox(shard, "human"), keys.inbox(shard, "auto"), keys.marks(session_id),
         ]
         last = write.events[-1].seq if write.events else None
         return _Call(session_id, script_keys, argv, [i for i, _ in acks], last)

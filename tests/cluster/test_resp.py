@@ -84,3 +84,22 @@ async def test_the_url_names_the_database(redis_server):
     finally:
         await conn.aclose()
         await other.aclose()
+
+
+def test_a_commit_s_mark_names_what_a_waiter_needs_of_its_events():
+    import json
+
+    from loopdock.runtime import Event
+    from loopdock.runtime.cluster import mark_of
+
+    def event(seq: int, type_: str, **data: object) -> Event:
+        return Event(type=type_, seq=seq, time=0, data=dict(data))
+
+    assert mark_of([], []) == ""
+    turn = [event(0, "turn/start"), event(1, "user/message", id="m1"),
+            event(2, "agent/inbox/spliced", op="insert", placement="inject", messageId="m2"),
+            event(3, "agent/inbox/spliced", op="insert", placement="followup", messageId="m3"),
+            event(4, "turn/end")]
+    assert json.loads(mark_of(turn, ["m1"])) == {"c": ["m1"], "i": ["m2"], "o": False}
+    assert json.loads(mark_of(turn[:2], ["m1"]))["o"] is True
+    assert json.loads(mark_of(turn[1:2], ["m1"]))["o"] is None  # no turn began or ended
