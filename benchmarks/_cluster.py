@@ -408,10 +408,12 @@ def projection(figures: dict[str, Any], workers: Sequence[int]) -> dict[str, Any
     """Turns per second on machines with more cores, from the CPU each process spent per
     turn here (see ``assumptions``)."""
     clusters = figures["clusters"]
-    most = str(max(workers))
-    worker_us = max(_med(clusters[str(w)]["cpu_us_per_turn"]["workers"]) or 0.0 for w in workers)
-    redis_us = _med(clusters["1"]["cpu_us_per_turn"]["redis"]) or 0.0
-    client_us = _med(clusters["1"]["cpu_us_per_turn"]["client"]) or 0.0
+    # The highest of the 1, 2 and 4-worker medians: the cost per turn is not assumed to
+    # fall with more workers.
+    worker_us, redis_us, client_us = (
+        max(_med(clusters[str(w)]["cpu_us_per_turn"][role]) or 0.0 for w in workers)
+        for role in ("workers", "redis", "client")
+    )
     ceiling = 1e6 / redis_us if redis_us else None
     cores: dict[str, Any] = {}
     for n in PROJECTED_CORES:
@@ -422,10 +424,11 @@ def projection(figures: dict[str, Any], workers: Sequence[int]) -> dict[str, Any
                          "clients_cores": bound * client_us / 1e6 if bound else None}
     return {
         "worker_us_per_turn": worker_us, "redis_us_per_turn": redis_us, "client_us_per_turn": client_us,
-        "redis_ceiling_turns_per_s": ceiling, "from_workers": most, "cores": cores,
+        "redis_ceiling_turns_per_s": ceiling, "cores": cores,
         "assumptions": [
-            "Redis runs single-threaded on a core of its own: at most 1e6 / (its us per turn) turns/s",
-            "every other core runs one worker, at the highest worker CPU per turn measured with 1, 2 or 4 workers",
+            "Redis runs single-threaded on a core of its own: at most 1e6 / (its us per turn) turns/s, at the "
+            "highest redis-server CPU per turn measured with 1, 2 or 4 workers",
+            "every other core runs one worker, at the highest workers' CPU per turn measured with 1, 2 or 4 workers",
             "the clients (the load) run on other machines: their CPU per turn is given, not counted",
             "workers scale until Redis saturates: no other shared limit (network, memory bandwidth, "
             "the append-only file's disk) binds first",

@@ -310,7 +310,7 @@ def cluster_table(results: dict[str, Any]) -> str:
         proj = [[n, str(c["workers"]), fmt(c["turns_per_s"], 0), c["limited_by"], fmt(c["clients_cores"], 1)]
                 for n, c in p["cores"].items()]
         out.append(
-            f"Projected throughput, from the medians above (a worker {fmt(p['worker_us_per_turn'], 0)} us per turn, "
+            f"Projected throughput, from the medians above (the workers {fmt(p['worker_us_per_turn'], 0)} us per turn, "
             f"Redis {fmt(p['redis_us_per_turn'], 0)} us, so Redis's ceiling {fmt(p['redis_ceiling_turns_per_s'], 0)} "
             f"turns/s; the client {fmt(p['client_us_per_turn'], 0)} us). Assumptions: "
             + "; ".join(p["assumptions"]) + "."
