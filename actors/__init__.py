@@ -54,6 +54,7 @@ from ._react import ReactDriver as ReactDriver
 from ._session import RETAINED_TYPES as RETAINED_TYPES
 from ._session import SessionActor as SessionActor
 from ._session import SessionClosedError as SessionClosedError
+from ._store_writer import GROUP_COMMIT_WINDOW as GROUP_COMMIT_WINDOW
 from ._store_writer import StoreWriter as StoreWriter
 from ._supervision import COMPANION_POLICY as COMPANION_POLICY
 from ._supervision import STOP as STOP

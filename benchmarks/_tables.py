@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -237,46 +236,33 @@ def blocks(results: dict[str, Any]) -> dict[str, str]:
     return {"summary": summary, "details": details, "profile": _source(results) + "\n\n" + profile_table(results)}
 
 
-def _runs_spread(values: list[float], digits: int = 0) -> str:
-    if not values:
-        return "-"
-    figure = {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": len(values)}
-    return spread(figure, digits)
-
-
 def cluster_table(results: dict[str, Any]) -> str:
     """docs/cluster.md's figures, from a ``loopdock bench --cluster`` JSON."""
-    m, cfg, f, runs = results["machine"], results["config"], results["figures"], results["runs"]
+    m, cfg, f = results["machine"], results["config"], results["figures"]
+    clusters = f["clusters"]
     source = (
         f"From `benchmarks/results/bench-cluster-{results['mode']}.json` (`loopdock bench --cluster`, commit "
         f"`{m.get('git_commit') or '-'}`, {m['date']}, {m['cpu_count']} CPUs; median (min-max) of "
         f"{cfg['repeats']} runs, alternating; one private redis-server with `appendfsync everysec`; "
         f"{cfg['n']} agents, each sending {cfg['k']} followups one after the other's turn ended: model answer, "
-        "`list_dir` tool call, answer):"
+        "`list_dir` tool call, answer; CPU time is user + system from /proc, of every process, per turn):"
     )
-
-    def turns(name: str) -> str:
-        return _runs_spread([run["turns_per_s"] for run in runs[name]]) + " turns/s"
-
-    ratio = f["two_workers_vs_one"]
+    embedded = f["embedded_cpu_us_per_turn"]
+    one = clusters["1"]
+    more = [w for w in clusters if w != "1"]
     rows = [
-        ["one process (embedded, SQLite)", turns("embedded"), ""],
-        ["cluster, 1 worker", turns("cluster-1"), ""],
-        ["cluster, 2 workers", f"{turns('cluster-2')}: **{fmt(ratio, 2)}x one worker**",
-         f">= 1.7x: {_VERDICT[ratio >= 1.7]}"],
+        ["CPU per turn, one process (embedded, SQLite)", f"{spread(embedded, 0)} us", ""],
+        ["CPU per turn, cluster with 1 worker: all processes",
+         f"{spread(one['cpu_us_per_turn']['all'], 0)} us: **{spread(one['all_vs_embedded'], 2)}x embedded**",
+         f"<= 2x embedded: {_VERDICT[f.get('all_vs_embedded_met')]}"],
+        ["workers' CPU per turn with " + ", ".join(more) + " workers vs 1",
+         "; ".join(f"{w}: {spread(clusters[w]['workers_vs_one'], 2)}x" for w in more),
+         f"each <= 1.1x: {_VERDICT[f.get('workers_vs_one_met')]}"],
+        ["turns/s (wall clock, shared 2-core machine: not a target)",
+         "embedded " + spread(f["embedded_turns_per_s"], 0) + "; "
+         + "; ".join(f"{w} worker{'s' if w != '1' else ''} {spread(clusters[w]['turns_per_s'], 0)}" for w in clusters),
+         ""],
     ]
-    cpu = f.get("cluster_1_cpu_us_per_turn")
-    if cpu and cpu.get("all") is not None:
-        rows.append([
-            "CPU per turn with 1 worker: worker, client, redis-server",
-            f"{fmt(cpu['workers'], 0)}, {fmt(cpu['client'], 0)}, {fmt(cpu['redis'], 0)} us "
-            f"({fmt(cpu['all'], 0)} in all)", "",
-        ])
-        rows.append([
-            "cores kept busy with 1 worker",
-            f"{fmt(f['cluster_1_cores_busy'], 2)} of {m['cpu_count']}: more workers at most "
-            f"**{fmt(f['workers_ceiling_vs_one'], 2)}x** one here", "",
-        ])
     seq, fo = results["sequential"], results["failover"]
     rows.append([
         "what the cluster adds to one turn (one agent, median)",
@@ -291,7 +277,54 @@ def cluster_table(results: dict[str, Any]) -> str:
         f"{fo['doubled_turns']} doubled",
         f"< 2 x ttl, none lost or doubled: {_VERDICT[within]}",
     ])
-    return source + "\n\n" + _table(["figure", "measured", "target"], rows)
+    out = [source, _table(["figure", "measured", "target"], rows)]
+
+    split = []
+    for w, c in clusters.items():
+        cpu = c["cpu_us_per_turn"]
+        split.append([f"{w} worker{'s' if w != '1' else ''}", spread(cpu["workers"], 0), spread(cpu["client"], 0),
+                      spread(cpu["redis"], 0), spread(cpu["all"], 0), spread(c["all_vs_embedded"], 2) + "x"])
+    out.append("CPU per turn by process, us (workers: all of them together):")
+    out.append(_table(["cluster", "workers", "client", "redis-server", "all", "vs embedded"], split))
+
+    commands = [[name, spread(c["calls"], 2), spread(c["usec"], 1)] for name, c in one["redis_commands"].items()
+                if (c["calls"] or {}).get("median", 0) >= 0.005]
+    stats = one["redis_stats"]
+    out.append(
+        "Redis commands per turn with 1 worker (`INFO commandstats` deltas; a command a script calls is counted "
+        "under its own name too, and its time is inside the script's `evalsha`):"
+    )
+    out.append(_table(["command", "calls per turn", "us per turn"], commands))
+    wire_rows = [["redis-server: bytes in, out", f"{spread(stats['total_net_input_bytes'], 0)}, "
+                  f"{spread(stats['total_net_output_bytes'], 0)}"],
+                 ["redis-server: reads (requests) processed, commands processed",
+                  f"{spread(stats['total_reads_processed'], 2)}, {spread(stats['total_commands_processed'], 1)}"]]
+    for w, c in clusters.items():
+        wire = c.get("wire") or {}
+        for role in ("client", "workers"):
+            if role in wire:
+                r = wire[role]
+                wire_rows.append([
+                    f"{w} worker{'s' if w != '1' else ''}: {'the client' if role == 'client' else 'the workers, together'}:"
+                    " requests (round trips), bytes out, bytes in",
+                    f"{spread(r['requests'], 2)}, {spread(r['bytes_out'], 0)}, {spread(r['bytes_in'], 0)}",
+                ])
+    out.append("Round trips and bytes per turn (Redis's `INFO stats` deltas; each process's requests to Redis are "
+               "the TCP data segments it sent, a pipeline being one, from the kernel's counters via `ss`):")
+    out.append(_table(["per turn", "measured"], wire_rows))
+
+    p = f.get("projection")
+    if p is not None:
+        proj = [[n, str(c["workers"]), fmt(c["turns_per_s"], 0), c["limited_by"], fmt(c["clients_cores"], 1)]
+                for n, c in p["cores"].items()]
+        out.append(
+            f"Projected throughput, from the medians above (the workers {fmt(p['worker_us_per_turn'], 0)} us per turn, "
+            f"Redis {fmt(p['redis_us_per_turn'], 0)} us, so Redis's ceiling {fmt(p['redis_ceiling_turns_per_s'], 0)} "
+            f"turns/s; the client {fmt(p['client_us_per_turn'], 0)} us). Assumptions: "
+            + "; ".join(p["assumptions"]) + "."
+        )
+        out.append(_table(["cores", "workers", "turns/s", "limited by", "client cores needed elsewhere"], proj))
+    return "\n\n".join(out)
 
 
 def _tracing_source(results: dict[str, Any]) -> str:

@@ -50,7 +50,9 @@ from loopdock.runtime.cluster import (
     ClusterUnreachableError,
     InboxMessage,
     Ownership,
+    RedisReplyError,
     RedisSessionStore,
+    RespConnection,
     cluster_shards,
     connect,
     consumed_ids,
@@ -96,10 +98,14 @@ class Refusal:
 
 @attrs.define(eq=False)
 class _Waiter:
+    session_id: str
     cursor: int
     types: Collection[str] | None
+    #: Follows the session's marks (``runtime.cluster.mark_of``), not its log.
+    marks: bool = False
     ready: trio.Event = attrs.field(factory=trio.Event)
     events: list[Event] = attrs.field(factory=list)
+    read_marks: list[dict[str, Any]] = attrs.field(factory=list)
     next_cursor: int = 0
 
 
@@ -110,8 +116,11 @@ class LogWatcher:
     client: each is kept in ``refusals`` (message id -> Refusal, until its sender takes
     it) and wakes the waiters of its session."""
 
-    def __init__(self, redis: coredis.Redis[str], refused: str | None = None) -> None:
+    def __init__(self, redis: coredis.Redis[str], refused: str | None = None, *, url: str | None = None) -> None:
         self._redis = redis
+        #: With the cluster's ``url``, the reads go over a connection of their own (see
+        #: runtime.cluster._resp); without, through coredis.
+        self._reads = RespConnection(url) if url is not None else None
         self._waiters: dict[str, list[_Waiter]] = {}
         self._added = trio.Event()
         self._refused = refused
@@ -124,25 +133,35 @@ class LogWatcher:
         """Once the session's log has entries from seq ``cursor`` on: those events (only
         those of ``types`` if given: the others are not even decoded), and the seq after
         the last entry read."""
-        waiter = _Waiter(cursor, types)
-        self._waiters.setdefault(session_id, []).append(waiter)
+        waiter = await self._wait(_Waiter(session_id, cursor, types), keys.log(session_id))
+        return waiter.events, waiter.next_cursor
+
+    async def follow_marks(self, session_id: str, cursor: int) -> tuple[list[dict[str, Any]], int]:
+        """Once commits have added to the session's log from seq ``cursor`` on: their marks
+        (``runtime.cluster.mark_of``: what a caller waiting for the agent to be idle needs
+        of them, without their events), and the seq after the last event they added."""
+        waiter = await self._wait(_Waiter(session_id, cursor, None, marks=True), keys.marks(session_id))
+        return waiter.read_marks, waiter.next_cursor
+
+    async def _wait(self, waiter: _Waiter, stream: str) -> _Waiter:
+        self._waiters.setdefault(stream, []).append(waiter)
         self._added.set()
         try:
             await waiter.ready.wait()
         finally:
-            self._forget(session_id, waiter)  # cancelled; a served waiter is gone already
-        return waiter.events, waiter.next_cursor
+            self._forget(stream, waiter)  # cancelled; a served waiter is gone already
+        return waiter
 
     def watched(self) -> set[str]:
         """The sessions some caller waits on now."""
-        return set(self._waiters)
+        return {waiter.session_id for waiters in self._waiters.values() for waiter in waiters}
 
-    def _forget(self, session_id: str, waiter: _Waiter) -> None:
-        waiting = self._waiters.get(session_id, [])
+    def _forget(self, stream: str, waiter: _Waiter) -> None:
+        waiting = self._waiters.get(stream, [])
         if waiter in waiting:
             waiting.remove(waiter)
         if not waiting:
-            self._waiters.pop(session_id, None)
+            self._waiters.pop(stream, None)
 
     async def run(self) -> None:
         delay = 0.05
@@ -152,13 +171,13 @@ class LogWatcher:
                 await self._added.wait()
                 continue
             streams = {
-                keys.log(session_id): keys.log_id(low - 1) if (low := min(w.cursor for w in waiters)) else "0-0"
-                for session_id, waiters in self._waiters.items()
+                stream: keys.log_id(low - 1) if (low := min(w.cursor for w in waiters)) else "0-0"
+                for stream, waiters in self._waiters.items()
             }
             if self._refused is not None:
                 streams[self._refused] = self._refused_cursor
             try:
-                reply = await self._redis.xread(streams, block=_WATCH_BLOCK_MS)
+                reply = await self._xread(streams)
             except RETRYABLE as exc:  # Redis restarting: the waiters wait a little longer
                 log.warning("redis unreachable; following the logs again soon", error=repr(exc))
                 await trio.sleep(delay)
@@ -166,48 +185,70 @@ class LogWatcher:
                 continue
             delay = 0.05
             refused: set[str] = set()
-            for stream, entries in (reply or {}).items():
+            for stream, entries in reply.items():
                 if stream == self._refused:
                     refused.update(self._take_refusals(entries))
                     continue
-                session_id = keys.session_of_log(str(stream))
-                read = [(keys.seq_of(str(e.identifier)), e.field_values) for e in entries]
-                for waiter in list(self._waiters.get(session_id, [])):
+                # A log's entry ids are its events' (``log_id``); a mark's, its commit's
+                # last event's.
+                read = [(keys.seq_of(entry_id), fields) for entry_id, fields in entries]
+                for waiter in list(self._waiters.get(stream, [])):
                     mine = [(seq, fields) for seq, fields in read if seq >= waiter.cursor]
                     if mine:
                         types = waiter.types
-                        waiter.events = [decode_event(seq, _fields(fields)) for seq, fields in mine
-                                         if types is None or fields["t"] in types]
+                        if waiter.marks:
+                            waiter.read_marks = [json.loads(fields["k"]) for _, fields in mine]
+                        else:
+                            waiter.events = [decode_event(seq, fields) for seq, fields in mine
+                                             if types is None or fields["t"] in types]
                         waiter.next_cursor = mine[-1][0] + 1
                         waiter.ready.set()
                         # Out of the watch at once: left in until its task runs, it
                         # would make the next XREAD return these entries again at once.
-                        self._forget(session_id, waiter)
+                        self._forget(stream, waiter)
             for session_id in refused:  # nothing new in the log: the waiters look again
-                for waiter in list(self._waiters.get(session_id, [])):
-                    waiter.next_cursor = waiter.cursor
-                    waiter.ready.set()
-                    self._forget(session_id, waiter)
+                for stream in (keys.log(session_id), keys.marks(session_id)):
+                    for waiter in list(self._waiters.get(stream, [])):
+                        waiter.next_cursor = waiter.cursor
+                        waiter.ready.set()
+                        self._forget(stream, waiter)
 
-    def _take_refusals(self, entries: Any) -> set[str]:
+    async def _xread(self, streams: dict[str, str]) -> dict[str, list[tuple[str, dict[str, str]]]]:
+        """What ``streams`` have after their cursors (stream -> entry id and fields),
+        waiting up to ``_WATCH_BLOCK_MS`` for something; empty if nothing came."""
+        if self._reads is None:
+            reply = await self._redis.xread(streams, block=_WATCH_BLOCK_MS)
+            return {str(stream): [(str(e.identifier), _fields(e.field_values)) for e in entries]
+                    for stream, entries in (reply or {}).items()}
+        raw = await self._reads.call("XREAD", "BLOCK", _WATCH_BLOCK_MS, "STREAMS", *streams, *streams.values())
+        return {stream: [(entry_id, dict(zip(flat[0::2], flat[1::2], strict=True))) for entry_id, flat in entries]
+                for stream, entries in raw or ()}
+
+    def _take_refusals(self, entries: list[tuple[str, dict[str, str]]]) -> set[str]:
         """Keep the refusals of the stream's ``entries``; the sessions they are for."""
         sessions = set()
-        for entry in entries:
-            fields = _fields(entry.field_values)
+        for entry_id, fields in entries:
             message_id, session_id = fields.get("id"), fields.get("session")
             if message_id and session_id:
                 self.refusals[message_id] = Refusal(session_id, fields.get("code", "ERROR"), fields.get("reason", ""))
                 sessions.add(session_id)
-            self._refused_cursor = str(entry.identifier)
+            self._refused_cursor = entry_id
         return sessions
+
+    async def aclose(self) -> None:
+        if self._reads is not None:
+            await self._reads.aclose()
 
 
 class ClusterRuntime:
     """A client of the cluster (``loopdock.open_cluster``): it creates, resumes and forks
     sessions on the workers and hands out ``RemoteAgent`` objects; it runs no agent."""
 
-    def __init__(self, redis: coredis.Redis[str], shards: int, nursery: trio.Nursery) -> None:
+    def __init__(self, redis: coredis.Redis[str], shards: int, nursery: trio.Nursery, url: str | None = None) -> None:
         self._redis = redis
+        #: With the cluster's ``url``, messages are written over a connection of their
+        #: own (see runtime.cluster._resp); without, through coredis.
+        self._sends = RespConnection(url) if url is not None else None
         self.shards = shards
         #: names this client to the workers, which tell it the messages they refuse
         self.client_id = secrets.token_hex(8)
@@ -216,7 +257,7 @@ class ClusterRuntime:
         self._send, receive = trio.open_memory_channel[_Outgoing](math.inf)
         self._last_sent = trio.Event()
         self._last_sent.set()
-        self.watcher = LogWatcher(redis, keys.refused(self.client_id))
+        self.watcher = LogWatcher(redis, keys.refused(self.client_id), url=url)
         nursery.start_soon(self._sender, receive)
         nursery.start_soon(self.watcher.run)
 
@@ -225,22 +266,27 @@ class ClusterRuntime:
     async def open(cls, url: str) -> AsyncIterator[ClusterRuntime]:
         redis = connect(url)
         body_error: BaseException | None = None
-        async with redis, trio.open_nursery() as nursery:
-            try:
-                shards = await cluster_shards(redis, None)
-            except ClusterUnreachableError as exc:
-                body_error = exc  # raised below, as the body's own errors
-            else:
-                rt = cls(redis, shards, nursery)
+        rt: ClusterRuntime | None = None
+        try:
+            async with redis, trio.open_nursery() as nursery:
                 try:
-                    yield rt
-                    await rt.wait_sent()
-                except BaseException as exc:
-                    # Re-raised below, outside the task groups, so that the caller sees its
-                    # own exception rather than an ExceptionGroup around it.
-                    body_error = exc
-                finally:
-                    nursery.cancel_scope.cancel()
+                    shards = await cluster_shards(redis, None)
+                except ClusterUnreachableError as exc:
+                    body_error = exc  # raised below, as the body's own errors
+                else:
+                    rt = cls(redis, shards, nursery, url)
+                    try:
+                        yield rt
+                        await rt.wait_sent()
+                    except BaseException as exc:
+                        # Re-raised below, outside the task groups, so that the caller sees its
+                        # own exception rather than an ExceptionGroup around it.
+                        body_error = exc
+                    finally:
+                        nursery.cancel_scope.cancel()
+        finally:
+            if rt is not None:  # its tasks are gone: nothing uses its connections any more
+                await rt._aclose()
         if body_error is not None:
             raise body_error
 
@@ -331,9 +377,7 @@ class ClusterRuntime:
             delay = 0.05
             while True:
                 try:
-                    async with self._redis.pipeline(transaction=False) as pipe:
-                        for outgoing in batch:
-                            pipe.xadd(outgoing.stream, outgoing.fields)
+                    await self._write(batch)
                     break
                 except RETRYABLE as exc:
                     # Redis restarting: the batch waits, in order. Some of it may have
@@ -343,6 +387,24 @@ class ClusterRuntime:
                     delay = min(delay * 2, 1.0)
             for outgoing in batch:
                 outgoing.sent.set()
+
+    async def _write(self, batch: list[_Outgoing]) -> None:
+        """Append ``batch`` to its streams, in order, in one round trip."""
+        if self._sends is None:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for outgoing in batch:
+                    pipe.xadd(outgoing.stream, outgoing.fields)
+            return
+        commands = [("XADD", o.stream, "*", *(x for pair in o.fields.items() for x in pair)) for o in batch]
+        for reply in await self._sends.pipeline(commands):
+            if isinstance(reply, RedisReplyError):
+                raise reply
+
+    async def _aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            await self.watcher.aclose()
+            if self._sends is not None:
+                await self._sends.aclose()
 
     async def _request(self, kind: str, session_id: str, body: Mapping[str, Any], reply_timeout: float) -> None:
         """Post a control message and wait for its worker's reply: a blocking pop on the
@@ -434,23 +496,37 @@ class RemoteAgent:
         oldest refusal not raised yet."""
         await self._sent.wait()
         self._take_refusals()
+        watcher = self._rt.watcher
         # With a message outstanding there is something to wait for: the watcher's read
-        # brings every event from the cursor on, so a catch-up read first would only
-        # read them twice. Otherwise the log may have moved on (a turn someone else
+        # brings everything from the cursor on, so a catch-up read first would only
+        # read it twice. Otherwise the log may have moved on (a turn someone else
         # started): read it up to now.
-        if self._outstanding:
-            events, cursor = await self._rt.watcher.follow(self.id, self._cursor, _IDLE_TYPES)
-        else:
+        events: list[Event] = []
+        marks: list[dict[str, Any]] = []
+        if not self._outstanding:
             events = await self._rt.store.aload_events(self.id, self._cursor)
             cursor = events[-1].seq + 1 if events else self._cursor
+        elif self._reservations:
+            events, cursor = await watcher.follow(self.id, self._cursor, _IDLE_TYPES)
+        else:
+            marks, cursor = await watcher.follow_marks(self.id, self._cursor)
         while True:
             for event in events:
                 self._fold(event)
+            for mark in marks:
+                self._fold_mark(mark)
             self._cursor = cursor
             self._take_refusals()
             if not self._outstanding and not self._open_turn:
                 break
-            events, cursor = await self._rt.watcher.follow(self.id, self._cursor, _IDLE_TYPES)
+            # A reservation is settled from its events (admitted, rejected with the
+            # listener's reason, ...): with one unsettled, follow the log itself;
+            # otherwise its marks, one small entry per commit instead of every event.
+            events, marks = [], []
+            if self._reservations:
+                events, cursor = await watcher.follow(self.id, self._cursor, _IDLE_TYPES)
+            else:
+                marks, cursor = await watcher.follow_marks(self.id, self._cursor)
         if self._refused:
             raise self._refused.pop(0)
 
@@ -492,6 +568,13 @@ class RemoteAgent:
             reservation = self._reservations.pop(message_id, None)
             if reservation is not None:
                 reservation._settle(event)
+
+    def _fold_mark(self, mark: Mapping[str, Any]) -> None:
+        """``_fold`` of a commit's events, from its mark (no reservation is unsettled)."""
+        for message_id in (*mark.get("c", ()), *mark.get("i", ())):
+            self._outstanding.pop(str(message_id), None)
+        if mark.get("o") is not None:
+            self._open_turn = bool(mark["o"])
 
     def _take_refusals(self) -> None:
         """Take the refusals of messages sent through this object from the watcher."""

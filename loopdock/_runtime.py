@@ -23,6 +23,7 @@ import trio
 
 from loopdock.actors import (
     AUTOMATIC_SLOTS,
+    GROUP_COMMIT_WINDOW,
     WARM_HISTORY_BYTES,
     WATCHER_POLICY,
     Action,
@@ -242,7 +243,10 @@ class Runtime:
             body_error: BaseException | None = None
             store_failure: list[Exception] = []
             async with trio.open_nursery() as nursery:
-                writer = StoreWriter(store, persist=persist)
+                # A store may ask for a longer group-commit window than the default: the
+                # cluster's does (see RedisSessionStore.commit_window).
+                window = getattr(store, "commit_window", GROUP_COMMIT_WINDOW)
+                writer = StoreWriter(store, persist=persist, window=window)
                 # While the store cannot write, automatic work waits: its events would
                 # only pile up in memory (people's turns go on; see actors/_admission.py).
                 writer.trouble_listeners.append(

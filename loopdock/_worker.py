@@ -123,13 +123,13 @@ async def run_worker(
         with stop:
             try:
                 ownership = Ownership(name, await cluster_shards(redis, shards))
-                store = RedisSessionStore(redis, ownership, retry_for=lease_ttl)
+                store = RedisSessionStore(redis, ownership, retry_for=lease_ttl, url=url)
                 # A worker owns its process, as serve does (see loopdock._serve).
-                async with Runtime.open(
+                async with store_closed(store), Runtime.open(
                     worker_home, config=dock_config, shell=shell, store=store, hide_environment=True,
                     gc_threshold=GC_THRESHOLD,
                 ) as rt:
-                    host = ShardHost(redis, store, rt.supervisor, rt.dock, ttl=lease_ttl)
+                    host = ShardHost(redis, store, rt.supervisor, rt.dock, ttl=lease_ttl, url=url)
                     keeper = LeaseKeeper(
                         redis, ownership, ttl=lease_ttl, fingerprint=fingerprint(rt.dock),
                         acquired=host.acquired, drain=host.drain, lost=host.lost,
@@ -151,6 +151,15 @@ async def run_worker(
                 refused = exc  # raised below, outside the client's task group, as itself
     if refused is not None:
         raise refused
+
+
+@asynccontextmanager
+async def store_closed(store: RedisSessionStore) -> AsyncIterator[None]:
+    """Close the store's own connection once the runtime that commits through it is closed."""
+    try:
+        yield
+    finally:
+        await store.aclose()
 
 
 @asynccontextmanager

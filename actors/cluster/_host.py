@@ -49,13 +49,16 @@ from loopdock.runtime import (
     safe_message,
 )
 from loopdock.runtime.cluster import (
+    DONE,
     RETRYABLE,
     SETTLE,
     BadInboxMessageError,
     InboxMessage,
     Ownership,
     Pending,
+    RedisReplyError,
     RedisSessionStore,
+    RespConnection,
     keys,
 )
 
@@ -69,6 +72,10 @@ log = get_logger(__name__)
 #: How long the reader blocks on Redis before it looks at its shards again.
 READ_BLOCK_MS = 200
 READ_COUNT = 256
+#: The least time from one read of the inboxes to the next while messages keep coming
+#: (seconds): under load one read (and one duplicate check) serves the messages of
+#: several turns. A message waits at most this much longer; a full batch is followed at once.
+READ_WINDOW = 0.004
 #: How long a reply to ``create``/``resume`` waits in Redis for its requester.
 REPLY_TTL_MS = 60_000
 #: The kinds of message handed to an agent, which is activated for them if need be.
@@ -92,14 +99,20 @@ class ShardHost:
         dock: LoopDock,
         *,
         ttl: float,
+        url: str | None = None,
     ) -> None:
         self._redis = redis
+        #: With the cluster's ``url``: the inbox reads and the duplicate checks, a turn's
+        #: round trips, go over a connection of their own (see runtime.cluster._resp).
+        self._reads = RespConnection(url) if url is not None else None
+        self._done_sha: str | None = None
         self.store = store
         self.ownership: Ownership = store.ownership
         self.supervisor = supervisor
         self.dock = dock
         self.ttl = ttl
         self._settle = redis.register_script(SETTLE)
+        self._done_script = redis.register_script(DONE)
         self.handles: dict[str, AgentHandle] = {}
         self._fresh: list[int] = []  # acquired, not yet taken over
         self._ready: set[int] = set()  # taken over: read from
@@ -189,11 +202,10 @@ class ShardHost:
                     await self._wake.wait()
                 continue
             streams = {keys.inbox(shard, lane): ">" for lane in keys.LANES for shard in reading}
+            started = trio.current_time()
             try:
-                batch = await self._redis.xreadgroup(
-                    keys.GROUP, self.ownership.worker, streams, count=READ_COUNT, block=READ_BLOCK_MS
-                )
-            except coredis.exceptions.StreamConsumerGroupError:
+                batch = await self._read_group(streams)
+            except (coredis.exceptions.StreamConsumerGroupError, _NoGroupError):
                 # Redis lost its data (restarted without its append-only file):
                 # make the groups again.
                 for shard in reading:
@@ -201,30 +213,52 @@ class ShardHost:
                 continue
             if batch:
                 await self._handle_batch(batch)
+                if max(len(entries) for entries in batch.values()) < READ_COUNT:
+                    await trio.sleep_until(started + READ_WINDOW)
+
+    async def _read_group(self, streams: dict[str, str]) -> dict[str, list[tuple[str, dict[str, str]]]]:
+        """New entries of ``streams`` for this worker's consumer: stream -> (entry id,
+        fields); empty after ``READ_BLOCK_MS`` without any."""
+        if self._reads is None:
+            reply = await self._redis.xreadgroup(
+                keys.GROUP, self.ownership.worker, streams, count=READ_COUNT, block=READ_BLOCK_MS
+            )
+            return {str(stream): [(str(e.identifier), _fields(e.field_values)) for e in entries]
+                    for stream, entries in (reply or {}).items()}
+        try:
+            raw = await self._reads.call(
+                "XREADGROUP", "GROUP", keys.GROUP, self.ownership.worker, "COUNT", READ_COUNT,
+                "BLOCK", READ_BLOCK_MS, "STREAMS", *streams, *streams.values(),
+            )
+        except RedisReplyError as exc:
+            if str(exc).startswith("NOGROUP"):
+                raise _NoGroupError(str(exc)) from None
+            raise
+        return {stream: [(entry_id, _pairs(flat or [])) for entry_id, flat in entries] for stream, entries in raw or ()}
 
     def _reading(self) -> list[int]:
         return [s for s in sorted(self.ownership.tokens) if s in self._ready and s not in self._draining]
 
-    async def _handle_batch(self, batch: Mapping[str, Any]) -> None:
-        by_lane: dict[str, list[tuple[int, Any]]] = {lane: [] for lane in keys.LANES}
+    async def _handle_batch(self, batch: Mapping[str, list[tuple[str, dict[str, str]]]]) -> None:
+        by_lane: dict[str, list[tuple[int, tuple[str, dict[str, str]]]]] = {lane: [] for lane in keys.LANES}
         for stream, entries in batch.items():
             _, _, rest = stream.partition(keys.PREFIX + "inbox:")
             shard_text, _, lane = rest.partition(":")
             by_lane[lane].extend((int(shard_text), entry) for entry in entries)
-        await self._handle_entries([(shard, lane, entry) for lane in keys.LANES for shard, entry in by_lane[lane]])
+        await self._handle_entries([(shard, lane, *entry) for lane in keys.LANES for shard, entry in by_lane[lane]])
 
-    async def _handle_entries(self, entries: Sequence[tuple[int, str, Any]]) -> None:
-        """Handle inbox entries ``(shard, lane, entry)`` in order (see the module doc)."""
+    async def _handle_entries(self, entries: Sequence[tuple[int, str, str, dict[str, str]]]) -> None:
+        """Handle inbox entries ``(shard, lane, entry id, fields)`` in order (see the module doc)."""
         parsed: list[tuple[int, str, str, InboxMessage | BadInboxMessageError]] = []
-        for shard, lane, entry in entries:
+        for shard, lane, entry_id, fields in entries:
             try:
-                message = InboxMessage.from_fields(_fields(entry.field_values))
+                message = InboxMessage.from_fields(fields)
                 if self.ownership.shard(message.session) != shard:
                     raise BadInboxMessageError(f"message for session {message.session[:80]!r} is on shard {shard}")
             except BadInboxMessageError as exc:
-                parsed.append((shard, lane, str(entry.identifier), exc))
+                parsed.append((shard, lane, entry_id, exc))
             else:
-                parsed.append((shard, lane, str(entry.identifier), message))
+                parsed.append((shard, lane, entry_id, message))
         # What this worker settles from here on is remembered: the done set read below
         # would not show it, and a message settled meanwhile is no longer pending.
         self.ownership.settled_since = set()
@@ -265,12 +299,25 @@ class ShardHost:
                 continue
 
     async def _done(self, messages: Sequence[InboxMessage]) -> set[str]:
-        """The ids of ``messages`` their sessions have recorded as done, in one round trip."""
+        """The ids of ``messages`` their sessions have recorded as done, in one call."""
         if not messages:
             return set()
-        async with self._redis.pipeline(transaction=False) as pipe:
-            requests = [pipe.sismember(keys.done(m.session), m.id) for m in messages]
-        return {m.id for m, request in zip(messages, requests, strict=True) if await request}
+        done_keys = [keys.done(m.session) for m in messages]
+        ids = [m.id for m in messages]
+        answer: Any
+        if self._reads is None:
+            answer = await self._done_script(keys=done_keys, args=ids)
+        else:
+            if self._done_sha is None:
+                self._done_sha = str(await self._reads.call("SCRIPT", "LOAD", DONE))
+            try:
+                answer = await self._reads.call("EVALSHA", self._done_sha, len(done_keys), *done_keys, *ids)
+            except RedisReplyError as exc:
+                if not exc.no_script:
+                    raise
+                self._done_sha = None  # Redis restarted: its script cache is empty
+                return await self._done(messages)
+        return {m.id for m, done in zip(messages, answer, strict=True) if int(done)}  # one answer per message
 
     async def _take_over(self, shard: int) -> None:
         if shard not in self.ownership.tokens:
@@ -291,7 +338,8 @@ class ShardHost:
                     keys.inbox(shard, lane), keys.GROUP, self.ownership.worker, min_idle_ms, start, count=READ_COUNT
                 )
                 start, entries = str(reply[0]), reply[1]
-                await self._handle_entries([(shard, lane, entry) for entry in entries])
+                await self._handle_entries(
+                    [(shard, lane, str(entry.identifier), _fields(entry.field_values)) for entry in entries])
                 if start == "0-0":
                     break
 
@@ -515,10 +563,21 @@ class ShardHost:
     async def aclose(self) -> None:
         for session_id in list(self.handles):
             await self._dispose(session_id)
+        if self._reads is not None:
+            await self._reads.aclose()
 
 
 def _fields(values: Mapping[Any, Any]) -> dict[str, str]:
     return {str(k): str(v) for k, v in values.items()}
+
+
+def _pairs(flat: Sequence[str]) -> dict[str, str]:
+    """A stream entry's fields from RESP's flat ``[field, value, ...]``."""
+    return dict(zip(flat[0::2], flat[1::2], strict=True))
+
+
+class _NoGroupError(Exception):
+    """The inbox streams' consumer group is gone (Redis lost its data)."""
 
 
 class _Refused(LoopdockError):

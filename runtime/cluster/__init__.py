@@ -13,7 +13,11 @@ from ._connect import live_workers as live_workers
 from ._connect import redact as redact
 from ._ownership import Ownership as Ownership
 from ._ownership import Pending as Pending
+from ._resp import RedisReplyError as RedisReplyError
+from ._resp import RespConnection as RespConnection
+from ._resp import RespConnectionError as RespConnectionError
 from ._scripts import ACQUIRE as ACQUIRE
+from ._scripts import DONE as DONE
 from ._scripts import HEARTBEAT as HEARTBEAT
 from ._scripts import LEAVE as LEAVE
 from ._scripts import RELEASE as RELEASE
@@ -23,6 +27,7 @@ from ._store import CONSUMING_TYPES as CONSUMING_TYPES
 from ._store import RedisSessionStore as RedisSessionStore
 from ._store import consumed_ids as consumed_ids
 from ._store import decode_event as decode_event
+from ._store import mark_of as mark_of
 from ._wire import BadInboxMessageError as BadInboxMessageError
 from ._wire import InboxMessage as InboxMessage
 from .keys import DEFAULT_SHARDS as DEFAULT_SHARDS

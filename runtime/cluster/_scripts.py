@@ -79,56 +79,72 @@ redis.call('HDEL', KEYS[1] .. ':registry', ARGV[1])
 return 1
 """
 
-#: One session's part of a commit.
-#: KEYS: lease, header, log, sessions, done, human inbox, auto inbox.
-#: ARGV: token ('' to create a session without a lease), header JSON ('' to append),
-#:   created_at, session id, group, event count, then per event seq, type, time, data;
-#:   then the count of processed message ids and the ids; then the count of entries to
-#:   acknowledge and per entry its lane ('human'/'auto') and entry id.
-#: Everything is checked before anything is written (a Lua script is not rolled back).
-#: Returns OK, FENCED (the lease is not this token's), EXISTS (creating a session that
-#: exists), UNKNOWN (appending to one that does not) or SEQ:<next seq> (a gap or repeat).
+#: A commit: every session's part, in one call. Per session 8 KEYS: lease, header, log,
+#: sessions, done, human inbox, auto inbox, marks. ARGV: the number of sessions, then per
+#: session: token ('' to create a session without a lease), header JSON ('' to append),
+#: created_at, session id, group, event count, then per event seq, type, time, data; then
+#: the count of processed message ids and the ids; then the count of entries to
+#: acknowledge and per entry its lane ('human'/'auto') and entry id; then the commit's
+#: mark ('' for none), added to the marks stream under the log id of its last event.
+#: Each session's part is checked before anything of it is written (a Lua script is not
+#: rolled back), and stands alone: one refused leaves the others as they are.
+#: Returns, per session, OK, FENCED (the lease is not this token's), EXISTS (creating a
+#: session that exists), UNKNOWN (appending to one that does not) or SEQ:<next seq> (a gap
+#: or repeat). A log's entries are seqs 0, 1, ... with none ever removed, so its length is
+#: its next seq.
 COMMIT = """
-local token = ARGV[1]
-local header = ARGV[2]
-if token ~= '' and redis.call('GET', KEYS[1]) ~= token then return 'FENCED' end
-if header ~= '' then
-  if redis.call('EXISTS', KEYS[2]) == 1 then return 'EXISTS' end
-else
-  if token == '' then return 'FENCED' end
-  if redis.call('EXISTS', KEYS[2]) == 0 then return 'UNKNOWN' end
+local function commit(k, i)
+  local token, header = ARGV[i], ARGV[i + 1]
+  local n = tonumber(ARGV[i + 5])
+  local first = i + 6
+  local ids_at = first + 4 * n
+  local ids = tonumber(ARGV[ids_at])
+  local acks_at = ids_at + 1 + ids
+  if token ~= '' and redis.call('GET', KEYS[k + 1]) ~= token then return 'FENCED' end
+  if header ~= '' then
+    if redis.call('EXISTS', KEYS[k + 2]) == 1 then return 'EXISTS' end
+  else
+    if token == '' then return 'FENCED' end
+    if redis.call('EXISTS', KEYS[k + 2]) == 0 then return 'UNKNOWN' end
+  end
+  if n > 0 then
+    local nextseq = redis.call('XLEN', KEYS[k + 3])
+    if tonumber(ARGV[first]) ~= nextseq then return 'SEQ:' .. nextseq end
+  end
+  if header ~= '' then
+    redis.call('SET', KEYS[k + 2], header)
+    redis.call('ZADD', KEYS[k + 4], ARGV[i + 2], ARGV[i + 3])
+  end
+  local e = first
+  for _ = 1, n do
+    redis.call('XADD', KEYS[k + 3], '0-' .. (tonumber(ARGV[e]) + 1), 't', ARGV[e + 1], 'm', ARGV[e + 2], 'd', ARGV[e + 3])
+    e = e + 4
+  end
+  for j = ids_at + 1, ids_at + ids do
+    redis.call('SADD', KEYS[k + 5], ARGV[j])
+  end
+  local acks = tonumber(ARGV[acks_at])
+  for j = acks_at + 1, acks_at + 2 * acks, 2 do
+    local stream = KEYS[k + 6]
+    if ARGV[j] == 'auto' then stream = KEYS[k + 7] end
+    redis.call('XACK', stream, ARGV[i + 4], ARGV[j + 1])
+  end
+  local mark = ARGV[acks_at + 1 + 2 * acks]
+  if mark ~= '' and n > 0 then
+    redis.call('XADD', KEYS[k + 8], '0-' .. (tonumber(ARGV[first]) + n), 'k', mark)
+  end
+  return 'OK'
 end
-local n = tonumber(ARGV[6])
-local i = 7
-if n > 0 then
-  local nextseq = 0
-  local last = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
-  if #last > 0 then nextseq = tonumber(string.match(last[1][1], '^0%-(%d+)$')) end
-  if tonumber(ARGV[i]) ~= nextseq then return 'SEQ:' .. nextseq end
+local out = {}
+local i = 2
+for s = 1, tonumber(ARGV[1]) do
+  out[s] = commit((s - 1) * 8, i)
+  local n = tonumber(ARGV[i + 5])
+  local ids_at = i + 6 + 4 * n
+  local acks_at = ids_at + 1 + tonumber(ARGV[ids_at])
+  i = acks_at + 2 + 2 * tonumber(ARGV[acks_at])
 end
-if header ~= '' then
-  redis.call('SET', KEYS[2], header)
-  redis.call('ZADD', KEYS[4], ARGV[3], ARGV[4])
-end
-for _ = 1, n do
-  redis.call('XADD', KEYS[3], '0-' .. (tonumber(ARGV[i]) + 1), 't', ARGV[i + 1], 'm', ARGV[i + 2], 'd', ARGV[i + 3])
-  i = i + 4
-end
-local ids = tonumber(ARGV[i])
-i = i + 1
-for _ = 1, ids do
-  redis.call('SADD', KEYS[5], ARGV[i])
-  i = i + 1
-end
-local acks = tonumber(ARGV[i])
-i = i + 1
-for _ = 1, acks do
-  local stream = KEYS[6]
-  if ARGV[i] == 'auto' then stream = KEYS[7] end
-  redis.call('XACK', stream, ARGV[5], ARGV[i + 1])
-  i = i + 2
-end
-return 'OK'
+return out
 """
 
 #: A control message is done, or a message refused: KEYS lease, done, inbox stream, live
@@ -149,4 +165,14 @@ if #KEYS > 4 then
 end
 if ARGV[4] ~= '' then redis.call('XACK', KEYS[3], ARGV[3], ARGV[4]) end
 return 'OK'
+"""
+
+#: Which messages are done already: KEYS their sessions' done sets, ARGV their ids (one
+#: per key, in order). 1 per message done, 0 per one not.
+DONE = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  out[i] = redis.call('SISMEMBER', key, ARGV[i])
+end
+return out
 """

@@ -38,6 +38,7 @@ from .._store import StoreError, Write, encode_json
 from . import keys
 from ._connect import RETRYABLE
 from ._ownership import Ownership, Pending
+from ._resp import RedisReplyError, RespConnection
 from ._scripts import COMMIT
 
 log = get_logger(__name__)
@@ -77,6 +78,28 @@ def consumed_ids(events: Sequence[Event]) -> list[str]:
     return ids
 
 
+def mark_of(events: Sequence[Event], consumed: Sequence[str]) -> str:
+    """What a client waiting for its agent to be idle needs of these events (one commit's;
+    ``consumed``: their ``consumed_ids``), so that it need not read the events: a JSON
+    object of ``c`` the ids of the messages they consumed, ``i`` those of the messages
+    they queued as injections (an injection wakes nobody: nothing more to wait for), and
+    ``o`` whether a turn is open after them (true or false), null if none began or ended.
+    Empty for no events."""
+    if not events:
+        return ""
+    injected: list[str] = []
+    open_turn: bool | None = None
+    for event in events:
+        if event.type == "turn/start":
+            open_turn = True
+        elif event.type == "turn/end":
+            open_turn = False
+        elif event.type == "agent/inbox/spliced" and event.data.get("op") == "insert" \
+                and event.data.get("placement") == "inject":
+            injected.append(str(event.data.get("messageId")))
+    return encode_json({"c": list(consumed), "i": injected, "o": open_turn})
+
+
 def decode_event(seq: int, fields: dict[str, str]) -> Event:
     """An event from its log stream entry's fields."""
     return Event(type=fields["t"], seq=seq, time=int(fields["m"]), data=json.loads(fields["d"]))
@@ -94,8 +117,18 @@ def _decoded(entries: Sequence[Any], types: Collection[str] | None) -> list[Even
 
 
 class RedisSessionStore:
-    def __init__(self, redis: coredis.Redis[str], ownership: Ownership, *, retry_for: float = 10.0) -> None:
+    #: How long a worker's store writer gathers writes before a commit (seconds; the
+    #: embedded store's is 1 ms): a commit is a round trip, and wakes the clients
+    #: waiting on those logs, so gathering longer makes fewer, larger commits.
+    commit_window = 0.004
+
+    def __init__(
+        self, redis: coredis.Redis[str], ownership: Ownership, *, retry_for: float = 10.0, url: str | None = None
+    ) -> None:
         self._redis = redis
+        #: With the cluster's ``url`` (a worker's store), commits go over a connection of
+        #: their own (see _resp); without (a client's, which reads only), through coredis.
+        self._commits = RespConnection(url) if url is not None else None
         self.ownership = ownership
         self.retry_for = retry_for
         # Loaded once and called by digest: a Script object would ask SCRIPT EXISTS first
@@ -132,6 +165,12 @@ class RedisSessionStore:
 
     def close(self) -> None:
         self._closed = True
+
+    async def aclose(self) -> None:
+        """Close the commits' connection (the coredis client is its owner's to close)."""
+        self._closed = True
+        if self._commits is not None:
+            await self._commits.aclose()
 
     # -- the same, from the trio thread ------------------------------------------------
 
@@ -214,7 +253,7 @@ class RedisSessionStore:
         return headers
 
     async def acommit(self, batch: Sequence[Write]) -> dict[str, StoreError]:
-        """Every session's part in one pipelined round trip, each part one fenced script."""
+        """Every session's part in one call of one script (one round trip), each part fenced."""
         if self._closed:
             raise StoreError("cannot commit: the cluster store is closed")
         refused: dict[str, StoreError] = {}
@@ -229,13 +268,25 @@ class RedisSessionStore:
         async def run() -> list[Any]:
             nonlocal attempts
             attempts += 1
-            if self._commit_sha is None:
-                self._commit_sha = str(await self._redis.script_load(COMMIT))
+            script_keys = [key for call in calls for key in call.keys]
+            args: list[str | int] = [len(calls)]
+            for call in calls:
+                args += call.args
+            answers: Any
             try:
-                async with self._redis.pipeline(transaction=False) as pipe:
-                    requests: list[Any] = [pipe.evalsha(self._commit_sha, call.keys, call.args) for call in calls]
-                return [await request for request in requests]
-            except coredis.exceptions.NoScriptError:
+                if self._commits is not None:
+                    if self._commit_sha is None:
+                        self._commit_sha = str(await self._commits.call("SCRIPT", "LOAD", COMMIT))
+                    answers = await self._commits.call(
+                        "EVALSHA", self._commit_sha, len(script_keys), *script_keys, *args)
+                else:
+                    if self._commit_sha is None:
+                        self._commit_sha = str(await self._redis.script_load(COMMIT))
+                    answers = await self._redis.evalsha(self._commit_sha, script_keys, args)
+                return list(answers)
+            except (coredis.exceptions.NoScriptError, RedisReplyError) as exc:
+                if isinstance(exc, RedisReplyError) and not exc.no_script:
+                    raise StoreError(f"the cluster's Redis refused a commit: {exc}") from exc
                 # Redis restarted (its script cache is not persisted): load it again.
                 self._commit_sha = None
                 raise _ScriptGone() from None
@@ -283,10 +334,11 @@ class RedisSessionStore:
         ]
         for _, pending in acks:
             argv += [pending.lane, pending.entry_id]
+        argv.append(mark_of(write.events, ids))
         shard = own.shard(session_id)
         script_keys = [
             keys.lease(shard), keys.header(session_id), keys.log(session_id), keys.SESSIONS, keys.done(session_id),
-            keys.inbox(shard, "human"), keys.inbox(shard, "auto"),
+            keys.inbox(shard, "human"), keys.inbox(shard, "auto"), keys.marks(session_id),
         ]
         last = write.events[-1].seq if write.events else None
         return _Call(session_id, script_keys, argv, [i for i, _ in acks], last)

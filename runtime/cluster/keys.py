@@ -5,7 +5,7 @@ fencing counter (``epoch:n``), the two inbox streams (``inbox:n:human``,
 ``inbox:n:auto``) and the set of sessions live on it (``live:n``, read by a new owner
 to resume them). Per session ``s``: its header (``s:s:header``), its log as a stream
 whose entry ids are ``0-<seq + 1>`` (``s:s:log``), and the ids of the messages it has
-processed (``s:s:done``). Cluster-wide: ``meta`` (shard count), ``workers`` (a sorted
+processed (``s:s:done``) and one mark per commit (``s:s:marks``, for the clients that wait). Cluster-wide: ``meta`` (shard count), ``workers`` (a sorted
 set of live workers by lease expiry) and ``sessions`` (every session id by creation). Per
 client ``c``: the replies to its requests (``reply:<message id>``) and the stream of its
 messages that workers refused (``refused:c``).
@@ -61,6 +61,13 @@ def session_of_log(key: str) -> str:
 
 def done(session_id: str) -> str:
     return f"{PREFIX}s:{session_id}:done"
+
+
+def marks(session_id: str) -> str:
+    """The stream of what a session's commits made of its log that a client waiting for
+    the agent to be idle needs (``runtime.cluster._store.mark_of``): one entry per commit,
+    whose id is the log's (``log_id``) of the commit's last event."""
+    return f"{PREFIX}s:{session_id}:marks"
 
 
 def reply(message_id: str) -> str:

@@ -371,6 +371,43 @@ async def test_wait_idle_reads_the_log_only_when_nothing_is_outstanding(redis_se
     assert seen[-1] == "turn/end"
 
 
+async def test_wait_idle_follows_the_marks_not_the_events_unless_a_reservation_is_open(redis_server, worker):
+    from loopdock.runtime._messages import ProducerSource, user_message
+    from loopdock.runtime.cluster import keys
+
+    with trio.fail_after(30):
+        async with open_cluster(redis_server.url) as rt:
+            handle = await rt.create_agent(session_id="m1", loop="minimal-first")
+            watcher = rt.watcher
+            read_streams: list[str] = []
+            xread = watcher._xread
+
+            async def spy(streams):
+                read_streams.extend(streams)
+                return await xread(streams)
+
+            watcher._xread = spy  # type: ignore[method-assign]
+            sent = handle.agent.followup("one")
+            await handle.agent.wait_idle()
+            assert keys.marks("m1") in read_streams and keys.log("m1") not in read_streams
+            events = await rt.read_events("m1")
+            assert handle.agent._cursor == len(events) and events[-1].type == "turn/end"
+            assert sent.id in [e.data.get("id") for e in events if e.type == "user/message"]
+            # One mark per commit that added events, under the log id of its last event:
+            # together they name the message, and the turn closed last.
+            marks = await rt._redis.xrange(keys.marks("m1"))
+            assert marks and str(marks[-1].identifier) == keys.log_id(len(events) - 1)
+            folded = [json.loads(m.field_values["k"]) for m in marks]
+            assert sent.id in [i for m in folded for i in m["c"]]
+            assert [m["o"] for m in folded if m["o"] is not None][-1] is False
+
+            read_streams.clear()
+            reservation = handle.agent.reserve(user_message("two", source=ProducerSource(kind="test-producer")))
+            await handle.agent.wait_idle()  # a reservation is open: its events settle it
+            assert keys.log("m1") in read_streams
+            assert reservation.state == "admitted"
+
+
 async def test_a_message_settled_while_its_batch_was_checked_is_not_handled_again(redis_server, worker, monkeypatch):
     from loopdock.runtime._serde import message_to_wire
     from loopdock.runtime.cluster import InboxMessage

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import trio
 
 from loopdock._cluster import LogWatcher
@@ -16,19 +17,21 @@ async def _append(redis, session_id: str, seq: int, event_type: str) -> None:
                      identifier=keys.log_id(seq))
 
 
-async def test_a_served_waiter_is_not_read_again_while_others_wait(redis_server):
+# Through coredis, and over the watcher's own connection (the client's way).
+@pytest.mark.parametrize("own_connection", [False, True])
+async def test_a_served_waiter_is_not_read_again_while_others_wait(redis_server, own_connection):
     async with connect(redis_server.url) as redis, trio.open_nursery() as nursery:
         reads: list[list[str]] = []
         read = Changes()
-        xread = redis.xread
+        watcher = LogWatcher(redis, url=redis_server.url if own_connection else None)
+        xread = watcher._xread
 
-        async def spy(streams, **kwargs):
+        async def spy(streams):
             reads.append(list(streams))
             read.notify()
-            return await xread(streams, **kwargs)
+            return await xread(streams)
 
-        redis.xread = spy
-        watcher = LogWatcher(redis)
+        watcher._xread = spy  # type: ignore[method-assign]
         nursery.start_soon(watcher.run)
         await _append(redis, "one", 0, "turn/start")
 
@@ -55,9 +58,10 @@ async def test_a_served_waiter_is_not_read_again_while_others_wait(redis_server)
         nursery.cancel_scope.cancel()
 
 
-async def test_a_waiter_that_follows_again_gets_only_what_is_new(redis_server):
+@pytest.mark.parametrize("own_connection", [False, True])
+async def test_a_waiter_that_follows_again_gets_only_what_is_new(redis_server, own_connection):
     async with connect(redis_server.url) as redis, trio.open_nursery() as nursery:
-        watcher = LogWatcher(redis)
+        watcher = LogWatcher(redis, url=redis_server.url if own_connection else None)
         nursery.start_soon(watcher.run)
         await _append(redis, "one", 0, "turn/start")
         with trio.fail_after(10):
@@ -71,9 +75,10 @@ async def test_a_waiter_that_follows_again_gets_only_what_is_new(redis_server):
         nursery.cancel_scope.cancel()
 
 
-async def test_a_cancelled_follow_leaves_nothing_watched(redis_server):
+@pytest.mark.parametrize("own_connection", [False, True])
+async def test_a_cancelled_follow_leaves_nothing_watched(redis_server, own_connection):
     async with connect(redis_server.url) as redis, trio.open_nursery() as nursery:
-        watcher = LogWatcher(redis)
+        watcher = LogWatcher(redis, url=redis_server.url if own_connection else None)
         nursery.start_soon(watcher.run)
         with trio.move_on_after(0.2):
             await watcher.follow("one", 0)
@@ -81,9 +86,10 @@ async def test_a_cancelled_follow_leaves_nothing_watched(redis_server):
         nursery.cancel_scope.cancel()
 
 
-async def test_a_follow_for_some_types_decodes_only_those_and_moves_past_the_rest(redis_server):
+@pytest.mark.parametrize("own_connection", [False, True])
+async def test_a_follow_for_some_types_decodes_only_those_and_moves_past_the_rest(redis_server, own_connection):
     async with connect(redis_server.url) as redis, trio.open_nursery() as nursery:
-        watcher = LogWatcher(redis)
+        watcher = LogWatcher(redis, url=redis_server.url if own_connection else None)
         nursery.start_soon(watcher.run)
         for seq, event_type in enumerate(["turn/start", "step/start", "assistant/message", "step/end"]):
             await _append(redis, "one", seq, event_type)
