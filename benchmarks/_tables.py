@@ -401,14 +401,14 @@ def usage_summary(results: dict[str, Any]) -> str:
     """README's sentence on memory per agent as a user measures it."""
     last = max(results["config"]["marks"])
     at = [
-        f"{fmt(mark['kb_per_agent'])} KB with {run['n']:,} agents"
+        f"{fmt(mark['kb_per_agent'])} KB per agent with {run['n']:,} agents"
         for run in results["runs"] for mark in run["marks"] if mark["turns"] == last
     ]
     return (
         f"Memory as a user measures it (`loopdock bench --usage`, commit "
         f"`{results['machine'].get('git_commit') or '-'}`: `Runtime.open()` with its defaults, every agent "
         f"sent {last} followups in rounds, handles kept, RSS after a full collection) is {' and '.join(at)} "
-        f"per agent after {last} turns each (target <= {results['target_kb_per_agent']} KB; the `memory` row "
+        f"after {last} turns each (target <= {results['target_kb_per_agent']} KB; the `memory` row "
         "above resumes seeded histories with a tuned collector instead; benchmarks/PROFILE.md)."
     )
 

@@ -120,13 +120,13 @@ def run_usage_phase(mode: str, out_dir: Path, stderr: TextIO = sys.stderr) -> di
     """``loopdock bench --usage``: every size of ``SIZES[mode]``, then the traced run;
     writes and returns ``bench-usage-<mode>.json``."""
     cfg = SIZES[mode]
-    load_start = load_average()
+    load_start, ran_on = load_average(), machine()  # the commit as the runs start
     runs = [_one_run(n, cfg["marks"], False, stderr) for n in cfg["ns"]]
     traced = _one_run(cfg["traced_n"], cfg["marks"], True, stderr)
     results = {
         "mode": mode, "config": cfg, "runs": runs, "traced": traced,
         "target_kb_per_agent": TARGET_KB_PER_AGENT,
-        "machine": {**machine(), "load_average_at_start": load_start, "load_average_at_end": load_average()},
+        "machine": {**ran_on, "load_average_at_start": load_start, "load_average_at_end": load_average()},
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"bench-usage-{mode}.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -68,7 +68,7 @@ def test_the_usage_phase_measures_each_size_in_its_own_process_and_makes_the_tab
     assert traced["marks"][-1]["top"][0]["site"] in table
 
     summary = usage_summary(results)
-    kb = f"{last['kb_per_agent']:.1f} KB with {cfg['ns'][-1]:,} agents"
+    kb = f"{last['kb_per_agent']:.1f} KB per agent with {cfg['ns'][-1]:,} agents"
     assert kb in summary and f"after {cfg['marks'][-1]} turns each" in summary
 
     checkout = tmp_path / "checkout"
