@@ -63,6 +63,7 @@ from loopdock.runtime import GC_THRESHOLD as GC_THRESHOLD
 from loopdock.runtime import AgentBusyError as AgentBusyError
 from loopdock.runtime import AgentClosedError as AgentClosedError
 from loopdock.runtime import AgentOptions as AgentOptions
+from loopdock.runtime import ApprovalClosedError as ApprovalClosedError
 from loopdock.runtime import ApprovalPolicy as ApprovalPolicy
 from loopdock.runtime import ClusterConfigError as ClusterConfigError
 from loopdock.runtime import ClusterRequestError as ClusterRequestError

@@ -34,6 +34,9 @@ CORE_EVENT_TYPES = frozenset(
         "goal/change",
         "llm/retry",
         "session/title",
+        # A person's word on a tool call (actors._approvals): the question, its answer.
+        "approval/requested",
+        "approval/answered",
     }
 )
 
