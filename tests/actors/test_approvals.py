@@ -235,3 +235,19 @@ async def test_an_automatic_turn_waits_for_a_person_without_a_slot_and_no_automa
     assert ran == [{"path": "a.txt"}] and second.state == "admitted"
     assert [e.data["decision"] for e in await events(agent, "approval/answered")] == ["approve"]
     assert json.loads(json.dumps([e.data for e in await events(agent, "approval/requested")]))[0]["turn"] == 1
+
+
+async def test_a_steer_while_a_question_is_open_enters_the_step_after_the_answered_call(rt):
+    agent, adapter = await agent_with(rt, [touch_call(), "done"])
+    agent.followup("go")
+    with trio.fail_after(5):
+        [approval] = await agent.wait_approvals()
+    agent.steer("use b.txt next time")
+    await trio.testing.wait_all_tasks_blocked(0.05)  # everything that could run ran
+    assert len(adapter.requests) == 1 and agent.pending_approvals() == [approval]
+    with trio.fail_after(5):
+        await approval.answer("approve")
+        await agent.wait_idle()
+    assert [e.data["turn"] for e in await events(agent, "turn/start")] == [1]
+    last = adapter.requests[1].messages
+    assert [m.role for m in last[-2:]] == ["tool", "user"] and last[-1].text == "use b.txt next time"

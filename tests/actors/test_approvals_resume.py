@@ -213,3 +213,49 @@ async def test_after_the_resumed_step_a_repeated_call_id_is_a_new_call_and_asks_
             await agent.wait_idle()
     assert ran == [{"path": "a.txt"}]
     assert results(adapter.requests[1])[-1] == ("c1", "refused by a person: one is enough", True)
+
+
+class _NoStepResume:
+    """The react driver, but with a turn body that cannot finish a resumed step."""
+
+    def body(self):
+        from loopdock.actors import ReactBody
+
+        class Body(ReactBody):
+            resumes_steps = False
+
+        return Body()
+
+    async def create_agent(self, owner, options):
+        from loopdock.actors import create_with_body
+
+        return await create_with_body(owner, options, self.body())
+
+    async def resume(self, owner, options):
+        from loopdock.actors import resume_with_body
+
+        return await resume_with_body(owner, options, self.body())
+
+
+async def test_a_driver_that_cannot_resume_a_step_closes_the_turn_interrupted_and_withdraws(tmp_path):
+    home = tmp_path / "home"
+    ran = []
+    with trio.fail_after(30):
+        async with Runtime.open(home) as rt:
+            rt.register_driver("plain", _NoStepResume())
+            rt.register_tool(touch_tool(ran))
+            call = ToolCall("touch", {"path": "a.txt"}, call_id="c1")
+            rt.register_adapter("scripted", ScriptedAdapter([Reply(tool_calls=[call])]))
+            handle = await rt.create_agent(session_id="s1", agent_options=OPTIONS, driver="plain")
+            handle.agent.followup("touch a.txt")
+            [asked] = await handle.agent.wait_approvals()
+        async with Runtime.open(home) as rt:
+            rt.register_driver("plain", _NoStepResume())
+            agent, adapter = await resume(rt, [], ran)
+            await agent.wait_idle()
+            assert agent.pending_approvals() == [] and adapter.requests == [] and ran == []
+            log = await typed(agent, "approval/answered", "turn/end")
+    assert log == [
+        ("approval/answered", {"id": asked.id, "decision": "withdrawn", "reason": "interrupted"}),
+        ("turn/end", {"turn": 1, "reason": {"kind": "interrupted"}}),
+    ]
