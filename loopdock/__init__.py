@@ -17,6 +17,7 @@ from loopdock.actors import Agent as Agent
 from loopdock.actors import AgentContext as AgentContext
 from loopdock.actors import AgentHandle as AgentHandle
 from loopdock.actors import AgentReservation as AgentReservation
+from loopdock.actors import Approval as Approval
 from loopdock.actors import Command as Command
 from loopdock.actors import CommandContext as CommandContext
 from loopdock.actors import CommandResult as CommandResult
