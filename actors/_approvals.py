@@ -82,6 +82,10 @@ class Approvals:
             data = event.data
             if data["id"] not in answered:
                 self._add(data)
+        # The answers to the questions found open in the log: a resumed turn that looks
+        # for one after it was given (while the turn was still being set up) finds it.
+        self._from_log = set(self._open)
+        self._resumed_answers: dict[str, Answer] = {}
 
     def pending(self) -> list[Approval]:
         """The open questions, oldest first."""
@@ -95,6 +99,10 @@ class Approvals:
     def asked(self, call_id: str, turn: int) -> bool:
         """True when a question about the call ``call_id`` of ``turn`` is open."""
         return any(a.call_id == call_id and a.turn == turn for a in self._open.values())
+
+    def resumed_answer(self, approval_id: str) -> Answer | None:
+        """The answer given to a question this agent found open in its log, if any."""
+        return self._resumed_answers.get(approval_id)
 
     def get(self, approval_id: str) -> Approval | None:
         return self._open.get(approval_id)
@@ -159,6 +167,8 @@ class Approvals:
         log.info("approval.answered", session_id=self._session.id, approval_id=approval_id, decision=answer.decision)
         approval.answer_given = answer
         approval._answered.set()
+        if approval_id in self._from_log:
+            self._resumed_answers[approval_id] = answer
         self._changes.notify()
 
     def _add(self, data: Mapping[str, Any]) -> Approval:

@@ -39,10 +39,13 @@ async def permit(turn: Turn, call: ToolCallBlock, tool: Tool, arguments: Mapping
     if resumed is not None:  # the step a stop left waiting: asked before the restart
         if call.call_id in resumed.unasked:
             return Permit(None, "not run again: the runtime stopped while this call may have been running")
-        answered = resumed.answers.get(call.call_id)
-        if answered is not None:
+        approval_id = resumed.questions.get(call.call_id, "")
+        answered = resumed.answers.get(call.call_id) or agent.approvals.resumed_answer(approval_id)
+        if answered is not None:  # before the restart, or while the turn was set up again
+            if answered.decision == "withdrawn":
+                return Permit(None, f"not run: its question was withdrawn ({answered.reason})")
             return _permit(call, arguments, answered)
-        waiting = agent.approvals.get(resumed.questions.get(call.call_id, ""))
+        waiting = agent.approvals.get(approval_id)
     if waiting is None:
         policy = agent.options.approvals
         if policy is None:

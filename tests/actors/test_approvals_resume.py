@@ -259,3 +259,34 @@ async def test_a_driver_that_cannot_resume_a_step_closes_the_turn_interrupted_an
         ("approval/answered", {"id": asked.id, "decision": "withdrawn", "reason": "interrupted"}),
         ("turn/end", {"turn": 1, "reason": {"kind": "interrupted"}}),
     ]
+
+
+async def test_an_answer_given_while_the_resumed_turn_is_set_up_is_the_one_used(tmp_path, monkeypatch):
+    from loopdock.actors import AgentActor
+
+    home = tmp_path / "home"
+    ran = []
+    with trio.fail_after(30):
+        async with Runtime.open(home) as rt:
+            rt.register_tool(touch_tool(ran))
+            call = ToolCall("touch", {"path": "a.txt"}, call_id="c1")
+            rt.register_adapter("scripted", ScriptedAdapter([Reply(tool_calls=[call])]))
+            handle = await rt.create_agent(session_id="s1", agent_options=OPTIONS)
+            handle.agent.followup("touch a.txt")
+            await handle.agent.wait_approvals()
+        load = AgentActor._load_transcript
+
+        async def answered_while_loading(agent):
+            # The person answers after the resumed turn read the log, before it runs.
+            [approval] = agent.pending_approvals()
+            await approval.answer("refuse", reason="too late to ask")
+            await load(agent)
+
+        monkeypatch.setattr(AgentActor, "_load_transcript", answered_while_loading)
+        async with Runtime.open(home) as rt:
+            agent, adapter = await resume(rt, ["ok"], ran)
+            await agent.wait_idle()
+            assert agent.pending_approvals() == []
+            requested = await typed(agent, "approval/requested")
+    assert ran == [] and len(requested) == 1  # not asked a second time
+    assert results(adapter.requests[0]) == [("c1", "refused by a person: too late to ask", True)]
