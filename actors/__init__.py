@@ -8,6 +8,7 @@ from ._admission import Slot as Slot
 from ._agent import AgentActor as AgentActor
 from ._agent_context import AgentContext as AgentContext
 from ._agent_context import UnknownHookError as UnknownHookError
+from ._approvals import Approval as Approval
 from ._commands import Command as Command
 from ._commands import CommandContext as CommandContext
 from ._commands import CommandRegistry as CommandRegistry

@@ -38,6 +38,7 @@ from loopdock.runtime.models import ModelRequest
 from loopdock.runtime.tools import AgentTools
 
 from ._admission import Slot
+from ._approvals import Approval, Approvals
 from ._contract import AgentReservation
 from ._faults import record_fault
 from ._history_cache import ITEM_BYTES
@@ -45,6 +46,7 @@ from ._inbox import Entry, Inbox, InvalidReservationError, Placement, Reservatio
 from ._owner import AgentOwner
 from ._pre_step import PreStep, Verdict
 from ._session import SessionActor
+from ._step_resume import resume_point
 from ._supervision import COMPANION_POLICY, Action, Policy, supervised
 from ._turn import Turn, TurnBlocked, TurnBody
 
@@ -110,6 +112,12 @@ class AgentActor:
         self._scoped: list[Callable[[], None]] = []  # undone on rollback and dispose
         self._companions: trio.Nursery | None = None
         self.status_version = 0  # counts status changes, for observers that must not miss one
+        self.approvals = Approvals(session)
+        self._stopping = False
+        # A suspended turn (actors._step_resume) between the agent's start and its
+        # running: ``cancel`` then ends it where it would have gone on.
+        self._resuming = session.suspended_turn is not None
+        self._cancel_resumed = False
 
     # -- public ----------------------------------------------------------------------
 
@@ -129,6 +137,25 @@ class AgentActor:
             self._cwd = Path(options.cwd or self.session.header.cwd)
             self._cwd_of = options
         return self._cwd
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @property
+    def cancel_cause(self) -> str | None:
+        return self._cancel_cause
+
+    def pending_approvals(self) -> list[Approval]:
+        """The approval questions open now, oldest first (``await a.answer(...)`` each).
+
+        While a question is open its turn waits: ``cancel`` withdraws it and ends the
+        turn; a person's followup waits for the turn's end, a steer for its next step."""
+        return self.approvals.pending()
+
+    async def wait_approvals(self) -> list[Approval]:
+        """Wait until an approval question is open; the open ones, oldest first."""
+        return await self.approvals.wait_pending()
 
     @property
     def inbox_size(self) -> int:
@@ -213,6 +240,9 @@ class AgentActor:
         if self._in_turn and self._turns_scope is not None:
             self._cancel_cause = cause
             self._turns_scope.cancel()
+        elif self._resuming:
+            self._cancel_cause = cause
+            self._cancel_resumed = True
         if not keep_inbox:
             for entry in self._inbox.clear():
                 self._discarded(entry, cause)
@@ -301,6 +331,8 @@ class AgentActor:
     async def _serve(self, scope: trio.CancelScope) -> None:
         """Run turns until one is cancelled (its Cancelled ends this at ``scope``) or
         ``scope`` was cancelled during a turn that ended before it noticed."""
+        if self.session.suspended_turn is not None:
+            await self._resume_suspended()
         while not scope.cancel_called:
             if not self._inbox.has_wakeable():
                 self._set_status("idle")
@@ -351,6 +383,7 @@ class AgentActor:
     async def stop(self, cause: str = "disposed") -> None:
         """Cancel everything the agent owns and wait for its task to end."""
         self._closed = True
+        self._stopping = True
         for entry in self._inbox.clear():
             self._discarded(entry, cause)
         self._cancel_cause = cause
@@ -425,7 +458,10 @@ class AgentActor:
         self._changes.notify()
 
     def _quiescent(self) -> bool:
-        return self._closed or (self._status == "idle" and not self._inbox.has_wakeable())
+        # A suspended turn (actors._step_resume) runs before anything queued: not idle yet.
+        return self._closed or (
+            self._status == "idle" and not self._inbox.has_wakeable() and self.session.suspended_turn is None
+        )
 
     def _automatic_next(self) -> bool:
         """The next turn would be automatic: something wakes the agent, nobody human."""
@@ -467,12 +503,43 @@ class AgentActor:
         finally:
             turn.release_slot()
 
-    async def _run_turn_in(self, turn: Turn) -> None:
+    async def _resume_suspended(self) -> None:
+        """Continue the turn a stop left waiting for a person (actors._step_resume), or,
+        if this driver's body cannot or the log is not that case, close it ``interrupted``
+        and withdraw its questions."""
+        self._set_status("running")  # first: ``wait_idle`` must not see an idle gap
+        suspended, self.session.suspended_turn = self.session.suspended_turn, None
+        assert suspended is not None
+        try:
+            point = None
+            if getattr(self.body, "resumes_steps", False):
+                point = resume_point(await self.session.read_events(suspended.start_seq))
+            if point is not None and self._transcript is None:
+                await self._load_transcript()
+        finally:
+            self._resuming = False
+        if point is None or self._cancel_resumed:
+            cause = (self._cancel_cause or "cancelled") if self._cancel_resumed else "interrupted"
+            for approval in self.approvals.pending():
+                if approval.turn == suspended.number:
+                    self.approvals.withdraw(approval.id, cause)
+            reason = {"kind": "aborted", "cause": cause} if self._cancel_resumed else {"kind": "interrupted"}
+            self.session.append("turn/end", {"turn": suspended.number, "reason": reason})
+            return
+        # A person's answer drives it: it runs without an admission slot, as a person's turn.
+        turn = Turn(self, suspended.number, [])
+        turn.step = point.step
+        turn.resumed = point
+        self.log.info("turn resumed", turn=turn.number, step=turn.step, calls=len(point.calls))
+        await self._run_turn_in(turn, resumed=True)
+
+    async def _run_turn_in(self, turn: Turn, *, resumed: bool = False) -> None:
         self._set_status("running")
         # What is durable is in the store: keep the heap flat. (Observers that fold the
         # log, such as the LoopX continuation, read what they missed from the store.)
         self.session.trim()
-        self.session.append("turn/start", {"turn": turn.number})
+        if not resumed:  # a resumed turn's ``turn/start`` is in the log already
+            self.session.append("turn/start", {"turn": turn.number})
         reason: dict[str, Any]
         self._cancel_cause = None
         self._in_turn = True
@@ -491,7 +558,12 @@ class AgentActor:
             try:
                 if cancelled is None:  # KeyboardInterrupt and the like
                     raise
-                self._end_turn(turn, {"kind": "aborted", "cause": self._cancel_cause or "cancelled"})
+                if self._stopping and self.approvals.pending():
+                    # Stopped while a person's answer is awaited: the turn stays open in
+                    # the log, as after a crash, so that the resumed agent continues it.
+                    turn.settle_unadmitted(self._cancel_cause or "cancelled")
+                else:
+                    self._end_turn(turn, {"kind": "aborted", "cause": self._cancel_cause or "cancelled"})
                 if failed is None:
                     raise
                 # Something failed as the turn was cancelled: it must not end the agent too.

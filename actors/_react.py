@@ -36,10 +36,11 @@ from loopdock.runtime.models import (
 )
 from loopdock.runtime.tools import ToolContext
 
+from ._call_approval import permit
 from ._driver import AgentHandle, CreateAgentOptions, ResumeAgentOptions
 from ._publication import create_with_body, resume_with_body
 from ._supervisor import Supervisor
-from ._turn import Turn, TurnAgent
+from ._turn import Turn
 
 log = get_logger(__name__)
 
@@ -49,8 +50,16 @@ async def _request_as_is(request: ModelRequest) -> ModelRequest:
 
 
 class ReactBody:
+    #: It can finish a resumed turn's step (actors._step_resume): ``turn.resumed``.
+    resumes_steps = True
+
     async def run_turn(self, turn: Turn) -> str:
         agent = turn.agent
+        if turn.resumed is not None:  # the step a stop left waiting for a person
+            async with turn.outside():
+                await _run_tools(turn, turn.resumed.calls)
+            turn.resumed = None  # later steps' call ids are new calls, whatever they repeat
+            turn.end_step()
         while True:
             await turn.begin_step()
             request = await agent.request.run(turn.model_request(), _request_as_is)
@@ -160,6 +169,8 @@ async def _run_tools(turn: Turn, calls: Sequence[ToolCallBlock]) -> None:
                     nursery.start_soon(run_one, call)
     finally:
         for call in calls:
+            if call.call_id not in results and turn.agent.stopping and turn.agent.approvals.asked(call.call_id, turn.number):
+                continue  # its question stays open for the resumed agent, which runs the call
             content, is_error = results.get(call.call_id, ("cancelled", True))
             turn.record("tool/result", _result_message(call.call_id, content, is_error))
 
@@ -167,15 +178,16 @@ async def _run_tools(turn: Turn, calls: Sequence[ToolCallBlock]) -> None:
 async def _run_tool(turn: Turn, call: ToolCallBlock) -> tuple[str, bool]:
     tracing = turn.agent.owner.tracing
     if tracing is None:  # off: this check is all tracing costs a tool call
-        return await _run_tool_untraced(turn.agent, call)
+        return await _run_tool_untraced(turn, call)
     with tracing.tool(turn.span, call.name, call.call_id) as span:
-        content, is_error = await _run_tool_untraced(turn.agent, call)
+        content, is_error = await _run_tool_untraced(turn, call)
         if is_error:
             tracing.tool_failed(span, content[:200])
         return content, is_error
 
 
-async def _run_tool_untraced(agent: TurnAgent, call: ToolCallBlock) -> tuple[str, bool]:
+async def _run_tool_untraced(turn: Turn, call: ToolCallBlock) -> tuple[str, bool]:
+    agent = turn.agent
     tool = agent.tools.lookup(call.name)
     if tool is None:
         visible = ", ".join(t.name for t in agent.tools.visible()) or "none"
@@ -186,6 +198,10 @@ async def _run_tool_untraced(agent: TurnAgent, call: ToolCallBlock) -> tuple[str
         return f"arguments of {call.name} are not valid JSON: {exc.msg}", True
     if not isinstance(arguments, dict):
         return f"arguments of {call.name} must be a JSON object", True
+    allowed = await permit(turn, call, tool, arguments)
+    if allowed.arguments is None:
+        return allowed.refusal or "refused", True
+    arguments = allowed.arguments
     ctx = ToolContext(session_id=agent.id, cwd=agent.cwd, call_id=call.call_id, threads=agent.tools.threads)
     try:
         return await tool.run(arguments, ctx), False

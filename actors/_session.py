@@ -41,6 +41,7 @@ from loopdock.runtime import (
 )
 
 from ._fanout import SUBSCRIBER_BUFFER, Fanout, Subscription
+from ._step_resume import SuspendedTurn
 from ._store_writer import StoreWriter
 
 log = get_logger(__name__)
@@ -58,8 +59,9 @@ def _now_ms() -> int:
 
 
 #: Event types a session keeps in memory whatever it trims: the loop binding and preset
-#: (``agent-preset/selected``) are read on every model request, and there are few.
-RETAINED_TYPES = frozenset({"agent-preset/selected"})
+#: (``agent-preset/selected``) are read on every model request, and there are few; the
+#: approval questions and answers are what ``pending_approvals()`` is folded from.
+RETAINED_TYPES = frozenset({"agent-preset/selected", "approval/requested", "approval/answered"})
 
 
 class SessionActor:
@@ -93,6 +95,9 @@ class SessionActor:
         self._closed = False
         self._last_time = self._events[-1].time if self._events else last_time
         self._retained = [*retained, *(e for e in self._events if e.type in RETAINED_TYPES)]
+        # Set by the supervisor on load: an open turn that waits for a person's answer
+        # (actors._step_resume.SuspendedTurn), for the resumed agent to continue.
+        self.suspended_turn: SuspendedTurn | None = None
         #: ``turn/start`` events in the whole log
         self.turn_count = turns + sum(1 for e in self._events if e.type == "turn/start")
         self._commits = Changes()  # every commit, done or failed

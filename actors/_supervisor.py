@@ -38,6 +38,7 @@ from ._faults import record_fault
 from ._history_cache import HistoryCache
 from ._live import LiveEvent
 from ._session import RETAINED_TYPES, SessionActor, _now_ms
+from ._step_resume import suspended_turn
 from ._store_writer import StoreWriter
 from ._supervision import STOP, Action, supervised
 
@@ -188,7 +189,8 @@ class Supervisor:
         return SessionActor(header, self.writer, events=events)
 
     async def load_session(self, session_id: str) -> SessionActor:
-        """A persisted session, ready to resume; an open turn is repaired as interrupted."""
+        """A persisted session, ready to resume; an open turn is repaired as interrupted,
+        unless a question asked in it is still open (``session.suspended_turn``)."""
         check_session_id(session_id, what="resume session id")
         self.check_open()
         if session_id in self.agents:
@@ -204,7 +206,10 @@ class Supervisor:
             turns=sum(1 for e in indexed if e.type == "turn/start"),
         )
         open_turn = _open_turn(indexed)
-        if open_turn is not None:
+        # A turn that waits for a person's answer stays open: its agent continues it
+        # (actors._step_resume), or closes it ``interrupted`` if its driver cannot.
+        session.suspended_turn = suspended_turn(indexed, open_turn)
+        if open_turn is not None and session.suspended_turn is None:
             session.append("turn/end", {"turn": open_turn, "reason": {"kind": "interrupted"}})
         return session
 

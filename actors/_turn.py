@@ -18,11 +18,13 @@ from loopdock.runtime.models import ModelRequest, RetryNotice, Usage
 from loopdock.runtime.tools import AgentTools
 
 from ._admission import Slot
+from ._approvals import Approvals
 from ._faults import record_fault
 from ._inbox import Entry, ReservationState
 from ._owner import AgentOwner
 from ._pre_step import ENTER, PreStep, Reject, Verdict, enter
 from ._session import SessionActor
+from ._step_resume import ResumePoint
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -50,9 +52,18 @@ class TurnAgent(Protocol):
     pre_step: Waterfall[PreStep, Verdict]
     request: Waterfall[ModelRequest, ModelRequest]
     log: structlog.stdlib.BoundLogger
+    approvals: Approvals
 
     @property
     def cwd(self) -> Path: ...
+
+    @property
+    def stopping(self) -> bool:
+        """True once the agent is being stopped (disposed, or its runtime closing)."""
+
+    @property
+    def cancel_cause(self) -> str | None:
+        """The cause given to ``cancel`` while the running turn is being cancelled."""
 
     @property
     def transcript(self) -> Transcript: ...
@@ -84,6 +95,9 @@ class Turn:
         # The turn's ``invoke_agent`` span, parent of its model and tool calls' spans;
         # None when the runtime does not trace (runtime._tracing).
         self.span: Span | None = None
+        #: The step a resumed turn finishes before its next model step (actors._step_resume),
+        #: while it runs; None otherwise.
+        self.resumed: ResumePoint | None = None
 
     @property
     def holds_slot(self) -> bool:

@@ -17,6 +17,7 @@ from loopdock.actors import Agent as Agent
 from loopdock.actors import AgentContext as AgentContext
 from loopdock.actors import AgentHandle as AgentHandle
 from loopdock.actors import AgentReservation as AgentReservation
+from loopdock.actors import Approval as Approval
 from loopdock.actors import Command as Command
 from loopdock.actors import CommandContext as CommandContext
 from loopdock.actors import CommandResult as CommandResult
@@ -63,6 +64,8 @@ from loopdock.runtime import GC_THRESHOLD as GC_THRESHOLD
 from loopdock.runtime import AgentBusyError as AgentBusyError
 from loopdock.runtime import AgentClosedError as AgentClosedError
 from loopdock.runtime import AgentOptions as AgentOptions
+from loopdock.runtime import ApprovalClosedError as ApprovalClosedError
+from loopdock.runtime import ApprovalPolicy as ApprovalPolicy
 from loopdock.runtime import ClusterConfigError as ClusterConfigError
 from loopdock.runtime import ClusterRequestError as ClusterRequestError
 from loopdock.runtime import ClusterUnreachableError as ClusterUnreachableError

@@ -25,7 +25,7 @@ from loopdock.bridge import SERVE_LOGGER, dsh_patch_command
 from loopdock.runtime import Event, LoopdockError, configure_logging, resolve_home
 from loopdock.runtime.tools import ShellPolicy
 
-from . import _goal, _install, _sessions
+from . import _approve, _goal, _install, _sessions
 from ._otlp import OTLP_ENV
 from ._runtime import Runtime
 from ._serve import serve_command
@@ -40,6 +40,7 @@ loopdock: a trio runtime in which every agent runs its own agent loop.
   loopdock serve --port 8765         the bridge for DSH hosts, the console and the GoalBar
   loopdock dsh-install               loopdock's plugin in a DSH profile (dsh web, dsh headless)
   loopdock sessions list             every session: loop, driver, status, turns
+  loopdock sessions approve ID AP    answer a stopped session's approval question
   loopdock goal bind --session ID    a LoopX goal for a session's GoalBar
 
 -v (anywhere on the line) logs at info level on stderr."""
@@ -241,7 +242,7 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--id", help="this worker's name (default: host-pid-random)")
     worker.add_argument("--shell-allow", metavar="EXE,...", help="enable the shell tool for these executables")
 
-    sessions = command("sessions", "list the sessions, show one, or follow one")
+    sessions = command("sessions", "list the sessions, show one, follow one, or answer its question")
     verbs = sessions.add_subparsers(dest="verb", required=True, metavar="VERB")
     for name, text in (("list", "every session of the runtime and of DSH: loop, driver, status, turns, last event"),
                        ("show", "one session's whole history"), ("tail", "one session's last events, then new ones")):
@@ -255,6 +256,12 @@ def _parser() -> argparse.ArgumentParser:
             verb.add_argument("--no-follow", action="store_true", help="print and exit")
         verb.add_argument("--home", help=home_help)
         verb.add_argument("--dsh-home", help="DSH's home, for its sessions (default: $DSH_HOME)")
+    text = "answer an open approval question of a session no runtime is running (approve, or --refuse)"
+    verb = verbs.add_parser("approve", help=text, description=text, parents=[common])
+    verb.add_argument("session_id", metavar="ID")
+    verb.add_argument("approval_id", metavar="APPROVAL_ID")
+    verb.add_argument("--refuse", metavar="REASON", help="refuse the call; the model reads REASON")
+    verb.add_argument("--home", help=home_help)
 
     install = command(
         "dsh-install", "install loopdock's plugin into a DSH profile and verify it with dsh",
@@ -332,6 +339,8 @@ def _dispatch(args: Any, out: TextIO) -> int:
             lease_ttl=args.lease_ttl, worker_id=args.id,
             shell=ShellPolicy(allow=allow) if allow else None,  # type: ignore[arg-type]
         ))
+    elif args.command == "sessions" and args.verb == "approve":
+        _approve.approve_command(resolve_home(args.home), args.session_id, args.approval_id, args.refuse, out)
     elif args.command == "sessions":
         home, dsh_home = resolve_home(args.home), _dsh_home_or_none(args.dsh_home)
         if args.verb == "list":

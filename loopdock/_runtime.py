@@ -421,7 +421,9 @@ class Runtime:
     ) -> AgentHandle:
         """Bring a persisted session back as a live agent on its bound loop and driver
         (asking for another one raises LOOP_SWITCH); an interrupted turn is closed as
-        ``turn/end {reason: interrupted}`` first. Cancellation rolls back like
+        ``turn/end {reason: interrupted}`` first, unless it was waiting for a person's
+        approval: then the agent shows the question again and continues that turn once it
+        is answered (actors._step_resume). Cancellation rolls back like
         ``create_agent``: nothing of a half-resumed agent stays live."""
         options = ResumeAgentOptions(
             resume_session_id=resume_session_id, agent_options=agent_options, setup=setup, loop=loop, driver=driver

@@ -1,12 +1,17 @@
 """The lowest layer: the session-log model (events, messages, sources), serialisation,
 options, errors, the session store, model adapters, tools, skills and the LoopX client."""
 
+from ._approval_policy import ApprovalPolicy as ApprovalPolicy
+from ._approval_policy import ApprovalVerdict as ApprovalVerdict
+from ._approval_policy import approval_policy_to_value as approval_policy_to_value
+from ._approval_policy import parse_approval_policy as parse_approval_policy
 from ._cancellation import is_cancellation as is_cancellation
 from ._cancellation import split_cancellation as split_cancellation
 from ._changes import Changes as Changes
 from ._environ_block import hide_environment_block as hide_environment_block
 from ._errors import AgentBusyError as AgentBusyError
 from ._errors import AgentClosedError as AgentClosedError
+from ._errors import ApprovalClosedError as ApprovalClosedError
 from ._errors import ClusterConfigError as ClusterConfigError
 from ._errors import ClusterRequestError as ClusterRequestError
 from ._errors import ClusterUnreachableError as ClusterUnreachableError

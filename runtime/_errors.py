@@ -110,6 +110,14 @@ class MessageRefusedError(LoopdockError):
         self.reason = reason
 
 
+class ApprovalClosedError(LoopdockError):
+    """Raised by ``approval.answer(...)`` when the question is not open: another answer
+    came first (two answers race, one wins), it was withdrawn (its turn was cancelled),
+    or no such question was asked of this agent."""
+
+    code = "APPROVAL_CLOSED"
+
+
 class EventsTrimmedError(LoopdockError):
     """Raised by ``session.events_since(i)`` when events from ``i`` on were trimmed from
     memory: they are in the store, and ``await session.read_events(i)`` reads them."""

@@ -2,7 +2,10 @@
 
 DSH refuses to load a log that holds an event type it does not know, so the set of
 types is closed: new meaning travels inside known events (message source kinds,
-``agent-preset/selected`` data), never as a new type.
+``agent-preset/selected`` data), never as a new type. The one exception is the pair of
+approval events (``approval/requested``, ``approval/answered``): a person's word on a
+tool call must be its own durable record, and they are only ever written to the
+runtime's own store, never to a log DSH loads (a DSH agent's approvals are DSH's).
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ CORE_EVENT_TYPES = frozenset(
         "goal/change",
         "llm/retry",
         "session/title",
+        # A person's word on a tool call (actors._approvals): the question, its answer.
+        "approval/requested",
+        "approval/answered",
     }
 )
 

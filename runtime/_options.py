@@ -7,6 +7,7 @@ from typing import Any
 
 import attrs
 
+from ._approval_policy import ApprovalPolicy, parse_approval_policy
 from ._errors import InvalidOptionsError
 from ._names import snake
 from .mcp._spec import McpServerSpec, parse_servers
@@ -33,6 +34,8 @@ class AgentOptions:
     driver: str | None = None
     #: MCP servers mounted as this agent's scoped tools (runtime/mcp; ``loopdock[mcp]``).
     mcp_servers: tuple[McpServerSpec, ...] = ()
+    #: Which tool calls wait for a person (runtime._approval_policy); None: all run.
+    approvals: ApprovalPolicy | None = None
 
     def __attrs_post_init__(self) -> None:
         for name in ("provider", "model"):
@@ -75,6 +78,8 @@ class AgentOptions:
             kwargs["tools"] = tuple(kwargs["tools"])
         if "mcp_servers" in kwargs:
             kwargs["mcp_servers"] = parse_servers(kwargs["mcp_servers"])
+        if "approvals" in kwargs:
+            kwargs["approvals"] = parse_approval_policy(kwargs["approvals"])
         return cls(**kwargs)
 
     def evolve(self, **changes: Any) -> AgentOptions:

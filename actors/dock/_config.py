@@ -13,6 +13,7 @@ snake_case spelling of every key is accepted too, but not both spellings at once
                    apiKeyEnv: OPENROUTER_API_KEY, prices: {some/model: {input: 0.2, output: 0.8}}}
     agents:                                            # session id: sessionId, else id
       - {id: flash, model: deepseek-v4-flash}
+      - {id: careful, approvals: {default: hints, allowPrograms: [ls]}}  # see runtime._approval_policy
 
 Unlike that dock, unknown keys and duplicate agent ids are errors, not silently
 dropped. Every error is ``DockError("INVALID_CONFIG", ...)`` and names the field path,
@@ -42,11 +43,14 @@ import attrs
 from loopdock.runtime import (
     MAX_QUOTE,
     MAX_YAML_NODES,
+    ApprovalPolicy,
     InvalidOptionsError,
     InvalidSessionIdError,
     YamlFileError,
+    approval_policy_to_value,
     check_session_id,
     load_yaml_file,
+    parse_approval_policy,
 )
 from loopdock.runtime import cut as _cut
 from loopdock.runtime import short_repr as _quote
@@ -95,6 +99,7 @@ class AgentEntry:
     reasoning_effort: str | None = None
     cwd: str | None = None
     mcp_servers: tuple[McpServerSpec, ...] = ()
+    approvals: ApprovalPolicy | None = None
 
     def agent_options(self) -> dict[str, Any]:
         """The agent options this entry sets (unset ones are left to the defaults)."""
@@ -102,6 +107,8 @@ class AgentEntry:
         options = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
         if self.mcp_servers:
             options["mcp_servers"] = self.mcp_servers
+        if self.approvals is not None:
+            options["approvals"] = self.approvals
         return options
 
 
@@ -228,9 +235,16 @@ def _mcp_servers(value: object, path: str) -> tuple[McpServerSpec, ...]:
         raise _error(str(exc)) from None
 
 
+def _approvals(value: object, path: str) -> ApprovalPolicy | None:
+    try:
+        return parse_approval_policy(value, path)
+    except InvalidOptionsError as exc:
+        raise _error(str(exc)) from None
+
+
 _AGENT_KEYS = (
     "id", "sessionId", "resumeSessionId", "loop", "driver",
-    "provider", "model", "maxTokens", "reasoningEffort", "cwd", "mcpServers",
+    "provider", "model", "maxTokens", "reasoningEffort", "cwd", "mcpServers", "approvals",
 )  # fmt: skip
 _AGENT_CHECKS = {
     "sessionId": _session,
@@ -243,6 +257,7 @@ _AGENT_CHECKS = {
     "reasoningEffort": _text,
     "cwd": _text,
     "mcpServers": _mcp_servers,
+    "approvals": _approvals,
 }
 
 
@@ -402,6 +417,7 @@ def config_to_dict(config: DockConfig) -> dict[str, Any]:
     for agent in config.agents:
         entry = {camel: getattr(agent, _snake(camel)) for camel in _AGENT_KEYS}
         entry["mcpServers"] = [_mcp_to_value(spec) for spec in agent.mcp_servers] or None
+        entry["approvals"] = None if agent.approvals is None else approval_policy_to_value(agent.approvals)
         agents.append({key: item for key, item in entry.items() if item is not None})
     return {
         "defaultLoop": config.default_loop,

@@ -258,7 +258,7 @@ class McpServer:
             if name in self._registered:
                 self._registered.pop(name)()
             self._registered[name] = self._tools.register(
-                Tool(name, tool.description or "", tool.inputSchema, self._runner(tool.name))
+                Tool(name, tool.description or "", tool.inputSchema, self._runner(tool.name), _read_only(tool))
             )
 
     def _runner(self, mcp_name: str) -> Callable[[Mapping[str, Any], ToolContext], Any]:
@@ -350,3 +350,9 @@ class McpServer:
                         break
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+
+
+def _read_only(tool: Any) -> bool:
+    # The server's own hint: an approval policy's ``hints`` default runs such tools unasked.
+    annotations = getattr(tool, "annotations", None)
+    return bool(getattr(annotations, "readOnlyHint", False))

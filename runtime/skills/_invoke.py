@@ -100,6 +100,7 @@ def skill_tool(catalog: SkillCatalog) -> Tool:
             "additionalProperties": False,
         },
         run=run,
+        read_only=True,
         catalog=catalog,
     )
 

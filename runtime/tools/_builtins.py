@@ -214,6 +214,7 @@ def read_file(*, home: Path | None = None) -> Tool:
             "additionalProperties": False,
         },
         run=run,
+        read_only=True,
     )
 
 
@@ -324,6 +325,7 @@ def list_dir(*, home: Path | None = None) -> Tool:
             "additionalProperties": False,
         },
         run=run,
+        read_only=True,
     )
 
 

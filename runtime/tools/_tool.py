@@ -39,6 +39,9 @@ class Tool:
     description: str
     parameters: Mapping[str, Any]
     run: Callable[[Mapping[str, Any], ToolContext], Awaitable[str]] = attrs.field(eq=False)
+    #: Declares that the tool changes nothing: an approval policy's ``hints`` default
+    #: lets such calls run without asking (runtime._approval_policy).
+    read_only: bool = False
 
     @functools.cached_property
     def spec(self) -> ToolSpec:

@@ -573,3 +573,20 @@ def test_an_agent_s_mcp_servers_reach_its_options_and_round_trip():
 ])
 def test_a_bad_mcp_server_is_a_config_error_with_its_path(servers, message):
     rejects({"agents": [{"id": "a", "mcpServers": servers}]}, message)
+
+
+# --- approval policy per agent -------------------------------------------------------------
+
+
+def test_an_agent_s_approval_policy_reaches_its_options_and_round_trips():
+    config = parse_config({"agents": [{"id": "careful", "approvals": {"default": "hints", "allowPrograms": ["ls"]}}]})
+    [entry] = config.agents
+    policy = entry.agent_options()["approvals"]
+    assert (policy.default, policy.allow_programs) == ("hints", frozenset({"ls"}))
+    assert parse_config(config_to_dict(config)) == config
+    assert "approvals" not in AgentEntry(id="a").agent_options()
+
+
+def test_a_bad_approval_policy_is_a_config_error_with_its_path():
+    rejects({"agents": [{"id": "a", "approvals": {"tools": {"shell": "maybe"}}}]},
+            "agents[0].approvals.tools.shell must be one of always, never, ask")  # fmt: skip

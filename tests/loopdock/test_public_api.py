@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PUBLIC = {
     "Agent", "AgentBusyError", "AgentClosedError", "AgentContext", "AgentHandle", "AgentOptions",
     "AgentReservation", "Bridge", "BridgeClosedError", "ClusterConfigError", "ClusterRequestError",
+    "Approval", "ApprovalClosedError", "ApprovalPolicy",
     "ClusterUnreachableError", "ClusterUrlError", "Command", "CommandContext", "CommandResult",
     "CreateAgentOptions", "DockConfig", "DockError", "Driver", "DriverLoop", "DshAgent",
     "DshAgentClosedError", "DuplicateAdapterError", "DuplicateCommandError", "DuplicateToolError",

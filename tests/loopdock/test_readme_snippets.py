@@ -83,3 +83,15 @@ def test_the_loopx_block_runs_with_loopx_and_node_22(tmp_path, loopx_env):
     done = run_block(block, tmp_path, loopx_env)
     assert done.returncode == 0, done.stderr
     assert "InitOutcome(ok=True" in done.stdout, done.stdout
+
+
+def test_the_approvals_block_asks_and_runs_the_edited_call(tmp_path):
+    (block,) = [block for block in OFFLINE if "wait_approvals" in block]
+    done = run_block(block, tmp_path, dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "write_file write_file is not declared read-only",
+        "hello, edited",
+        "pong: wrote 13 bytes to notes.txt",
+    ]
+    assert (tmp_path / "notes.txt").read_text() == "hello, edited"
