@@ -41,6 +41,13 @@ SECTION = "### The same from your own program"
 PHASE = 240  # an interpreter start and LoopX's start-up (a few CLI calls on Node 22), or one DSH run
 
 
+def _ctrl_c_as_at_a_terminal() -> None:
+    """The program's Ctrl-C is Python's KeyboardInterrupt, which Python installs only if
+    SIGINT is not ignored at its start; a suite started in the background (``cmd &``)
+    passes SIGINT on ignored, and the program would never stop."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -76,7 +83,8 @@ async def test_the_readmes_program_serves_a_real_dsh_headless(tmp_path, loopx_en
 
     with trio.fail_after(5 * PHASE):
         proc = await trio.lowlevel.open_process(
-            [sys.executable, "bridge.py"], cwd=program, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            [sys.executable, "bridge.py"], cwd=program, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            preexec_fn=_ctrl_c_as_at_a_terminal,
         )
         try:
             out, err = Lines(proc.stdout, PHASE), Lines(proc.stderr)
