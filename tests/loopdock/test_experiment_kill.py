@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import trio
+from terminal import ctrl_c_as_at_a_terminal
 
 from loopdock.experiment._history import read_run
 from loopdock.runtime._store import SessionStore
@@ -139,7 +140,8 @@ async def test_ctrl_c_ends_with_one_line_naming_the_resume_command_and_exit_130(
     env = {**os.environ, "STAND_CALLS": str(tmp_path / "calls.txt"), "STAND_BLOCK": "1"}
     with trio.fail_after(120):
         process = await trio.lowlevel.open_process(
-            _command(experiment, home), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=tmp_path
+            _command(experiment, home), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=tmp_path,
+            preexec_fn=ctrl_c_as_at_a_terminal,
         )
         assert process.stderr is not None
         buffer = b""

@@ -48,6 +48,7 @@ import pytest
 import trio
 import yaml
 from line_reader import Lines
+from terminal import ctrl_c_as_at_a_terminal
 from trio_websocket import open_websocket
 
 from loopdock._cli import _parser
@@ -220,7 +221,8 @@ class User:
         """A long-running command, its stdout piped (read it with ``Lines``), its stderr in a file."""
         async with await trio.open_file(stderr, "wb") as err:
             return await trio.lowlevel.open_process(list(argv), cwd=cwd or self.cwd, env=self.env,
-                                                    stdout=subprocess.PIPE, stderr=err.wrapped)
+                                                    stdout=subprocess.PIPE, stderr=err.wrapped,
+                                                    preexec_fn=ctrl_c_as_at_a_terminal)
 
 
 @pytest.fixture
@@ -348,7 +350,7 @@ async def test_demo_runs_its_two_agents(plain_venv, user):
     assert not user.loopdock_home.exists() and list(user.cwd.iterdir()) == []  # a temporary home, nothing left
 
 
-@invokes("run", "sessions list", "sessions show", "sessions tail")
+@invokes("run", "sessions list", "sessions show", "sessions tail", "sessions approve")
 async def test_run_then_the_sessions_commands_read_it_back(plain_venv, user):
     done = await user.run(plain_venv.loopdock("run", "hello from the wheel", "--session-id", "smoke-1"))
     assert done.code == 0, done.err
@@ -378,6 +380,10 @@ async def test_run_then_the_sessions_commands_read_it_back(plain_venv, user):
     assert "[user] hello from the wheel" in done.out and "pong: and again" in done.out
     done = await user.run(plain_venv.loopdock("sessions", "show", "no-such-session"))
     assert done.code == 2 and done.err.startswith("loopdock: SESSION_NOT_FOUND: no session 'no-such-session'")
+    # No question was asked in this session: an answer to one is refused, the log untouched.
+    done = await user.run(plain_venv.loopdock("sessions", "approve", "smoke-1", "no-such-question"))
+    assert (done.code, done.out) == (2, "")
+    assert done.err.startswith("loopdock: APPROVAL_CLOSED: approval 'no-such-question' of session smoke-1 is not open")
 
     done = await user.run(plain_venv.loopdock("sessions", "tail", "smoke-1", "-n", "2", "--no-follow"))
     assert done.code == 0 and len(done.out.splitlines()) == 2

@@ -33,19 +33,13 @@ import pytest
 import trio
 from line_reader import Lines
 from readme_blocks import blocks, blocks_for
+from terminal import ctrl_c_as_at_a_terminal
 
 from loopdock.bridge._dsh_files import dsh_process, event_source, event_text, session_log, split_turns, turn_end
 
 DSH = Path(sys.executable).parent / "dsh"
 SECTION = "### The same from your own program"
 PHASE = 240  # an interpreter start and LoopX's start-up (a few CLI calls on Node 22), or one DSH run
-
-
-def _ctrl_c_as_at_a_terminal() -> None:
-    """The program's Ctrl-C is Python's KeyboardInterrupt, which Python installs only if
-    SIGINT is not ignored at its start; a suite started in the background (``cmd &``)
-    passes SIGINT on ignored, and the program would never stop."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def free_port() -> int:
@@ -84,7 +78,7 @@ async def test_the_readmes_program_serves_a_real_dsh_headless(tmp_path, loopx_en
     with trio.fail_after(5 * PHASE):
         proc = await trio.lowlevel.open_process(
             [sys.executable, "bridge.py"], cwd=program, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            preexec_fn=_ctrl_c_as_at_a_terminal,
+            preexec_fn=ctrl_c_as_at_a_terminal,
         )
         try:
             out, err = Lines(proc.stdout, PHASE), Lines(proc.stderr)
