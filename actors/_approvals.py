@@ -179,10 +179,7 @@ class Approvals:
 
     def _changed(self, approval_id: str, change: str) -> None:
         if self._on_change is not None:
-            try:
-                self._on_change(approval_id, change)
-            except Exception as exc:  # an observer's bug never fails a question or its answer
-                log.warning("approval observer failed", session_id=self._session.id, error=repr(exc))
+            self._on_change(approval_id, change)
 
     def _add(self, data: Mapping[str, Any]) -> Approval:
         approval = Approval(
