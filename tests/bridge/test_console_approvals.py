@@ -260,3 +260,21 @@ async def test_only_a_console_page_answers(tmp_path):
             assert agent.pending_approvals() == [approval]
             agent.cancel("test over")
             await agent.wait_idle()
+
+
+async def test_a_question_found_open_in_a_resumed_agent_s_log_shows_and_is_answered(tmp_path):
+    with trio.fail_after(30):
+        async with Runtime.open(tmp_path / "home") as rt:  # asks, then closes with the question open
+            agent, work = await careful_agent(rt, tmp_path)
+            agent.followup(WRITE)
+            [asked] = await agent.wait_approvals()
+        async with served(tmp_path) as (rt, port), page(port) as p:
+            handle = await rt.resume_agent(resume_session_id="careful-1", agent_options=HINTS)
+            agent = handle.agent
+            await p.until(lambda p: p.questions(agent.id))
+            assert [q["id"] for q in p.questions(agent.id)] == [asked.id]
+            reply = await p.answer({"agentId": agent.id, "approvalId": asked.id, "decision": "approve"})
+            assert reply["type"] == "approvalDone", reply
+            await p.until(lambda p: p.questions(agent.id) == [])
+            await agent.wait_idle()
+            assert (work / "notes.txt").read_text() == "hello"
