@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import trio
@@ -73,8 +73,11 @@ class Approval:
 class Approvals:
     """The questions of one agent: folded from its log, then kept up to date by it."""
 
-    def __init__(self, session: SessionActor) -> None:
+    def __init__(self, session: SessionActor, on_change: Callable[[str, str], None] | None = None) -> None:
         self._session = session
+        # Told ``(approval id, "requested" | "answered")`` after each question asked or
+        # closed here (not for those found open in the log): the agent announces it live.
+        self._on_change = on_change
         self._open: dict[str, Approval] = {}
         self._changes = Changes()  # every question asked or closed
         answered = {e.data["id"]: e for e in session.retained("approval/answered")}
@@ -119,7 +122,9 @@ class Approvals:
         }
         self._session.append("approval/requested", data)
         log.info("approval.requested", session_id=self._session.id, approval_id=data["id"], tool=tool)
-        return self._add(data)
+        approval = self._add(data)
+        self._changed(approval.id, "requested")
+        return approval
 
     async def answer(
         self,
@@ -170,6 +175,11 @@ class Approvals:
         if approval_id in self._from_log:
             self._resumed_answers[approval_id] = answer
         self._changes.notify()
+        self._changed(approval_id, "answered")
+
+    def _changed(self, approval_id: str, change: str) -> None:
+        if self._on_change is not None:
+            self._on_change(approval_id, change)
 
     def _add(self, data: Mapping[str, Any]) -> Approval:
         approval = Approval(

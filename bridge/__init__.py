@@ -19,8 +19,11 @@ from ._connection import Opened as Opened
 from ._connection import Received as Received
 from ._connection import SendFrame as SendFrame
 from ._console import SERVE_LOGGER as SERVE_LOGGER
+from ._console import AnswerApprovalFn as AnswerApprovalFn
+from ._console import ApprovalView as ApprovalView
 from ._console import ConsoleHandler as ConsoleHandler
 from ._console import RuntimeView as RuntimeView
+from ._console import approval_views as approval_views
 from ._dock_select import DockSelectHandler as DockSelectHandler
 from ._dsh_agent import DshAgent as DshAgent
 from ._dsh_agent import DshAgentClosedError as DshAgentClosedError
@@ -51,6 +54,8 @@ from ._host_handler import HostHandler as HostHandler
 from ._host_handler import NoHostError as NoHostError
 from ._messages import MESSAGE_TYPES as MESSAGE_TYPES
 from ._messages import Ack as Ack
+from ._messages import AnswerApproval as AnswerApproval
+from ._messages import ApprovalDone as ApprovalDone
 from ._messages import BridgeMessage as BridgeMessage
 from ._messages import Cancel as Cancel
 from ._messages import CommandDone as CommandDone

@@ -36,6 +36,7 @@ from ._messages import (
     REPLIES,
     REPLY_TYPES,
     TYPE_NAMES,
+    AnswerApproval,
     BridgeMessage,
     Cancel,
     ErrorNotice,
@@ -77,7 +78,7 @@ CAPABILITIES: Mapping[str, tuple[str, ...]] = MappingProxyType(
 _ACCEPTED: Mapping[str, frozenset[type[Any]]] = MappingProxyType(
     {
         "dsh-host": frozenset({Events, Live, PreStep, Select, Mirrored, RunCommand, Ping}),
-        "goalbar": frozenset({Ping, *GOALBAR_REQUESTS}),
+        "goalbar": frozenset({Ping, AnswerApproval, *GOALBAR_REQUESTS}),
     }
 )
 # The requests we may send each role.

@@ -11,15 +11,22 @@ last turn. It
 - pushes every row, and every change of one, to console pages: GoalBar-role connections
   whose hello names the ``console`` capability, as ``live`` items of type
   ``console/agent`` (``data`` is the row; ``data.gone`` when the agent ended). The page
-  asks the GoalBar of each session itself (``goalbarWatch``).
+  asks the GoalBar of each session itself (``goalbarWatch``);
+- shows each runtime agent's open approval questions in its row (``approvals``: id,
+  tool, arguments and reason, cut for display; ``approvalsOpen``: how many), read from
+  ``agent.pending_approvals()`` whenever the agent announces a question asked or closed
+  (live ``agent/approvals``, whichever surface answered), and answers a page's
+  ``approval`` request on the agent (``answer_approval``): exactly once, so of two pages
+  answering one question, the second gets ``APPROVAL_CLOSED``.
 
 Rows of ended agents are dropped (the session logs are the record: ``loopdock sessions``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -30,8 +37,9 @@ from loopdock.runtime import InvalidSessionIdError, LoopdockError, SubscriberDro
 
 from ._dock_select import MAX_BINDINGS
 from ._dsh_binding import BINDING_RECORD, dsh_binding
+from ._errors import NotServedError
 from ._handler import BridgeHandler, Disconnect, HandlerLayer, Peer
-from ._messages import Select, Selection, SessionEvent
+from ._messages import AnswerApproval, ApprovalDone, Select, Selection, SessionEvent
 
 #: The logger of the lines ``loopdock serve`` shows at info.
 SERVE_LOGGER = "loopdock.serve"
@@ -47,17 +55,82 @@ MAX_DECIDED = MAX_BINDINGS
 _LOGGED_TEXT = 200
 
 
+#: How many of an agent's open questions its row carries (``approvalsOpen`` counts all),
+#: and how much of a question's arguments (as JSON) and reason.
+MAX_SHOWN_APPROVALS = 20
+MAX_SHOWN_ARGUMENTS = 400
+MAX_SHOWN_REASON = 300
+#: The live events after which a runtime agent's row is read again from its session.
+_VIEWED = ("agent/created", "agent/status", "agent/approvals")
+
+
 def _logged(value: object) -> object:
     return value[:_LOGGED_TEXT] if isinstance(value, str) else value
 
 
+def _cut(text: str, longest: int) -> str:
+    return text if len(text) <= longest else text[: longest - 1] + "…"
+
+
+class OpenQuestion(Protocol):
+    """What the console shows of an open approval question (``loopdock.Approval``)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def tool(self) -> str: ...
+
+    @property
+    def arguments(self) -> Mapping[str, Any]: ...
+
+    @property
+    def reason(self) -> str: ...
+
+
+@attrs.frozen
+class ApprovalView:
+    """One open question as a console row carries it: ``arguments`` is their JSON text,
+    cut to ``MAX_SHOWN_ARGUMENTS`` characters (``reason`` to ``MAX_SHOWN_REASON``)."""
+
+    id: str
+    tool: str
+    arguments: str
+    reason: str
+
+    @classmethod
+    def of(cls, question: OpenQuestion) -> ApprovalView:
+        try:
+            arguments = json.dumps(dict(question.arguments), ensure_ascii=False, sort_keys=True)
+        except (TypeError, ValueError):
+            arguments = repr(question.arguments)[:MAX_SHOWN_ARGUMENTS]
+        return cls(question.id, _cut(question.tool, 200), _cut(arguments, MAX_SHOWN_ARGUMENTS),
+                   _cut(question.reason, MAX_SHOWN_REASON))
+
+    def wire(self) -> dict[str, Any]:
+        return {"id": self.id, "tool": self.tool, "arguments": self.arguments, "reason": self.reason}
+
+
+def approval_views(questions: Sequence[OpenQuestion]) -> tuple[tuple[ApprovalView, ...], int]:
+    """The questions a row shows (the oldest ``MAX_SHOWN_APPROVALS``), and how many are open."""
+    return tuple(ApprovalView.of(q) for q in questions[:MAX_SHOWN_APPROVALS]), len(questions)
+
+
 @attrs.frozen
 class RuntimeView:
-    """What a runtime agent's session says: its binding, turns, and how the last one ended."""
+    """What a runtime agent's session says: its binding, turns, how the last one ended,
+    and its open approval questions (``approvals_open`` of them; the first ones shown)."""
 
     binding: Route | None
     turns: int
     last_turn: str | None
+    approvals: tuple[ApprovalView, ...] = ()
+    approvals_open: int = 0
+
+
+#: Answers the open question ``approval_id`` of the runtime agent ``agent_id`` with
+#: ``decision`` and ``reason`` (raises UNKNOWN_AGENT, APPROVAL_CLOSED, ...).
+AnswerApprovalFn = Callable[[str, str, str, str | None], Awaitable[None]]
 
 
 def _route(binding: Route | None) -> tuple[str | None, str | None]:
@@ -78,27 +151,33 @@ class AgentRow:
     turns: int = 0
     last_turn: str | None = None  # how the last turn ended
     cwd: str | None = None
+    approvals: tuple[ApprovalView, ...] = ()  # open questions (runtime agents)
+    approvals_open: int = 0
 
     def wire(self) -> dict[str, Any]:
         return {
             "id": self.id, "origin": self.origin, "sessionId": self.session_id, "loop": self.loop,
             "driver": self.driver, "status": self.status, "inbox": self.inbox, "turns": self.turns,
-            "lastTurn": self.last_turn, "cwd": self.cwd,
+            "lastTurn": self.last_turn, "cwd": self.cwd, "approvals": [a.wire() for a in self.approvals],
+            "approvalsOpen": self.approvals_open,
         }
 
 
 class ConsoleHandler(HandlerLayer):
     """See the module docstring. ``runtime_view(agent_id)`` reads a runtime agent's
-    binding, turn count and last turn end from its session (None once it is gone)."""
+    binding, turn count, last turn end and open questions from its session (None once it
+    is gone); ``answer_approval`` answers one of its questions (None: pages cannot)."""
 
     def __init__(
         self,
         inner: BridgeHandler | None = None,
         runtime_view: Callable[[str], RuntimeView | None] | None = None,
+        answer_approval: AnswerApprovalFn | None = None,
     ) -> None:
         super().__init__(inner)
         self.rows: dict[str, AgentRow] = {}
         self._runtime_view = runtime_view or (lambda agent_id: None)
+        self._answer_approval = answer_approval
         # session id -> the dock's answer to its select, until its agent is created (the
         # newest MAX_DECIDED)
         self._decided: dict[str, Route] = {}
@@ -108,10 +187,14 @@ class ConsoleHandler(HandlerLayer):
 
     # -- console pages ---------------------------------------------------------------------
 
+    @staticmethod
+    def _is_page(conn: Peer) -> bool:
+        hello = getattr(conn, "hello", None)
+        return conn.role == "goalbar" and hello is not None and CONSOLE_CAPABILITY in hello.capabilities
+
     def connected(self, conn: Peer) -> None:
         super().connected(conn)
-        hello = getattr(conn, "hello", None)
-        if conn.role == "goalbar" and hello is not None and CONSOLE_CAPABILITY in hello.capabilities:
+        if self._is_page(conn):
             self._pages.add(conn)
             for row in list(self.rows.values()):
                 conn.publish_live(LiveEvent(ROW_TYPE, row.id, row.wire()))
@@ -133,6 +216,24 @@ class ConsoleHandler(HandlerLayer):
         for page in list(self._pages):
             if not page.publish_live(item):
                 self._pages.discard(page)
+
+    async def on_approval(self, conn: Peer, request: AnswerApproval) -> ApprovalDone:
+        """A console page's answer to a runtime agent's question; the rows follow from the
+        agent's ``agent/approvals`` (on every page, whoever answered)."""
+        if not self._is_page(conn):
+            raise NotServedError("approvals are answered from a console page (a hello with the console capability)")
+        if self._answer_approval is None:
+            raise NotServedError("this console answers no approvals")
+        reason = request.reason or None
+        try:
+            await self._answer_approval(request.agent_id, request.approval_id, request.decision, reason)
+        except LoopdockError as exc:
+            log.info("approval answer refused", session_id=request.agent_id, approval_id=_logged(request.approval_id),
+                     code=_logged(exc.code))
+            raise
+        log.info("approval answered", session_id=request.agent_id, approval_id=request.approval_id,
+                 decision=request.decision, surface="console")
+        return ApprovalDone(request.agent_id, request.approval_id, request.decision)
 
     # -- what DSH hosts send -----------------------------------------------------------------
 
@@ -198,11 +299,11 @@ class ConsoleHandler(HandlerLayer):
     def _apply_runtime_item(self, item: LiveEvent) -> None:
         try:
             missed = item.agent_id not in self.rows and item.type not in ("agent/created", "agent/disposed")
-            wanted = missed or item.type in ("agent/created", "agent/status")
+            wanted = missed or item.type in _VIEWED
             view = self._runtime_view(item.agent_id) if wanted else None
             if missed:  # its creation was missed (a dropped subscription): its row starts now
                 self.apply_live("runtime", LiveEvent("agent/created", item.agent_id, {"sessionId": item.agent_id}), view)
-            self.apply_live("runtime", item, view if item.type in ("agent/created", "agent/status") else None)
+            self.apply_live("runtime", item, view if item.type in _VIEWED else None)
         except Exception as exc:  # contained: one row may be stale, the console goes on
             log.warning("console could not show an event", agent_id=item.agent_id, type=item.type, error=repr(exc))
 
@@ -215,6 +316,7 @@ class ConsoleHandler(HandlerLayer):
         if view is not None and row is not None:  # the turn just ended shows with the status
             (row.loop, row.driver), row.turns = _route(view.binding), view.turns
             row.last_turn = view.last_turn or row.last_turn  # None: out of memory, not changed
+            row.approvals, row.approvals_open = view.approvals, view.approvals_open
         if item.type == "agent/created":
             # as the host handler takes it: an id the runtime's API refuses is not kept
             try:
@@ -229,6 +331,7 @@ class ConsoleHandler(HandlerLayer):
             )
             if view is not None:
                 (row.loop, row.driver), row.turns, row.last_turn = _route(view.binding), view.turns, view.last_turn
+                row.approvals, row.approvals_open = view.approvals, view.approvals_open
             self._inboxes[item.agent_id] = set()
             log.info("session start", origin=origin, session_id=session_id, source=_logged(data.get("source")),
                      loop=row.loop, driver=row.driver)
@@ -243,6 +346,9 @@ class ConsoleHandler(HandlerLayer):
             return
         if item.type == "agent/status" and isinstance(data.get("status"), str):
             row.status = data["status"]
+        elif item.type == "agent/approvals":
+            if view is None:  # only a runtime agent's view says which questions are open
+                return
         elif item.type.startswith("agent/inbox/"):
             # DSH sends the message, the runtime its id
             message = data.get("message")

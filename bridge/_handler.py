@@ -17,6 +17,8 @@ from loopdock.runtime import Event
 
 from ._errors import NotServedError
 from ._messages import (
+    AnswerApproval,
+    ApprovalDone,
     BridgeMessage,
     CommandDone,
     GoalbarPause,
@@ -124,6 +126,10 @@ class BridgeHandler(Protocol):
         """A command a DSH user ran in a live agent that the runtime carries out
         (``NotServedError``: this runtime serves no such command)."""
 
+    async def on_approval(self, conn: Peer, request: AnswerApproval) -> ApprovalDone:
+        """A console page answers a runtime agent's approval question (``NotServedError``:
+        this runtime serves no console)."""
+
 
 class NullHandler:
     """Accepts and drops events, lets every pre-step enter, answers ``select`` with
@@ -158,6 +164,9 @@ class NullHandler:
 
     async def on_command(self, conn: Peer, request: RunCommand) -> CommandDone:
         raise NotServedError("this runtime runs no host commands")
+
+    async def on_approval(self, conn: Peer, request: AnswerApproval) -> ApprovalDone:
+        raise NotServedError("this runtime serves no console")
 
 
 class HandlerLayer:
@@ -196,3 +205,6 @@ class HandlerLayer:
 
     async def on_command(self, conn: Peer, request: RunCommand) -> CommandDone:
         return await self.inner.on_command(conn, request)
+
+    async def on_approval(self, conn: Peer, request: AnswerApproval) -> ApprovalDone:
+        return await self.inner.on_approval(conn, request)

@@ -28,6 +28,8 @@ command     host -> runtime       commandDone (an older runtime: error
 goalbarRead goalbar -> runtime    goalbarResult (also goalbarWatch,
                                   goalbarStart, goalbarPause)
 goalbar     runtime -> goalbar    (pushed after a goalbarWatch)
+approval    goalbar -> runtime    approvalDone (a console page answers a
+                                  runtime agent's approval question)
 ping        either                pong
 =========== ===================== ========================================
 """
@@ -370,6 +372,43 @@ class Goalbar:
 GOALBAR_REQUESTS = (GoalbarRead, GoalbarWatch, GoalbarStart, GoalbarPause)
 
 
+# -- approvals (console page -> runtime) -------------------------------------------------
+
+#: Longest approval id a page may name (the runtime's are ``ap-`` and 16 hex digits).
+MAX_APPROVAL_ID = 64
+#: Longest reason a page may give with a refusal (it goes into the log and to the model).
+MAX_APPROVAL_REASON = 2000
+
+#: An approval question's id (decoding checks its length: BAD_DATA).
+ApprovalId = Annotated[str, "approval id"]
+#: A person's reason for a refusal (decoding checks its length: BAD_DATA).
+ApprovalReason = Annotated[str, "approval reason"]
+
+
+@attrs.frozen
+class AnswerApproval:
+    """A person answers the open question ``approval_id`` of the runtime agent
+    ``agent_id`` from a console page: ``approve`` (the call runs) or ``refuse`` (the
+    model reads ``refused by a person: <reason>`` as the call's error). Answered with
+    ``approvalDone``, or an ``error``: ``APPROVAL_CLOSED`` (answered already, from any
+    surface, withdrawn, or never asked), ``UNKNOWN_AGENT``, ``NOT_SERVED`` (the
+    connection is not a console page)."""
+
+    agent_id: SessionId
+    approval_id: ApprovalId
+    decision: Literal["approve", "refuse"]
+    reason: ApprovalReason | None = None
+
+
+@attrs.frozen
+class ApprovalDone:
+    """The answer is durable (the question's ``approval/answered`` is in the log)."""
+
+    agent_id: str
+    approval_id: str
+    decision: Literal["approve", "refuse"]
+
+
 # -- liveness --------------------------------------------------------------------------
 
 
@@ -387,6 +426,7 @@ BridgeMessage = (
     Hello | Welcome | ErrorNotice | Events | Live | Followup | Wake | Cancel | Ack
     | PreStep | Verdict | Select | Selection | Mirrored | MirroredSeqs | RunCommand | CommandDone | Ping | Pong
     | GoalbarRead | GoalbarWatch | GoalbarStart | GoalbarPause | GoalbarResult | Goalbar
+    | AnswerApproval | ApprovalDone
 )
 
 #: Wire ``type`` -> class.
@@ -417,6 +457,8 @@ MESSAGE_TYPES: Mapping[str, type[Any]] = MappingProxyType(
         "goalbarPause": GoalbarPause,
         "goalbarResult": GoalbarResult,
         "goalbar": Goalbar,
+        "approval": AnswerApproval,
+        "approvalDone": ApprovalDone,
     }
 )
 TYPE_NAMES: Mapping[type[Any], str] = MappingProxyType({cls: name for name, cls in MESSAGE_TYPES.items()})
@@ -424,7 +466,7 @@ TYPE_NAMES: Mapping[type[Any], str] = MappingProxyType({cls: name for name, cls 
 #: Request class -> the class of its reply (an ``error`` frame may answer any request).
 REPLY_TYPES: Mapping[type[Any], type[Any]] = MappingProxyType(
     {Followup: Ack, Wake: Ack, Cancel: Ack, PreStep: Verdict, Select: Selection, Mirrored: MirroredSeqs,
-     RunCommand: CommandDone, Ping: Pong,
+     RunCommand: CommandDone, Ping: Pong, AnswerApproval: ApprovalDone,
      **{cls: GoalbarResult for cls in GOALBAR_REQUESTS}}
 )
 REPLIES = frozenset(REPLY_TYPES.values())

@@ -36,9 +36,15 @@ from loopdock.runtime import (
 
 from ._errors import ErrorCode, ProtocolError
 from ._messages import (
+    MAX_APPROVAL_ID,
+    MAX_APPROVAL_REASON,
     MAX_ID_LENGTH,
     MESSAGE_TYPES,
     Ack,
+    AnswerApproval,
+    ApprovalDone,
+    ApprovalId,
+    ApprovalReason,
     Cancel,
     CommandDone,
     ErrorNotice,
@@ -92,6 +98,24 @@ def _register_wire() -> cattrs.Converter:
 
     converter.register_structure_hook_func(lambda tp: tp == SessionId, session_id)
 
+    # Strings a console page sends, with the most the runtime keeps of them.
+    def bounded(what: str, longest: int) -> Any:
+        def structure(value: Any, _: Any) -> str:
+            if not isinstance(value, str):
+                raise WireTypeError(f"expected a string, got {json_kind(value)}")
+            if not value and what == "approval id":
+                raise WireTypeError("an approval id is not empty")
+            if len(value) > longest:
+                raise WireTypeError(f"an {what} is at most {longest} characters, got {len(value)}")
+            return value
+
+        return structure
+
+    converter.register_structure_hook_func(lambda tp: tp == ApprovalId, bounded("approval id", MAX_APPROVAL_ID))
+    converter.register_structure_hook_func(
+        lambda tp: tp == ApprovalReason, bounded("approval reason", MAX_APPROVAL_REASON)
+    )
+
     # session id -> seq: an object whose every value is a non-negative integer.
     def is_seq_map(tp: Any) -> bool:
         return bool(tp == SeqMap)
@@ -112,7 +136,7 @@ def _register_wire() -> cattrs.Converter:
     nested: tuple[type, ...] = (Event, LiveEvent, SessionEvent, ErrorNotice, SelectionParts, StoredBinding, GoalbarView)
     outer: tuple[type, ...] = (Hello, Welcome, Events, Live, Followup, Wake, Cancel, Ack, PreStep, Verdict,
                 Select, Selection, Mirrored, MirroredSeqs, RunCommand, CommandDone, Ping, Pong, GoalbarRead, GoalbarWatch,
-                GoalbarStart, GoalbarPause, GoalbarResult, Goalbar)
+                GoalbarStart, GoalbarPause, GoalbarResult, Goalbar, AnswerApproval, ApprovalDone)
     for cls in (*nested, *outer):
         # The actors' LiveEvent: its agent id is a session id on DSH.
         overrides = {"agent_id": override(rename="agentId", struct_hook=session_id)} if cls is LiveEvent else None

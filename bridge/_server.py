@@ -79,6 +79,8 @@ from ._handler import BridgeHandler, Disconnect, DisconnectKind, NullHandler
 from ._http import HttpConnection, is_websocket_upgrade
 from ._messages import (
     GOALBAR_REQUESTS,
+    AnswerApproval,
+    ApprovalDone,
     BridgeMessage,
     CommandDone,
     ErrorNotice,
@@ -508,6 +510,9 @@ class BridgeConnection:
             elif isinstance(message, RunCommand):
                 reply = await self._handler.on_command(self, message)
                 expected = CommandDone
+            elif isinstance(message, AnswerApproval):
+                reply = await self._handler.on_approval(self, message)
+                expected = ApprovalDone
             else:
                 assert isinstance(message, Select)
                 reply = await self._handler.on_select(self, message)

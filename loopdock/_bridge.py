@@ -24,13 +24,14 @@ from typing import Protocol, final
 
 import trio
 
-from loopdock.actors import AgentActor, CommandResult, LiveEvent, Subscription
+from loopdock.actors import AgentActor, CommandResult, LiveEvent, Subscription, UnknownAgentError
 from loopdock.actors.dock import BINDING_EVENT, LoopDock, read_binding
 from loopdock.actors.loopx import INIT_COMMAND_NAME, LoopxIntegration
 from loopdock.bridge import (
     DEFAULT_HOST,
     DEFAULT_OWNED_KINDS,
     PLUGIN_DIR,
+    AnswerApprovalFn,
     ConsoleHandler,
     DshAgent,
     DshAgentMirror,
@@ -39,6 +40,7 @@ from loopdock.bridge import (
     HostCommand,
     HostHandler,
     RuntimeView,
+    approval_views,
     load_or_create_token,
     serve_bridge,
     stable_plugin,
@@ -125,7 +127,7 @@ async def goalbar_service(rt: ServedRuntime) -> AsyncIterator[GoalBarService | N
 
 def runtime_view(rt: ServedRuntime) -> Callable[[str], RuntimeView | None]:
     """The console's view of a runtime agent: binding, turns and last turn end, read from
-    its session."""
+    its session, and its open approval questions (``pending_approvals()``)."""
 
     def view(agent_id: str) -> RuntimeView | None:
         agent = rt.get_agent(agent_id)
@@ -138,9 +140,23 @@ def runtime_view(rt: ServedRuntime) -> Callable[[str], RuntimeView | None]:
         in_memory = session.events_since(session.event_count - session.in_memory)
         ends = [e.data.get("reason", {}).get("kind") for e in in_memory if e.type == "turn/end"]
         binding = read_binding(session.retained(BINDING_EVENT))
-        return RuntimeView(binding, session.turn_count, str(ends[-1]) if ends else None)
+        approvals, approvals_open = approval_views(agent.pending_approvals())
+        return RuntimeView(binding, session.turn_count, str(ends[-1]) if ends else None, approvals, approvals_open)
 
     return view
+
+
+def approval_answerer(rt: ServedRuntime) -> AnswerApprovalFn:
+    """How a console page answers a runtime agent's approval question: on the agent, as
+    ``approval.answer`` does (exactly once: APPROVAL_CLOSED for a closed or unknown one)."""
+
+    async def answer(agent_id: str, approval_id: str, decision: str, reason: str | None) -> None:
+        agent = rt.get_agent(agent_id)
+        if agent is None or agent.closed:
+            raise UnknownAgentError(f"no agent {agent_id!r} runs in this runtime")
+        await agent.approvals.answer(approval_id, decision, reason=reason)
+
+    return answer
 
 
 def page_urls(host: str, port: int, token: str) -> list[str]:
@@ -180,7 +196,7 @@ async def compose_handlers(
     mirror = DshAgentMirror(hosts, start_proxy, project_for, frozenset(DEFAULT_OWNED_KINDS), commands=commands)
     await nursery.start(mirror.run)
     goalbar = GoalBarHandler(service, project_for, nursery, inner=mirror)
-    console = ConsoleHandler(goalbar, runtime_view(rt))
+    console = ConsoleHandler(goalbar, runtime_view(rt), approval_answerer(rt))
     for agent_id in existing:
         console.apply_live("runtime", LiveEvent("agent/created", agent_id, {"sessionId": agent_id}), runtime_view(rt)(agent_id))
     await nursery.start(console.watch_runtime, live, rt.subscribe_live)

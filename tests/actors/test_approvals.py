@@ -251,3 +251,30 @@ async def test_a_steer_while_a_question_is_open_enters_the_step_after_the_answer
     assert [e.data["turn"] for e in await events(agent, "turn/start")] == [1]
     last = adapter.requests[1].messages
     assert [m.role for m in last[-2:]] == ["tool", "user"] and last[-1].text == "use b.txt next time"
+
+
+async def test_each_question_asked_or_closed_is_announced_live(rt):
+    agent, _ = await agent_with(rt, [touch_call(), "done", touch_call("b.txt", "c2"), "ok"])
+    with rt.subscribe_live() as live, trio.fail_after(5):
+        agent.followup("go")
+        [first] = await agent.wait_approvals()
+        await first.answer("approve")
+        await agent.wait_idle()
+        agent.followup("again")
+        [second] = await agent.wait_approvals()
+        agent.cancel("stop")  # withdrawn: closed too
+        await agent.wait_idle()
+        seen = []
+        while True:
+            try:
+                item = live.receive_nowait()
+            except trio.WouldBlock:
+                break
+            if item.type == "agent/approvals":
+                seen.append((item.agent_id, dict(item.data)))
+    assert seen == [
+        (agent.id, {"approvalId": first.id, "change": "requested", "open": 1}),
+        (agent.id, {"approvalId": first.id, "change": "answered", "open": 0}),
+        (agent.id, {"approvalId": second.id, "change": "requested", "open": 1}),
+        (agent.id, {"approvalId": second.id, "change": "answered", "open": 0}),
+    ]

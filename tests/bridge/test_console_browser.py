@@ -16,6 +16,7 @@ from pathlib import Path
 
 import trio
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 from trio_websocket import open_websocket
 
@@ -133,6 +134,136 @@ async def test_the_console_shows_every_agent_live_and_filters(tmp_path, loopx_en
                     if os.environ.get("LOOPDOCK_DOCS_SCREENSHOTS"):  # refreshing docs/console.png
                         (ROOT / "docs" / "console.png").write_bytes((tmp_path / "console.png").read_bytes())
                     await writer.dispose()
+                    nursery.cancel_scope.cancel()
+    finally:
+        await trio.to_thread.run_sync(browser.quit)
+
+
+WRITE = 'call: write_file {"path": "%s", "content": "hello"}'
+
+
+async def test_the_console_answers_approval_questions_once_across_pages(tmp_path):
+    browser = await trio.to_thread.run_sync(chromium, tmp_path / "chromium-profile")
+    browser.set_window_size(1100, 400)
+    try:
+        with trio.fail_after(4 * PHASE):
+            async with Runtime.open(tmp_path / "home") as rt:
+                live = rt.subscribe_live()
+                async with goalbar_service(rt) as service, trio.open_nursery() as nursery:
+                    console = await compose_handlers(rt, service, tmp_path, nursery, live)
+                    port = await nursery.start(functools.partial(serve_bridge, console, token=TOKEN))
+                    work = tmp_path / "work"
+                    work.mkdir()
+                    handle = await rt.create_agent(session_id="careful-1", cwd=str(work),
+                                                   agent_options={"approvals": {"default": "hints"}})
+                    agent = handle.agent
+                    url = f"http://127.0.0.1:{port}/console#token={TOKEN}"
+
+                    def wait_for(predicate, timeout=60):
+                        return WebDriverWait(browser, timeout, poll_frequency=0.1).until(lambda d: predicate(d))
+
+                    # The questions each page shows: [approval id, its text, Approve disabled?]
+                    # (``page``: a page this one opened, reached through its window).
+                    questions_js = """
+                        const doc = arguments[0] ? window[arguments[0]].document : document;
+                        return [...doc.querySelectorAll('#rows tr.approval[data-agent="careful-1"]')].map(tr =>
+                            [tr.dataset.approval, tr.innerText.trim(), tr.querySelector('button.approve').disabled]);"""
+
+                    def questions(page=None):
+                        return browser.execute_script(questions_js, page)
+
+                    def opened():
+                        browser.get(url)
+                        wait_for(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-status") == "live"
+                                 and d.find_elements(By.CSS_SELECTOR, '#rows tr[data-agent="careful-1"]'))
+                        return questions()
+                    assert await trio.to_thread.run_sync(opened) == []
+
+                    # 1. The question shows under its agent; Approve answers it: it goes, the call runs.
+                    agent.followup(WRITE % "notes.txt")
+                    [approval] = await agent.wait_approvals()
+
+                    def shown():
+                        wait_for(lambda d: questions())
+                        browser.save_screenshot(str(tmp_path / "approval.png"))
+                        return questions()
+                    [(shown_id, text, disabled)] = await trio.to_thread.run_sync(shown)
+                    assert shown_id == approval.id and not disabled
+                    assert "write_file" in text and '"path": "notes.txt"' in text, text
+                    assert "write_file is not declared read-only" in text, text
+                    assert (work / "notes.txt").exists() is False  # the turn waits for the click
+
+                    def approve():
+                        browser.find_element(
+                            By.CSS_SELECTOR, f'tr.approval[data-approval="{approval.id}"] button.approve').click()
+                        wait_for(lambda d: questions() == [])
+                    await trio.to_thread.run_sync(approve)
+                    await agent.wait_idle()
+                    assert (work / "notes.txt").read_text() == "hello"
+                    events = await agent.session.read_events()
+                    assert [e.data for e in events if e.type == "approval/answered"] == [
+                        {"id": approval.id, "decision": "approve"}]
+                    assert [e.data["reason"]["kind"] for e in events if e.type == "turn/end"] == ["completed"]
+
+                    # 2. Two pages, one question: both click Approve in the same instant (one
+                    # script, before either hears back); one wins, the other clicked a stale
+                    # button and shows APPROVAL_CLOSED; the question leaves both.
+                    def second_page():
+                        browser.execute_script("window.pageB = window.open(arguments[0], 'pageB')", url)
+                        wait_for(lambda d: d.execute_script(
+                            "const b = window.pageB; return b && b.document.body && b.document.body.dataset.status")
+                            == "live")
+                    await trio.to_thread.run_sync(second_page)
+                    assert len(browser.window_handles) == 2
+                    agent.followup(WRITE % "second.txt")
+                    [second] = await agent.wait_approvals()
+
+                    def race():
+                        wait_for(lambda d: questions() and questions("pageB"))
+                        assert [q[0] for q in questions()] == [q[0] for q in questions("pageB")] == [second.id]
+                        disabled = browser.execute_script("""
+                            const sel = 'tr.approval[data-approval="' + arguments[0] + '"] button.approve';
+                            const pages = [document, window.pageB.document];
+                            pages.forEach(doc => doc.querySelector(sel).click());
+                            return pages.map(doc => doc.querySelector(sel).disabled);""", second.id)
+                        wait_for(lambda d: questions() == [] and questions("pageB") == [])
+                        notices_js = """return [document, window.pageB.document].map(doc =>
+                            [...doc.querySelectorAll('#notices li')].map(li => li.innerText));"""
+                        wait_for(lambda d: sum(map(len, d.execute_script(notices_js))) == 1)
+                        statuses = browser.execute_script(
+                            "return [document, window.pageB.document].map(doc => doc.body.dataset.status)")
+                        browser.save_screenshot(str(tmp_path / "closed.png"))
+                        return disabled, browser.execute_script(notices_js), statuses
+                    disabled, notices, statuses = await trio.to_thread.run_sync(race)
+                    assert disabled == [True, True]  # each button, once clicked, waits for its result
+                    [notice] = [n for page in notices for n in page]
+                    assert f"Answer to {second.id} of careful-1 failed: APPROVAL_CLOSED" in notice, notice
+                    assert statuses == ["live", "live"]  # a typed error on the page, not a broken page
+                    await agent.wait_idle()
+                    assert (work / "second.txt").read_text() == "hello"
+                    assert [e.data for e in await agent.session.read_events()
+                            if e.type == "approval/answered" and e.data["id"] == second.id] == [
+                        {"id": second.id, "decision": "approve"}]
+                    assert (tmp_path / "closed.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+                    # 3. Refuse asks for a reason; the model reads it as the call's error.
+                    agent.followup(WRITE % "third.txt")
+                    [third] = await agent.wait_approvals()
+
+                    def refuse():
+                        wait_for(lambda d: [q[0] for q in questions()] == [third.id])
+                        row = f'tr.approval[data-approval="{third.id}"]'
+                        browser.find_element(By.CSS_SELECTOR, f"{row} button.refuse").click()
+                        box = wait_for(lambda d: d.find_element(By.CSS_SELECTOR, f"{row} input.reason"))
+                        box.send_keys("not that file", Keys.ENTER)
+                        wait_for(lambda d: questions() == [])
+                    await trio.to_thread.run_sync(refuse)
+                    await agent.wait_idle()
+                    assert not (work / "third.txt").exists()
+                    results = [(b.content, b.is_error) for m in await agent.read_transcript() if m.role == "tool"
+                               for b in m.content]
+                    assert results[-1] == ("refused by a person: not that file", True)
+                    await handle.dispose()
                     nursery.cancel_scope.cancel()
     finally:
         await trio.to_thread.run_sync(browser.quit)

@@ -16,6 +16,8 @@ from loopdock.actors import LiveEvent
 from loopdock.bridge import (
     MESSAGE_TYPES,
     Ack,
+    AnswerApproval,
+    ApprovalDone,
     Cancel,
     CommandDone,
     ErrorCode,
@@ -41,6 +43,8 @@ from loopdock.bridge import (
     encode,
 )
 from loopdock.bridge._messages import (
+    MAX_APPROVAL_ID,
+    MAX_APPROVAL_REASON,
     MAX_ERROR_CODE,
     MAX_ERROR_MESSAGE,
     MAX_ID_LENGTH,
@@ -164,6 +168,14 @@ WIRE_SHAPES = [
                                   continuation="quiet", continuation_reason="the last turn was cancelled", agent_running=False))),
         {"type": "goalbar", "data": {"state": {"kind": "visible", "sessionId": "s1", "goalId": "g", "agentId": "a", "lifecycleState": "active", "processed": 0, "remaining": 1, "total": 1, "pending": False,
                                                "continuation": "quiet", "continuationReason": "the last turn was cancelled", "agentRunning": False}}},
+    ),
+    (
+        Frame(AnswerApproval("a1", "ap-0123456789abcdef", "refuse", "not that file"), id="q1"),
+        {"type": "approval", "id": "q1", "data": {"agentId": "a1", "approvalId": "ap-0123456789abcdef", "decision": "refuse", "reason": "not that file"}},
+    ),
+    (
+        Frame(ApprovalDone("a1", "ap-0123456789abcdef", "approve"), re="q1"),
+        {"type": "approvalDone", "re": "q1", "data": {"agentId": "a1", "approvalId": "ap-0123456789abcdef", "decision": "approve"}},
     ),
 ]
 
@@ -292,6 +304,18 @@ def test_an_unknown_type_answers_the_request_it_came_as():
         ("mirroredSeqs", {"seqs": {"s1": True}}, "data.seqs", "expected a non-negative integer for 's1', got a boolean"),
         ("mirroredSeqs", {"seqs": {"s1": None}}, "data.seqs", "expected a non-negative integer for 's1', got null"),
         ("mirroredSeqs", {"seqs": {}, "more": 1}, "data", "extra fields found (more)"),
+        ("approval", {"agentId": "a1", "decision": "approve"}, "data.approvalId", "required field missing"),
+        ("approval", {"agentId": "a1", "approvalId": 7, "decision": "approve"}, "data.approvalId", "expected a string, got a number"),
+        ("approval", {"agentId": "a1", "approvalId": "", "decision": "approve"}, "data.approvalId", "an approval id is not empty"),
+        ("approval", {"agentId": "a1", "approvalId": "x" * (MAX_APPROVAL_ID + 1), "decision": "approve"}, "data.approvalId",
+         f"an approval id is at most {MAX_APPROVAL_ID} characters, got {MAX_APPROVAL_ID + 1}"),
+        ("approval", {"agentId": "a1", "approvalId": "ap-1", "decision": "approve", "reason": "r" * 100_000}, "data.reason",
+         f"an approval reason is at most {MAX_APPROVAL_REASON} characters, got 100000"),
+        ("approval", {"agentId": "a1", "approvalId": "ap-1", "decision": "approve", "reason": ["no"]}, "data.reason",
+         "expected a string, got an array"),
+        ("approval", {"agentId": "a1", "approvalId": "ap-1", "decision": "approve", "arguments": {}}, "data", "extra fields found (arguments)"),
+        ("approval", {"agentId": "a1", "approvalId": "ap-1", "decision": "edit"}, "data.decision",
+         "expected one of 'approve', 'refuse', got 'edit'"),
     ],
 )
 def test_bad_data_names_the_wire_field(type_, data, field, problem):
@@ -316,6 +340,7 @@ EVENT_ITEM = {"type": "t", "seq": 0, "time": 1, "data": {}}
         ("preStep", lambda sid: {"agentId": sid, "sessionId": "ok", "turn": 1, "step": 0, "messages": []}, "data.agentId"),
         ("preStep", lambda sid: {"agentId": "ok", "sessionId": sid, "turn": 1, "step": 0, "messages": []}, "data.sessionId"),
         ("command", lambda sid: {"agentId": sid, "name": "loopx-init"}, "data.agentId"),
+        ("approval", lambda sid: {"agentId": sid, "approvalId": "ap-1", "decision": "approve"}, "data.agentId"),
     ],
 )
 def test_a_session_id_the_api_refuses_is_refused_on_the_wire(bad, type_, data, field):
@@ -469,6 +494,11 @@ messages = st.one_of(
     st.builds(MirroredSeqs, seqs=st.dictionaries(names, st.integers(0, 2**53), max_size=4)),
     st.just(Ping()),
     st.just(Pong()),
+    st.builds(
+        AnswerApproval, agent_id=session_ids, approval_id=st.text(min_size=1, max_size=MAX_APPROVAL_ID),
+        decision=st.sampled_from(["approve", "refuse"]), reason=st.none() | st.text(max_size=40),
+    ),
+    st.builds(ApprovalDone, agent_id=names, approval_id=names, decision=st.sampled_from(["approve", "refuse"])),
 )
 
 
