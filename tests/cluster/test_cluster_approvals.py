@@ -189,3 +189,26 @@ async def test_a_question_open_when_its_worker_is_killed_is_answered_on_the_next
     [(call_id, _, is_error)] = tool_results(events)
     assert call_id == approval.call_id and not is_error
     assert [e.seq for e in events] == list(range(len(events)))
+
+
+async def test_an_answer_request_delivered_again_after_it_was_given_is_answered_ok(redis_server, worker, tmp_path):
+    # As when a worker dies after the answer is durable and before its request is
+    # settled: the next owner gets the request again, finds the answer logged under the
+    # request's id, and replies ok (not APPROVAL_CLOSED to the answer that won).
+    from loopdock.runtime.cluster import InboxMessage, keys
+
+    with trio.fail_after(30):
+        async with open_cluster(redis_server.url) as rt:
+            agent = await asking_agent(rt, "q6", tmp_path / "cwd")
+            [approval] = await agent.wait_approvals()
+            await approval.answer("approve")
+            await agent.wait_idle()
+            [answered] = typed(await rt.read_events("q6"), "approval/answered")
+            request_id = answered.data["requestId"]
+            await rt._redis.srem(keys.done("q6"), [request_id])  # as if never settled
+            rt.post(InboxMessage(request_id, "answer", "q6", {"approval": approval.id, "decision": "approve"}))
+            await rt.wait_sent()
+            reply = await rt._redis.blpop([keys.reply(request_id)], timeout=20)
+            events = await rt.read_events("q6")
+    assert reply is not None and json.loads(reply[1]) == {"ok": True}
+    assert len(typed(events, "approval/answered")) == 1 and len(tool_results(events)) == 1
