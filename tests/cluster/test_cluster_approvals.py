@@ -9,7 +9,8 @@ import signal
 
 import pytest
 import trio
-from cluster_workers import start_worker, until_event
+import trio.testing
+from cluster_workers import start_worker
 
 from loopdock import ApprovalClosedError, open_cluster
 from loopdock._cluster import ClusterRequestError, RemoteApproval
@@ -171,13 +172,24 @@ async def test_a_question_open_when_its_worker_is_killed_is_answered_on_the_next
             [approval] = await agent.wait_approvals()
             a.signal(signal.SIGKILL)
             await a.process.wait()
-            b = await start_worker(nursery, redis_server.url, tmp_path / "b", "b")
             # The log shows it open still (the client reads it, whichever worker runs the
-            # agent); the answer waits in the shard's inbox until b has resumed the agent.
+            # agent, or none).
             [pending] = await rt.get_agent("k1").wait_approvals()
             assert pending.id == approval.id
-            await approval.answer("approve")  # given by b's agent
-            await until_event(agent, lambda e: e.type == "turn/end")
+            answered = trio.Event()
+
+            async def answer() -> None:
+                await pending.answer("approve")  # waits in the shard's inbox for an owner
+                answered.set()
+
+            async with trio.open_nursery() as answering:
+                answering.start_soon(answer)
+                await trio.testing.wait_all_tasks_blocked()  # it posted its request
+                await rt.wait_sent()  # which is in Redis, with no worker to take it
+                assert not answered.is_set()
+                b = await start_worker(nursery, redis_server.url, tmp_path / "b", "b")
+            # b took the shard, resumed the agent with its question open, and answered it.
+            await agent.wait_idle()
             events = await rt.read_events("k1")
             await b.stop()
     assert (cwd / "notes.txt").read_text() == "hello"
