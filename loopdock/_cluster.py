@@ -12,7 +12,9 @@ embedded agent's; a sender task writes them in order; ``reserve`` returns a rese
 whose settlement ``wait()`` reads from the log), and events are read from the
 session's log in Redis, so any process can watch any agent. A message the agent's worker
 refuses is told to this client on its own stream (``refused:<client>``), which the log
-watcher reads with the logs. Nothing here runs agents: ``loopdock worker --cluster`` does.
+watcher reads with the logs. Approval questions are folded from the log too; an answer is
+a request to the agent's worker, replied on its reply key once durable (as create's).
+Nothing here runs agents: ``loopdock worker --cluster`` does.
 """
 
 from __future__ import annotations
@@ -451,7 +453,8 @@ class RemoteAgent:
     contract (``loopdock.Agent``). Every operation returns at once and is carried out by
     the agent's worker; ``wait_idle`` and ``reservation.wait()`` read from the session's
     log how it went, and learn from the worker the messages it refused. Each object
-    follows what was sent through it (``get_agent`` gives a new one each time)."""
+    follows what was sent through it (``get_agent`` gives a new one each time), and the
+    approval questions of the log as far as it has read them (``wait_approvals``)."""
 
     def __init__(self, rt: ClusterRuntime, session_id: str) -> None:
         self.id = session_id
