@@ -9,6 +9,8 @@ from ._agent import AgentActor as AgentActor
 from ._agent_context import AgentContext as AgentContext
 from ._agent_context import UnknownHookError as UnknownHookError
 from ._approvals import Approval as Approval
+from ._approvals import Decision as Decision
+from ._approvals import check_answer as check_answer
 from ._commands import Command as Command
 from ._commands import CommandContext as CommandContext
 from ._commands import CommandRegistry as CommandRegistry

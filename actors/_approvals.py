@@ -2,7 +2,8 @@
 
 A question is two events of the session log, and nothing else: ``approval/requested``
 ``{id, callId, tool, arguments, reason, turn}`` when a tool call needs a person's word,
-``approval/answered`` ``{id, decision, reason?, arguments?}`` when it got one. Both are
+``approval/answered`` ``{id, decision, reason?, arguments?, requestId?}`` when it got one
+(``requestId``: the cluster request that carried the answer, if one did). Both are
 retained in memory (``RETAINED_TYPES``), so the open questions are known without reading
 the store, and a resumed agent knows them from its log alone.
 
@@ -34,6 +35,24 @@ Decision = Literal["approve", "refuse", "edit"]
 DECISIONS = ("approve", "refuse", "edit")
 
 log = get_logger(__name__)
+
+
+def check_answer(decision: str, reason: str | None, arguments: Mapping[str, Any] | None) -> None:
+    """Raise ValueError unless ``decision``, ``reason`` and ``arguments`` make an answer
+    (``arguments`` only for an edit, and JSON: they go into the log)."""
+    if decision not in DECISIONS:
+        raise ValueError(f"decision must be one of {', '.join(DECISIONS)}, got {decision!r}")
+    if decision == "edit":
+        if not isinstance(arguments, Mapping):
+            raise ValueError("an edit gives the call's new arguments (a mapping)")
+        try:  # they go into the log: a value that is not JSON would fail its commit
+            json.dumps(arguments, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"an edit's arguments must be JSON: {exc}") from None
+    elif arguments is not None:
+        raise ValueError(f"only an edit gives arguments, not {decision!r}")
+    if reason is not None and not isinstance(reason, str):
+        raise ValueError(f"reason must be a string, got {reason!r}")
 
 
 class Approval:
@@ -133,30 +152,33 @@ class Approvals:
         *,
         reason: str | None = None,
         arguments: Mapping[str, Any] | None = None,
+        request_id: str | None = None,
     ) -> None:
-        if decision not in DECISIONS:
-            raise ValueError(f"decision must be one of {', '.join(DECISIONS)}, got {decision!r}")
-        if decision == "edit":
-            if not isinstance(arguments, Mapping):
-                raise ValueError("an edit gives the call's new arguments (a mapping)")
-            try:  # they go into the log: a value that is not JSON would fail its commit
-                json.dumps(arguments, allow_nan=False)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"an edit's arguments must be JSON: {exc}") from None
-        elif arguments is not None:
-            raise ValueError(f"only an edit gives arguments, not {decision!r}")
-        if reason is not None and not isinstance(reason, str):
-            raise ValueError(f"reason must be a string, got {reason!r}")
+        """Answer an open question (ApprovalClosedError if it is not open); returns once
+        the answer is durable. ``request_id`` names the request that carried the answer
+        (a cluster client's), recorded in the answer as ``requestId``: a worker that gets
+        the same request again knows from the log that it was this one's."""
+        check_answer(decision, reason, arguments)
         # From here to the append: no checkpoint, so one answer of any race wins.
-        self._close(approval_id, Answer(decision, reason, None if arguments is None else dict(arguments)))
+        answer = Answer(decision, reason, None if arguments is None else dict(arguments))
+        self._close(approval_id, answer, request_id)
         await self._session.flush()
+
+    def answered_by(self, approval_id: str) -> str | None:
+        """The ``requestId`` the logged answer to ``approval_id`` names (the cluster
+        request that gave it), if it was answered with one."""
+        for event in self._session.retained("approval/answered"):
+            if event.data.get("id") == approval_id:
+                request_id = event.data.get("requestId")
+                return request_id if isinstance(request_id, str) else None
+        return None
 
     def withdraw(self, approval_id: str, reason: str) -> None:
         """Close a question nobody waits for any more (its turn was cancelled)."""
         if approval_id in self._open:
             self._close(approval_id, Answer("withdrawn", reason))
 
-    def _close(self, approval_id: str, answer: Answer) -> None:
+    def _close(self, approval_id: str, answer: Answer, request_id: str | None = None) -> None:
         approval = None if self._session.closed else self._open.pop(approval_id, None)
         if approval is None:
             raise ApprovalClosedError(
@@ -168,6 +190,8 @@ class Approvals:
             data["reason"] = answer.reason
         if answer.arguments is not None:
             data["arguments"] = answer.arguments
+        if request_id is not None:
+            data["requestId"] = request_id
         self._session.append("approval/answered", data)
         log.info("approval.answered", session_id=self._session.id, approval_id=approval_id, decision=answer.decision)
         approval.answer_given = answer

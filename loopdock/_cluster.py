@@ -12,7 +12,9 @@ embedded agent's; a sender task writes them in order; ``reserve`` returns a rese
 whose settlement ``wait()`` reads from the log), and events are read from the
 session's log in Redis, so any process can watch any agent. A message the agent's worker
 refuses is told to this client on its own stream (``refused:<client>``), which the log
-watcher reads with the logs. Nothing here runs agents: ``loopdock worker --cluster`` does.
+watcher reads with the logs. Approval questions are folded from the log too; an answer is
+a request to the agent's worker, replied on its reply key once durable (as create's).
+Nothing here runs agents: ``loopdock worker --cluster`` does.
 """
 
 from __future__ import annotations
@@ -28,9 +30,17 @@ import attrs
 import coredis
 import trio
 
-from loopdock.actors import AgentReservation, InvalidReservationError, Placement, ReservationState
+from loopdock.actors import (
+    AgentReservation,
+    Decision,
+    InvalidReservationError,
+    Placement,
+    ReservationState,
+    check_answer,
+)
 from loopdock.runtime import (
     MESSAGE_IDS,
+    ApprovalClosedError,
     ClusterRequestError,
     Event,
     Message,
@@ -72,6 +82,8 @@ _WATCH_BLOCK_MS = 20
 REPLY_TIMEOUT = 30.0
 #: What ``wait_idle`` reads of a log: turns opening and closing, and messages consumed.
 _IDLE_TYPES = CONSUMING_TYPES | {"turn/start"}
+#: What the open approval questions are folded from.
+_APPROVAL_TYPES = frozenset({"approval/requested", "approval/answered"})
 
 
 def _fields(values: Mapping[Any, Any]) -> dict[str, str]:
@@ -342,6 +354,11 @@ class ClusterRuntime:
     async def read_events(self, session_id: str, start: int = 0) -> list[Event]:
         return await self.store.aload_events(session_id, start)
 
+    async def _log_end(self, session_id: str) -> int:
+        """The seq after the last event of the session's log now (0 for none)."""
+        last = await self._redis.xrevrange(keys.log(session_id), "+", "-", count=1)
+        return keys.seq_of(str(last[0].identifier)) + 1 if last else 0
+
     async def live_sessions(self) -> set[str]:
         """The sessions live in the cluster now: created or resumed, and not disposed
         (a session whose worker died stays live: the shard's next owner resumes it)."""
@@ -436,7 +453,8 @@ class RemoteAgent:
     contract (``loopdock.Agent``). Every operation returns at once and is carried out by
     the agent's worker; ``wait_idle`` and ``reservation.wait()`` read from the session's
     log how it went, and learn from the worker the messages it refused. Each object
-    follows what was sent through it (``get_agent`` gives a new one each time)."""
+    follows what was sent through it (``get_agent`` gives a new one each time), and the
+    approval questions of the log as far as it has read them (``wait_approvals``)."""
 
     def __init__(self, rt: ClusterRuntime, session_id: str) -> None:
         self.id = session_id
@@ -448,6 +466,9 @@ class RemoteAgent:
         self._open_turn = False
         self._sent = trio.Event()
         self._sent.set()
+        # The approval questions open in the log up to ``_approvals_cursor``, oldest first.
+        self._approvals: dict[str, RemoteApproval] = {}
+        self._approvals_cursor = 0
 
     def followup(self, message: str | Message) -> Message:
         """Queue for the next turn and wake the agent."""
@@ -540,6 +561,46 @@ class RemoteAgent:
                 cursor = event.seq + 1
             events, _ = await self._rt.watcher.follow(self.id, cursor)
 
+    def pending_approvals(self) -> list[RemoteApproval]:
+        """The approval questions open in the session's log as far as this object has
+        read it (``wait_approvals`` reads it up to now, and so does every ``answer``
+        given through it), oldest first; ``await a.answer(...)`` each."""
+        return list(self._approvals.values())
+
+    async def wait_approvals(self) -> list[RemoteApproval]:
+        """Wait until an approval question is open in the session's log; the open ones,
+        oldest first. Always a checkpoint."""
+        await self._read_approvals()
+        while not self._approvals:
+            events, cursor = await self._rt.watcher.follow(self.id, self._approvals_cursor, _APPROVAL_TYPES)
+            self._fold_approvals(events, cursor)
+        return self.pending_approvals()
+
+    async def _read_approvals(self) -> None:
+        """Fold the questions asked and answered in the log up to now."""
+        stop = await self._rt._log_end(self.id)
+        events = await self._rt.store.aload_events(self.id, self._approvals_cursor, stop, _APPROVAL_TYPES)
+        self._fold_approvals(events, stop)
+
+    def _fold_approvals(self, events: list[Event], cursor: int) -> None:
+        """Fold ``events`` (the approval events of the log before seq ``cursor``); each
+        event once, whichever read brings it first."""
+        for event in events:
+            if event.seq < self._approvals_cursor:
+                continue
+            data = event.data
+            if event.type == "approval/requested":
+                turn = data.get("turn")
+                self._approvals[str(data.get("id"))] = RemoteApproval(
+                    str(data.get("id")), str(data.get("callId")), str(data.get("tool")),
+                    dict(data.get("arguments") or {}), str(data.get("reason", "")),
+                    turn if isinstance(turn, int) else None, self,
+                )
+            elif event.type == "approval/answered":
+                self._approvals.pop(str(data.get("id")), None)
+            self._approvals_cursor = event.seq + 1
+        self._approvals_cursor = max(self._approvals_cursor, cursor)
+
     def _queue(self, kind: str, message: str | Message, placement: Placement | None = None) -> Message:
         if isinstance(message, str):
             message = user_message(message)
@@ -589,6 +650,48 @@ class RemoteAgent:
                 reservation._refuse(refusal)
             else:
                 self._refused.append(MessageRefusedError(message_id, refusal.code, refusal.reason))
+
+
+@attrs.define(eq=False)
+class RemoteApproval:
+    """An approval question of an agent some worker runs, as ``pending_approvals()``
+    lists it: the embedded ``Approval``'s fields, from the log's ``approval/requested``."""
+
+    id: str
+    call_id: str
+    tool: str
+    arguments: Mapping[str, Any]
+    reason: str  # why the policy asks
+    turn: int | None
+    _agent: RemoteAgent = attrs.field(repr=False)
+
+    async def answer(
+        self, decision: Decision, *, reason: str | None = None, arguments: Mapping[str, Any] | None = None,
+        reply_timeout: float = REPLY_TIMEOUT,
+    ) -> None:
+        """Answer the question, as the embedded ``approval.answer``: the agent's worker
+        gives the answer, and this returns once it is durable. Raises
+        ApprovalClosedError (``APPROVAL_CLOSED``) if the question is not open (another
+        answer won, it was withdrawn, or never asked), ClusterRequestError with the
+        worker's code if the agent cannot be reached (``SESSION_NOT_FOUND``, say), and
+        NoWorkerError if no worker answered within ``reply_timeout`` seconds (then the
+        answer may still be given when a worker gets to it: ``pending_approvals()``
+        after ``wait_approvals``, or the log, tells)."""
+        check_answer(decision, reason, arguments)
+        agent = self._agent
+        body: dict[str, Any] = {"approval": self.id, "decision": decision}
+        if reason is not None:
+            body["reason"] = reason
+        if arguments is not None:
+            body["arguments"] = dict(arguments)
+        try:
+            await agent._rt._request("answer", agent.id, body, reply_timeout)
+        except ClusterRequestError as exc:
+            if exc.code != ApprovalClosedError.code:
+                raise
+            await agent._read_approvals()
+            raise ApprovalClosedError(str(exc)) from None
+        await agent._read_approvals()
 
 
 @attrs.define(eq=False)

@@ -27,7 +27,8 @@ A message for an agent that cannot be handed over (its session cannot be activat
 message is malformed) is refused: recorded as done, and told to its sender, whose
 ``wait_idle`` reads it (the client names itself in the message: ``client``), in the
 same script, so a refusal is told exactly when the message is done (never for a message
-a next owner still processes). Create/resume/fork/dispose are answered on their reply key.
+a next owner still processes). Create/resume/fork/dispose, and a person's answer to an
+approval question (``answer``), are answered on their reply key.
 """
 
 from __future__ import annotations
@@ -371,6 +372,11 @@ class ShardHost:
         try:
             await self._dispatch(message, token, lane, entry_id)
         except Exception as exc:
+            if message.kind == "answer" and self.ownership.holds(shard, trio.current_time()) is None:
+                # The shard moved meanwhile: whether the answer is durable is the log's to
+                # say, and the next owner, which gets this request again, says it.
+                log.info("answer left to the next owner", session=message.session, error=repr(exc))
+                return
             # One bad message never stops the shard: it is answered (if asked) or its
             # refusal told to its sender, and dropped.
             log.warning("inbox message failed", kind=message.kind, session=message.session, error=repr(exc))
@@ -444,10 +450,37 @@ class ShardHost:
             if live is not None:
                 live.agent.cancel(cause, keep_inbox=bool(body.get("keep_inbox", True)))
             await self._settled(token, shard, message, stream, entry_id)
+        elif message.kind == "answer":
+            await self._answer(message)
+            await self._reply(message, None)
+            # Replied before it is settled: a worker that dies between the two leaves the
+            # request to the next owner, which finds the answer logged under this
+            # request's id and replies the same again.
+            await self._settled(token, shard, message, stream, entry_id)
         elif message.kind == "dispose":
             await self._dispose(message.session)
             await self._settled(token, shard, message, stream, entry_id, live="remove")
             await self._reply(message, None)
+
+    async def _answer(self, message: InboxMessage) -> None:
+        """Give a person's answer to an approval question of the session's agent
+        (activated for it if need be, as for a followup); returns once it is durable.
+        Raises ApprovalClosedError when the question is not open, unless the answer that
+        closed it is this request's own (the same request again, after a takeover)."""
+        body = message.body
+        approval_id, decision = body.get("approval"), body.get("decision")
+        reason, arguments = body.get("reason"), body.get("arguments")
+        if not isinstance(approval_id, str) or not isinstance(decision, str):
+            raise _Refused("BAD_INBOX_MESSAGE", "an answer names its approval and its decision")
+        agent = await self._activate(message.session)
+        if agent.approvals.answered_by(approval_id) == message.id:
+            await agent.session.flush()
+            return
+        try:
+            await agent.approvals.answer(
+                approval_id, decision, reason=reason, arguments=arguments, request_id=message.id)
+        except ValueError as exc:
+            raise _Refused("INVALID_ANSWER", str(exc)) from None
 
     async def _settle_withdrawal(
         self, agent: Any, token: str, shard: int, message: InboxMessage, stream: str, entry_id: str
@@ -514,7 +547,7 @@ class ShardHost:
             self.ownership.settled(message.id)
 
     async def _reply(self, message: InboxMessage, error: BaseException | None) -> None:
-        if message.kind not in ("create", "resume", "fork", "dispose"):
+        if message.kind not in ("create", "resume", "fork", "dispose", "answer"):
             return
         if error is None:
             answer: dict[str, Any] = {"ok": True}

@@ -4,7 +4,9 @@ The id is the producer's, stable across redelivery: the owner records the ids it
 processed in the session (``done``) and drops a message it sees again. Human input and
 control travel on the ``human`` lane, which the owner drains first; automatic input
 (``inject``, ``reserve``, and any message from a producer source) on the ``auto`` lane, and
-so does ``withdraw``: behind the reservation it withdraws, never ahead of it.
+so does ``withdraw``: behind the reservation it withdraws, never ahead of it. ``answer``
+(a person's answer to an approval question, ``{approval, decision, reason?, arguments?}``)
+is a request, as create/resume/fork/dispose are: its worker answers on its reply key.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import attrs
 from .._errors import LoopdockError
 
 Kind = Literal[
-    "create", "resume", "fork", "followup", "steer", "inject", "reserve", "withdraw", "cancel", "dispose"
+    "create", "resume", "fork", "followup", "steer", "inject", "reserve", "withdraw", "cancel", "dispose", "answer"
 ]
 KINDS: frozenset[str] = frozenset(get_args(Kind))
 MAX_BODY = 4 * 1024 * 1024
