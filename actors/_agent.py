@@ -68,6 +68,14 @@ def fold_transcript(events: Sequence[Event]) -> list[Message]:
     return transcript
 
 
+def _announce_approvals(owner: AgentOwner, agent_id: str, approval_id: str, change: str, open_: int) -> None:
+    """Live ``agent/approvals``: a question was asked or closed (observers read what is
+    open from ``pending_approvals()``). A function of the owner, not a method: the
+    agent's approvals hold it, and an agent that held itself would wait for a collection."""
+    if owner.live.subscriber_count:
+        owner.announce("agent/approvals", agent_id, {"approvalId": approval_id, "change": change, "open": open_})
+
+
 class AgentActor:
     """An agent of this process (``Runtime.create_agent``); it keeps the ``Agent``
     contract (actors._contract), and does everything at once: nothing it is sent is
@@ -112,7 +120,7 @@ class AgentActor:
         self._scoped: list[Callable[[], None]] = []  # undone on rollback and dispose
         self._companions: trio.Nursery | None = None
         self.status_version = 0  # counts status changes, for observers that must not miss one
-        self.approvals = Approvals(session, self._approvals_changed)
+        self.approvals = Approvals(session, functools.partial(_announce_approvals, owner, self.id))
         self._stopping = False
         # A suspended turn (actors._step_resume) between the agent's start and its
         # running: ``cancel`` then ends it where it would have gone on.
@@ -446,11 +454,6 @@ class AgentActor:
     def _live(self, event_type: str, **data: Any) -> None:
         if self.owner.live.subscriber_count:  # nobody listening: nothing to build
             self.owner.announce(event_type, self.id, data)
-
-    def _approvals_changed(self, approval_id: str, change: str) -> None:
-        # ``agent/approvals``: a question was asked or closed; ``pending_approvals()`` is
-        # what is open (observers read it there, not from this event).
-        self._live("agent/approvals", approvalId=approval_id, change=change, open=len(self.approvals.pending()))
 
     def _set_status(self, status: Status) -> None:
         if status != self._status:

@@ -92,10 +92,11 @@ class Approval:
 class Approvals:
     """The questions of one agent: folded from its log, then kept up to date by it."""
 
-    def __init__(self, session: SessionActor, on_change: Callable[[str, str], None] | None = None) -> None:
+    def __init__(self, session: SessionActor, on_change: Callable[[str, str, int], None] | None = None) -> None:
         self._session = session
-        # Told ``(approval id, "requested" | "answered")`` after each question asked or
-        # closed here (not for those found open in the log): the agent announces it live.
+        # Told ``(approval id, "requested" | "answered", questions open)`` after each
+        # question asked or closed here (not for those found open in the log): the agent
+        # announces it live.
         self._on_change = on_change
         self._open: dict[str, Approval] = {}
         self._changes = Changes()  # every question asked or closed
@@ -203,7 +204,7 @@ class Approvals:
 
     def _changed(self, approval_id: str, change: str) -> None:
         if self._on_change is not None:
-            self._on_change(approval_id, change)
+            self._on_change(approval_id, change, len(self._open))
 
     def _add(self, data: Mapping[str, Any]) -> Approval:
         approval = Approval(
