@@ -12,8 +12,9 @@ answer wins: every later one gets ``APPROVAL_CLOSED``.
 through the patch, against the handlers ``loopdock serve`` composes (the console over the
 GoalBar over the DSH agents' mirror). The probe makes DSH's own tool policy ask before the
 ``read`` tool (``tools/pre-execute`` answers ``ask``) and is another DSH answerer after the
-bridge's (it answers calls whose arguments say ``dsh-allows``/``dsh-refuses``). The plugin
-creates one extra agent, ``s-ask``, that the tests drive; the ping model calls ``read``
+bridge's (it answers calls whose arguments say ``dsh-allows``/``dsh-refuses``); the last
+test uses DSH's real ACP surface instead (`dsh --profile acp`, the test as its client). The
+plugin creates one extra agent, ``s-ask``, that the tests drive; the ping model calls ``read``
 when a message says ``call: read {...}``. Everything is judged on DSH's own session log,
 which DSH writes. Offline and quiet: DSH_HOME and HOME in a temporary directory, telemetry
 disabled, loopback only. The headless task says HOLD, so `dsh headless` stays up until the
@@ -333,3 +334,136 @@ async def test_a_console_page_answers_a_dsh_question_and_a_second_page_is_closed
     events = host.log()
     assert [(i, o) for i, _, o in questions(events)] == [(shown["id"], "allowed-once")]
     assert "the text of page.txt" in json.dumps([e for e in events if e["type"] == "tool/result"])
+
+
+# -- DSH's ACP surface racing the runtime ---------------------------------------------------
+
+
+class AcpClient:
+    """The client side of `dsh --profile acp` (JSON-RPC 2.0, one message a line, over its
+    stdio): requests and their results, and the requests the agent makes of the client
+    (``session/request_permission``), which the test answers when it chooses."""
+
+    def __init__(self, proc: trio.Process) -> None:
+        self.proc = proc
+        self.results: dict[int, dict[str, Any]] = {}
+        self.asked: list[dict[str, Any]] = []  # the agent's permission requests, in order
+        self.changes = trio.Event()
+        self._ids = 0
+
+    async def read(self) -> None:
+        buffer = b""
+        assert self.proc.stdout is not None
+        async for chunk in self.proc.stdout:
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                message = json.loads(line)
+                if message.get("method") == "session/request_permission":
+                    self.asked.append(message)
+                elif "id" in message and "method" not in message:
+                    self.results[message["id"]] = message
+                self.changes.set()
+                self.changes = trio.Event()
+
+    async def until(self, predicate: Callable[[], bool]) -> None:
+        while not predicate():
+            await self.changes.wait()
+
+    async def send(self, message: Mapping[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        await self.proc.stdin.send_all((json.dumps({"jsonrpc": "2.0", **message}) + "\n").encode())
+
+    async def request(self, method: str, params: Mapping[str, Any]) -> int:
+        self._ids += 1
+        await self.send({"id": self._ids, "method": method, "params": params})
+        return self._ids
+
+    async def result(self, request_id: int) -> dict[str, Any]:
+        await self.until(lambda: request_id in self.results)
+        reply = self.results[request_id]
+        assert "result" in reply, reply
+        return reply["result"]
+
+    async def permit(self, asked: Mapping[str, Any], option: str) -> None:
+        await self.send({"id": asked["id"], "result": {"outcome": {"outcome": "selected", "optionId": option}}})
+
+
+async def test_an_acp_client_and_the_runtime_race_for_a_dsh_question(tmp_path):
+    """DSH's ACP profile asks its client (``session/request_permission``) while the bridge
+    holds the same question for the runtime: whichever answers first decides, and the
+    other's answer is closed (the runtime's gets APPROVAL_CLOSED; the ACP client's late
+    one is ignored by DSH, which logs one decision)."""
+    _need_dsh()
+    work = tmp_path / "work"
+    work.mkdir()
+    for name in ("notes.txt", "other.txt"):
+        (work / name).write_text(f"the text of {name}\n")
+    with trio.fail_after(TEST_LIMIT_S):
+        async with Runtime.open(tmp_path / "runtime") as rt:
+            live = rt.subscribe_live()
+            hosts = HostHandler(rt.dock)
+            proxies: dict[str, DshAgent] = {}
+
+            async def on_agent(proxy: DshAgent) -> None:
+                proxies[proxy.id] = proxy
+
+            async with goalbar_service(rt) as service, trio.open_nursery() as nursery:
+                console = await compose_handlers(rt, service, tmp_path, nursery, live, hosts=hosts, on_agent=on_agent)
+                port = await nursery.start(functools.partial(serve_bridge, console, token=TOKEN))
+                patch = write_patch(tmp_path / "p", f"ws://127.0.0.1:{port}/dsh", TOKEN, ping=True)
+                rows = yaml.safe_load(patch.read_text())
+                rows.append({"id": "acp", "config": {"provider": "ping", "model": "ping-1"}})
+                rows.append({"insert": [{"id": "approval-probe", "name": str(PROBE), "config": {"askTools": ["read"]}}]})
+                patch.write_text(yaml.safe_dump(rows, sort_keys=False))
+                dsh_home = tmp_path / "dsh-home"
+                with (tmp_path / "dsh.err").open("wb") as err:
+                    proc = await trio.lowlevel.open_process(
+                        [str(DSH), "--profile", "acp", "--patch", str(patch)], cwd=work,
+                        env=quiet_env(dsh_home, tmp_path / "home"), stdin=-1, stdout=-1, stderr=err,
+                    )
+                try:
+                    client = AcpClient(proc)
+                    nursery.start_soon(client.read)
+                    await client.result(await client.request("initialize", {"protocolVersion": 1, "clientCapabilities": {}}))
+                    session = (await client.result(await client.request(
+                        "session/new", {"cwd": str(work), "mcpServers": []})))["sessionId"]
+                    await hosts.wait_until(lambda: (p := proxies.get(session)) is not None and p.running)
+                    proxy = proxies[session]
+
+                    # 1. the ACP client answers first: the runtime's answer is closed
+                    prompt = await client.request("session/prompt", {
+                        "sessionId": session, "prompt": [{"type": "text", "text": read_call("notes.txt")}]})
+                    await client.until(lambda: len(client.asked) == 1)
+                    [first] = await proxy.wait_approvals()  # both surfaces show it at once
+                    assert client.asked[0]["params"]["toolCall"]["toolCallId"] == first.call_id
+                    await client.permit(client.asked[0], "allow-once")
+                    assert (await client.result(prompt))["stopReason"] == "end_turn"
+                    with pytest.raises(ApprovalClosedError):
+                        await hosts.answer_approval(session, first.id, "refuse")
+                    assert proxy.pending_approvals() == []
+
+                    # 2. the runtime answers first, the ACP client's request still open
+                    prompt = await client.request("session/prompt", {
+                        "sessionId": session, "prompt": [{"type": "text", "text": read_call("other.txt")}]})
+                    await client.until(lambda: len(client.asked) == 2)
+                    [second] = await proxy.wait_approvals()
+                    await second.answer("refuse")
+                    assert (await client.result(prompt))["stopReason"] == "end_turn"  # the turn went on
+                    await client.permit(client.asked[1], "allow-once")  # too late: DSH ignores it
+                    await hosts.wait_until(lambda: proxy.status == "idle")
+                finally:
+                    assert proc.stdin is not None
+                    await proc.stdin.aclose()  # the ACP client leaves: dsh exits
+                    with trio.move_on_after(30):
+                        await proc.wait()
+                    if proc.returncode is None:
+                        proc.kill()
+                        await proc.wait()
+                nursery.cancel_scope.cancel()
+    events = [e for e in session_log(dsh_home, session) if "seq" in e]
+    assert [(i, o) for i, _, o in questions(events)] == [(first.id, "allowed-once"), (second.id, "rejected")]
+    results_by_call = tool_results(events)
+    assert "the text of notes.txt" in results_by_call[first.call_id]
+    assert "the user rejected tool" in results_by_call[second.call_id]
+    assert "the text of other.txt" not in json.dumps(events)
