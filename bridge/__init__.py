@@ -28,6 +28,7 @@ from ._dock_select import DockSelectHandler as DockSelectHandler
 from ._dsh_agent import DshAgent as DshAgent
 from ._dsh_agent import DshAgentClosedError as DshAgentClosedError
 from ._dsh_agent import DshAgentMirror as DshAgentMirror
+from ._dsh_agent import DshApproval as DshApproval
 from ._dsh_agent import HostCommand as HostCommand
 from ._dsh_binding import dsh_binding as dsh_binding
 from ._dsh_binding import migrate_dsh_home as migrate_dsh_home

@@ -68,8 +68,9 @@ CLOSE_TOO_LARGE = 1009  # sent by bridge._websocket for a message over the size 
 CAPABILITIES: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
         # events/live: the host streams them; commands: followup/wake/cancel; pre-step:
-        # verdicts; dock: select (dock mode).
-        "dsh-host": ("events", "live", "commands", "pre-step", "dock"),
+        # verdicts; dock: select (dock mode); approvals: the host holds DSH's own approval
+        # questions open for the runtime's ``approval`` answers.
+        "dsh-host": ("events", "live", "commands", "pre-step", "dock", "approvals"),
         "goalbar": ("events", "live", "goalbar"),
     }
 )
@@ -84,7 +85,7 @@ _ACCEPTED: Mapping[str, frozenset[type[Any]]] = MappingProxyType(
 # The requests we may send each role.
 _REQUESTS: Mapping[str, frozenset[type[Any]]] = MappingProxyType(
     {
-        "dsh-host": frozenset({Followup, Wake, Cancel, Ping}),
+        "dsh-host": frozenset({Followup, Wake, Cancel, AnswerApproval, Ping}),
         "goalbar": frozenset({Ping}),
     }
 )

@@ -17,7 +17,12 @@ last turn. It
   ``agent.pending_approvals()`` whenever the agent announces a question asked or closed
   (live ``agent/approvals``, whichever surface answered), and answers a page's
   ``approval`` request on the agent (``answer_approval``): exactly once, so of two pages
-  answering one question, the second gets ``APPROVAL_CLOSED``.
+  answering one question, the second gets ``APPROVAL_CLOSED``;
+- shows a DSH agent's open questions the same way: those DSH's own approval service
+  asked (``dsh_approvals(agent_id)``, e.g. ``DshAgent.pending_approvals``), read again
+  whenever the host's log says a question was asked or decided (``approval/asked``,
+  ``approval/decided``, whichever surface answered: DSH's web panel or ACP client, a
+  page, the API); ``answer_approval`` answers them through the host.
 
 Rows of ended agents are dropped (the session logs are the record: ``loopdock sessions``).
 """
@@ -62,6 +67,8 @@ MAX_SHOWN_ARGUMENTS = 400
 MAX_SHOWN_REASON = 300
 #: The live events after which a runtime agent's row is read again from its session.
 _VIEWED = ("agent/created", "agent/status", "agent/approvals")
+#: The events of a DSH agent's log after which its row's questions are read again.
+_DSH_QUESTION_EVENTS = ("approval/asked", "approval/decided")
 
 
 def _logged(value: object) -> object:
@@ -128,8 +135,8 @@ class RuntimeView:
     approvals_open: int = 0
 
 
-#: Answers the open question ``approval_id`` of the runtime agent ``agent_id`` with
-#: ``decision`` and ``reason`` (raises UNKNOWN_AGENT, APPROVAL_CLOSED, ...).
+#: Answers the open question ``approval_id`` of the agent ``agent_id`` (the runtime's, or
+#: a DSH host's) with ``decision`` and ``reason`` (raises UNKNOWN_AGENT, APPROVAL_CLOSED, ...).
 AnswerApprovalFn = Callable[[str, str, str, str | None], Awaitable[None]]
 
 
@@ -173,8 +180,10 @@ class ConsoleHandler(HandlerLayer):
         inner: BridgeHandler | None = None,
         runtime_view: Callable[[str], RuntimeView | None] | None = None,
         answer_approval: AnswerApprovalFn | None = None,
+        dsh_approvals: Callable[[str], Sequence[OpenQuestion]] | None = None,
     ) -> None:
         super().__init__(inner)
+        self._dsh_approvals = dsh_approvals
         self.rows: dict[str, AgentRow] = {}
         self._runtime_view = runtime_view or (lambda agent_id: None)
         self._answer_approval = answer_approval
@@ -268,8 +277,20 @@ class ConsoleHandler(HandlerLayer):
 
     async def on_events(self, conn: Peer, items: Sequence[SessionEvent]) -> None:
         await super().on_events(conn, items)
+        asked_or_decided: set[str] = set()
         for item in items:
             self._apply_event(item.session_id, item.event.type, item.event.data)
+            if item.event.type in _DSH_QUESTION_EVENTS:
+                asked_or_decided.add(item.session_id)
+        if asked_or_decided and self._dsh_approvals is not None:
+            for row in list(self.rows.values()):
+                if row.origin == "dsh" and row.session_id in asked_or_decided:
+                    try:
+                        row.approvals, row.approvals_open = approval_views(self._dsh_approvals(row.id))
+                    except Exception as exc:  # contained: the row may be stale, the console goes on
+                        log.warning("console could not read a DSH agent's questions", agent_id=row.id, error=repr(exc))
+                        continue
+                    self._publish(row)
 
     # -- the runtime's own agents --------------------------------------------------------------
 

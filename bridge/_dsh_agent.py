@@ -41,7 +41,14 @@ carries them out on the real agent over the bridge:
   with or waits behind, or while a DSH command runs in the agent (its ``command/run``
   logged, its ``command/done`` not yet), is rejected before it runs; one whose
   reservation was settled while the waterfall ran is rejected after it;
-- ``start_companion``: an actor that lives exactly as long as the proxy.
+- ``start_companion``: an actor that lives exactly as long as the proxy;
+- ``pending_approvals``, ``wait_approvals``, ``answer_approval``: the open questions DSH's
+  own approval service asked of the agent (``approval/asked`` without its
+  ``approval/decided`` in the mirrored log; ``DshApproval``, with the fields of
+  ``loopdock.Approval``), answered through the host (``HostHandler.answer_approval``):
+  ``approve`` or ``refuse``, exactly once across every surface (DSH's web panel or ACP
+  client, the console, the API): the host's plugin lets the first answer through and
+  the later ones get ApprovalClosedError.
 
 The plugin acknowledges a command only after it sent the live items the command caused
 (a message inserted into the inbox), so once a command is answered the proxy's view of
@@ -62,6 +69,7 @@ the runtime's behalf (``command``: ``/loopx-init``, which the plugin registers i
 from __future__ import annotations
 
 import functools
+import json
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -89,6 +97,7 @@ from loopdock.actors import (
 )
 from loopdock.runtime import (
     AgentClosedError,
+    ApprovalClosedError,
     Changes,
     Event,
     InvalidMessageError,
@@ -167,6 +176,47 @@ def _kind(message: Mapping[str, Any]) -> object:
     return source.get("kind") if isinstance(source, Mapping) else None
 
 
+@attrs.frozen
+class DshApproval:
+    """An open question DSH's approval service asked of a DSH agent (its
+    ``approval/asked``): the fields of ``loopdock.Approval``. ``id`` is DSH's;
+    ``arguments`` are those of the tool call ``call_id`` as DSH logged it (empty if the
+    mirror does not show it); ``reason`` is DSH's (e.g. a sandbox escalation's)."""
+
+    id: str
+    call_id: str
+    tool: str
+    arguments: Mapping[str, Any]
+    reason: str
+    turn: int | None
+    _owner: DshAgent = attrs.field(repr=False, eq=False)
+
+    async def answer(
+        self, decision: str, *, reason: str | None = None, arguments: Mapping[str, Any] | None = None
+    ) -> None:
+        """``approval.answer`` for a DSH question (see ``DshAgent.answer_approval``)."""
+        await self._owner.answer_approval(self.id, decision, reason=reason, arguments=arguments)
+
+
+def _tool_arguments(events: Sequence[Event], call_id: str) -> Mapping[str, Any]:
+    """The arguments of the tool call ``call_id`` as DSH logged them (its assistant
+    message's tool-call block), newest first; empty if not found or not a JSON object."""
+    for event in reversed(events):
+        if event.type != "assistant/message":
+            continue
+        message = event.data.get("message")
+        content = message.get("content") if isinstance(message, Mapping) else None
+        for block in content if isinstance(content, list) else ():
+            if isinstance(block, Mapping) and block.get("type") == "tool-call" and block.get("id") == call_id:
+                raw = block.get("arguments")
+                try:
+                    parsed = json.loads(raw) if isinstance(raw, str) else raw
+                except ValueError:
+                    return {"arguments": raw}
+                return dict(parsed) if isinstance(parsed, Mapping) else {"arguments": parsed}
+    return {}
+
+
 class DshAgent:
     """The runtime-side proxy of one live DSH agent (see the module docstring)."""
 
@@ -185,6 +235,12 @@ class DshAgent:
         self._entering: dict[str, tuple[Reservation, int, int]] = {}
         # The session events taken in so far: up to this seq (see ``_fold``).
         self._folded_seq = events[-1].seq if (events := self.session.events) else -1
+        # DSH's approval questions still open (approval id -> it), and the turn running
+        self._questions: dict[str, DshApproval] = {}
+        self._question_changes = Changes()  # one change per question asked or decided
+        self._turn: int | None = None
+        for event in events:  # the questions asked before the proxy started are open too
+            self._take_question(event, events)
         # ids of the DSH commands running in the agent (``command/run`` folded, no
         # ``command/done`` yet)
         self._running_commands: set[str] = set()
@@ -380,6 +436,69 @@ class DshAgent:
             functools.partial(supervised, actor, *args, name=name, policy=COMPANION_POLICY, report=report)
         )
 
+    # -- DSH's approval questions ----------------------------------------------------------
+
+    def _take_question(self, event: Event, events: Sequence[Event]) -> None:
+        if event.type == "turn/start":
+            turn = event.data.get("turn")
+            self._turn = turn if isinstance(turn, int) else None
+        elif event.type == "approval/asked":
+            data = event.data
+            approval_id, call_id = data.get("id"), data.get("callId")
+            if isinstance(approval_id, str):
+                call = call_id if isinstance(call_id, str) else ""
+                self._questions[approval_id] = DshApproval(
+                    approval_id, call, str(data.get("toolName", "")), _tool_arguments(events, call) if call else {},
+                    str(data.get("reason", "")), self._turn, self,
+                )
+                self._question_changes.notify()
+        elif event.type == "approval/decided":
+            if self._questions.pop(str(event.data.get("id")), None) is not None:
+                self._question_changes.notify()
+
+    def pending_approvals(self) -> list[DshApproval]:
+        """The questions DSH's approval service asked of the agent that are not decided
+        (as the mirror shows them), oldest first."""
+        self._fold()
+        return list(self._questions.values())
+
+    async def wait_approvals(self) -> list[DshApproval]:
+        """Wait until a question is open (or the agent is gone); the open ones. Always a
+        checkpoint."""
+        self._fold()
+        await self._question_changes.wait_until(lambda: self._stopped or bool(self._questions))
+        return self.pending_approvals()
+
+    async def answer_approval(
+        self,
+        approval_id: str,
+        decision: str,
+        *,
+        reason: str | None = None,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Answer DSH's open question ``approval_id``: ``approve`` (DSH's outcome
+        ``allowed-once``: the call runs) or ``refuse`` (``rejected``: the tool tells the
+        model the user rejected it; DSH keeps no reason). DSH has no edit. Returns once
+        the mirror shows DSH's ``approval/decided``; ApprovalClosedError if the question
+        is not open: answered already on any surface (DSH's web panel or ACP client
+        included: the host lets only the first answer through), its turn cancelled, or
+        never asked. ValueError for an edit or an unknown decision."""
+        if decision == "edit" or arguments is not None:
+            raise ValueError("DSH's approval outcomes are allowed-once and rejected: a DSH question has no edit")
+        if decision not in ("approve", "refuse"):
+            raise ValueError(f"decision must be approve or refuse, got {decision!r}")
+        if approval_id not in {q.id for q in self.pending_approvals()}:
+            raise ApprovalClosedError(
+                f"approval {approval_id!r} of DSH agent {self.id} is not open: answered or cancelled already, "
+                "or never asked"
+            )
+        await self._handler.answer_approval(self.id, approval_id, decision, reason)
+        self.log.info("dsh approval answered", approval_id=approval_id, decision=decision)
+        # The host replies once DSH's decision was sent: the mirror shows it
+        self._fold()
+        await self._question_changes.wait_until(lambda: self._stopped or approval_id not in self._questions)
+
     # -- the actor -------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -394,6 +513,7 @@ class DshAgent:
                 nursery.cancel_scope.cancel()
         finally:
             self._stopped = True
+            self._question_changes.notify()
             ungate()
             for reservation in [*self._reservations.values(), *(e[0] for e in self._entering.values())]:
                 reservation.settle("cancelled", "agent gone")
@@ -422,6 +542,7 @@ class DshAgent:
             self._take(event)
 
     def _take(self, event: Event) -> None:
+        self._take_question(event, self.session.events)
         if event.type == "command/run":
             # DSH logs it before the command's handler runs: nothing reserved before it
             # is admitted after it (the plugin takes the messages out of DSH's inbox).

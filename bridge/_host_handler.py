@@ -22,7 +22,8 @@ It keeps
 and sends the runtime's commands to the exact live agent on the host: ``followup``,
 ``wake`` and ``cancel`` (``HostCommandError`` when the host says no, ``NoHostError`` when
 no host is connected; the connection's own ``BridgeClosedError``, ``RequestTimeoutError``
-and ``RemoteError`` pass through).
+and ``RemoteError`` pass through), and ``answer_approval``: the answer to a question DSH's
+approval service asked (``ApprovalClosedError`` when the host no longer holds it open).
 
 The plugin does not announce its agents again after a reconnect, so ``agents`` outlives a
 connection; an agent leaves it with ``agent/disposed``, or when the connection that
@@ -53,15 +54,24 @@ import attrs
 
 from loopdock.actors import LiveEvent, Placement
 from loopdock.actors.dock import LoopDock
-from loopdock.runtime import Changes, Event, InvalidSessionIdError, LoopdockError, check_session_id
+from loopdock.runtime import (
+    ApprovalClosedError,
+    Changes,
+    Event,
+    InvalidSessionIdError,
+    LoopdockError,
+    check_session_id,
+)
 
 from ._connection import CLOSE_NORMAL
 from ._dock_select import DockSelectHandler
-from ._errors import LimitError
+from ._errors import LimitError, RemoteError
 from ._handler import Disconnect, HandlerLayer, Peer
 from ._ledger import Ledger
 from ._messages import (
     Ack,
+    AnswerApproval,
+    ApprovalDone,
     Cancel,
     Followup,
     Mirrored,
@@ -448,3 +458,32 @@ class HostHandler(HandlerLayer):
     ) -> None:
         """Cancel the live agent's turn (its inbox is kept unless ``keep_inbox`` is false)."""
         await self._command(Cancel(agent_id, cause, keep_inbox), reply_timeout)
+
+    async def answer_approval(
+        self,
+        agent_id: str,
+        approval_id: str,
+        decision: str,
+        reason: str | None = None,
+        *,
+        reply_timeout: float = REQUEST_TIMEOUT,
+    ) -> None:
+        """Answer the open question ``approval_id`` (DSH's id, from its ``approval/asked``)
+        of the live agent: ``approve`` (DSH's outcome ``allowed-once``) or ``refuse``
+        (``rejected``; DSH keeps no reason). Returns once the host says DSH logged the
+        decision; ApprovalClosedError if the host does not hold the question open (DSH's own
+        surfaces answered first, the turn was cancelled, the question is unknown)."""
+        if decision not in ("approve", "refuse"):
+            raise ValueError(f"a DSH approval is approved or refused, not {decision!r}")
+        conn = self.host
+        if conn is None or conn.closed is not None:
+            raise NoHostError(f"no DSH host is connected: cannot answer approval {approval_id} of {agent_id}")
+        message = AnswerApproval(agent_id, approval_id, decision, reason)  # type: ignore[arg-type]
+        try:
+            reply = await conn.request(message, reply_timeout)
+        except RemoteError as exc:
+            if exc.code == ApprovalClosedError.code:
+                raise ApprovalClosedError(str(exc)) from None
+            raise
+        if not isinstance(reply, ApprovalDone):
+            raise HostCommandError("BAD_REPLY", f"the host answered {reply!r}", command="approval", agent_id=agent_id)

@@ -28,8 +28,9 @@ command     host -> runtime       commandDone (an older runtime: error
 goalbarRead goalbar -> runtime    goalbarResult (also goalbarWatch,
                                   goalbarStart, goalbarPause)
 goalbar     runtime -> goalbar    (pushed after a goalbarWatch)
-approval    goalbar -> runtime    approvalDone (a console page answers a
-                                  runtime agent's approval question)
+approval    goalbar -> runtime,   approvalDone (a console page answers an
+            runtime -> host       agent's approval question; the runtime
+                                  answers a DSH agent's question DSH asked)
 ping        either                pong
 =========== ===================== ========================================
 """
@@ -372,7 +373,7 @@ class Goalbar:
 GOALBAR_REQUESTS = (GoalbarRead, GoalbarWatch, GoalbarStart, GoalbarPause)
 
 
-# -- approvals (console page -> runtime) -------------------------------------------------
+# -- approvals (console page -> runtime, runtime -> DSH host) ----------------------------
 
 #: Longest approval id a page may name (the runtime's are ``ap-`` and 16 hex digits).
 MAX_APPROVAL_ID = 64
@@ -392,7 +393,13 @@ class AnswerApproval:
     model reads ``refused by a person: <reason>`` as the call's error). Answered with
     ``approvalDone``, or an ``error``: ``APPROVAL_CLOSED`` (answered already, from any
     surface, withdrawn, or never asked), ``UNKNOWN_AGENT``, ``NOT_SERVED`` (the
-    connection is not a console page)."""
+    connection is not a console page).
+
+    The runtime sends the same request to a DSH host for a question DSH's approval service
+    asked (``approval/asked`` in the DSH agent's log; its id is DSH's): the host answers
+    ``approvalDone`` once DSH logged the decision (``approval/decided``: ``allowed-once``
+    or ``rejected``; DSH's outcome carries no reason), or ``APPROVAL_CLOSED`` (DSH's own
+    surfaces answered first, the turn was cancelled, or the host does not hold it)."""
 
     agent_id: SessionId
     approval_id: ApprovalId
@@ -402,7 +409,8 @@ class AnswerApproval:
 
 @attrs.frozen
 class ApprovalDone:
-    """The answer is durable (the question's ``approval/answered`` is in the log)."""
+    """The answer is durable (the question's ``approval/answered`` is in the log; on a
+    DSH host, DSH's ``approval/decided``)."""
 
     agent_id: str
     approval_id: str

@@ -35,6 +35,7 @@ from loopdock.bridge import (
     ConsoleHandler,
     DshAgent,
     DshAgentMirror,
+    DshApproval,
     GoalBarHandler,
     GoalBarService,
     HostCommand,
@@ -146,17 +147,33 @@ def runtime_view(rt: ServedRuntime) -> Callable[[str], RuntimeView | None]:
     return view
 
 
-def approval_answerer(rt: ServedRuntime) -> AnswerApprovalFn:
-    """How a console page answers a runtime agent's approval question: on the agent, as
-    ``approval.answer`` does (exactly once: APPROVAL_CLOSED for a closed or unknown one)."""
+def approval_answerer(rt: ServedRuntime, mirror: DshAgentMirror | None = None) -> AnswerApprovalFn:
+    """How a console page answers an approval question: a runtime agent's on the agent, as
+    ``approval.answer`` does; a DSH agent's (one DSH's approval service asked) through
+    its proxy in ``mirror``, on the host. Exactly once either way: APPROVAL_CLOSED for a
+    closed or unknown one."""
 
     async def answer(agent_id: str, approval_id: str, decision: str, reason: str | None) -> None:
         agent = rt.get_agent(agent_id)
-        if agent is None or agent.closed:
-            raise UnknownAgentError(f"no agent {agent_id!r} runs in this runtime")
-        await agent.approvals.answer(approval_id, decision, reason=reason)
+        if agent is not None and not agent.closed:
+            await agent.approvals.answer(approval_id, decision, reason=reason)
+            return
+        proxy = mirror.proxies.get(agent_id) if mirror is not None else None
+        if proxy is None or proxy.closed:
+            raise UnknownAgentError(f"no agent {agent_id!r} runs in this runtime or on a connected DSH host")
+        await proxy.answer_approval(approval_id, decision, reason=reason)
 
     return answer
+
+
+def dsh_approvals(mirror: DshAgentMirror) -> Callable[[str], Sequence[DshApproval]]:
+    """The console's view of a DSH agent's open questions (its proxy's)."""
+
+    def view(agent_id: str) -> Sequence[DshApproval]:
+        proxy = mirror.proxies.get(agent_id)
+        return proxy.pending_approvals() if proxy is not None else ()
+
+    return view
 
 
 def page_urls(host: str, port: int, token: str) -> list[str]:
@@ -196,7 +213,7 @@ async def compose_handlers(
     mirror = DshAgentMirror(hosts, start_proxy, project_for, frozenset(DEFAULT_OWNED_KINDS), commands=commands)
     await nursery.start(mirror.run)
     goalbar = GoalBarHandler(service, project_for, nursery, inner=mirror)
-    console = ConsoleHandler(goalbar, runtime_view(rt), approval_answerer(rt))
+    console = ConsoleHandler(goalbar, runtime_view(rt), approval_answerer(rt, mirror), dsh_approvals(mirror))
     for agent_id in existing:
         console.apply_live("runtime", LiveEvent("agent/created", agent_id, {"sessionId": agent_id}), runtime_view(rt)(agent_id))
     await nursery.start(console.watch_runtime, live, rt.subscribe_live)

@@ -212,7 +212,8 @@ export function apply(ctx, config = {}) {
   const selectTimeoutMs = config.selectTimeoutMs ?? 10000
   const mirroredTimeoutMs = config.mirroredTimeoutMs ?? 5000
   const dock = !!config.dock
-  const capabilities = ['events', 'live', 'commands', 'pre-step', ...(dock ? ['dock'] : [])]
+  const answersApprovals = config.approvals !== false
+  const capabilities = ['events', 'live', 'commands', 'pre-step', ...(dock ? ['dock'] : []), ...(answersApprovals ? ['approvals'] : [])]
 
   let ws = null
   let open = false // welcome received
@@ -223,8 +224,10 @@ export function apply(ctx, config = {}) {
   let nextId = 1
   let syncing = false // after a welcome, until the runtime said how far its mirror reaches
   let welcomes = 0 // counts welcomes: a sync goes on only on its own connection
+  let runtimeAnswers = false // the runtime's welcome named `approvals`: it shows DSH's questions
   const deferredPongs = [] // pings that came while syncing: answered once the queue is sent
   const deferredAcks = [] // commands carried out while syncing: acknowledged once the queue is sent
+  const deferredReplies = [] // other replies due while syncing: sent once the queue is sent
   let welcomed = null // resolves once, on the first welcome
   const firstWelcome = new Promise((resolve) => { welcomed = resolve })
   const pending = new Map() // our request id -> {resolve, reject, timer}
@@ -285,6 +288,7 @@ export function apply(ctx, config = {}) {
       syncing = false
       deferredPongs.length = 0
       deferredAcks.length = 0
+      deferredReplies.length = 0
       failPending(`connection closed (${ev.code})`)
       if (disposed) return
       if (wasOpen || ev.code !== 1006) log(`bridge closed (${ev.code}${ev.reason ? ' ' + ev.reason : ''}); reconnecting`)
@@ -333,6 +337,7 @@ export function apply(ctx, config = {}) {
     switch (type) {
       case 'welcome':
         open = true
+        runtimeAnswers = answersApprovals && (data?.capabilities ?? []).includes('approvals')
         backoff = BACKOFF_MIN_MS
         welcomed()
         for (const w of [...openWaiters]) w()
@@ -347,6 +352,10 @@ export function apply(ctx, config = {}) {
         if (syncing) { if (id) deferredPongs.push(id); return }
         if (ws) flush(ws)
         if (id) reply(id, 'pong', {})
+        return
+      case 'approval':
+        if (!id) { replyError(undefined, 'BAD_ENVELOPE', 'approval is a request: it needs an id'); return }
+        answerApproval(id, data ?? {})
         return
       case 'followup': case 'wake': case 'cancel':
         if (!id) { replyError(undefined, 'BAD_ENVELOPE', `${type} is a request: it needs an id`); return }
@@ -502,6 +511,7 @@ export function apply(ctx, config = {}) {
     if (ws) flush(ws)
     for (const id of deferredPongs.splice(0)) reply(id, 'pong', {})
     for (const id of deferredAcks.splice(0)) reply(id, 'ack', { ok: true })
+    for (const send of deferredReplies.splice(0)) send()
     schedule(0)
   }
   // a command's ack goes out after the live items its effect queued (the message it put into
@@ -662,6 +672,81 @@ export function apply(ctx, config = {}) {
     } catch (e) {
       return String(e?.message ?? e)
     }
+  }
+
+  // ---- approvals: DSH's own questions, answered from the runtime's surfaces too ------------------
+  // DSH asks a person through its approval service (`ctx.approval.request`, package
+  // @deepseek-ai/dsh-user-approval): it logs `approval/asked {id, toolName, callId?, reason?}`,
+  // runs the `approval/request` waterfall (DSH's answerers: the web UI's panel, an ACP client's
+  // session/request_permission; none in headless or sdk: `unavailable`, fail closed), then logs
+  // `approval/decided {id, outcome}`. This listener goes first in that waterfall: for an agent of
+  // this host, while the runtime is connected and shows DSH's questions (its welcome named
+  // `approvals`), it holds the question open for the runtime's `approval` request and passes it on
+  // to the rest of DSH's answerers at the same time. The first real outcome wins (a runtime
+  // answer, or another answerer's outcome other than `unavailable`); the runtime's answer that
+  // comes second gets APPROVAL_CLOSED. DSH's outcomes carry no reason, and DSH cannot take back a
+  // question it passed on (an ACP client's request, the web panel): its late answer is ignored.
+  const questions = new Map() // DSH approval id -> {agentId, settle(outcome), replies: [fn]}
+  function askedId(session, req) {
+    const events = sessionEvents(session, Math.max(0, (session?.seq ?? 0) - 200))
+    const decided = new Set(events.filter(e => e.type === 'approval/decided').map(e => e.data?.id))
+    for (let i = events.length - 1; i >= 0; i--) {
+      const e = events[i]
+      if (e.type !== 'approval/asked' || decided.has(e.data?.id) || questions.has(e.data?.id)) continue
+      if (e.data?.toolName === req.toolName && e.data?.callId === req.callId) return e.data.id
+    }
+    return undefined
+  }
+  if (answersApprovals) {
+    ctx.on('approval/request', (req, next) => {
+      const agent = req?.agent
+      if (disposed || !open || !runtimeAnswers || !agent || ctx.agents.get(agent.id) !== agent) return next()
+      const approvalId = askedId(agent.session, req)
+      if (typeof approvalId !== 'string') return next()
+      return new Promise((resolve) => {
+        const question = { agentId: agent.id, replies: [] }
+        const onAbort = () => question.settle('cancelled')
+        question.settle = (outcome) => {
+          if (questions.get(approvalId) !== question) return false
+          questions.delete(approvalId)
+          req.signal?.removeEventListener('abort', onAbort)
+          resolve(outcome)
+          // DSH logs `approval/decided` as soon as the waterfall returns (microtasks): the
+          // runtime's answer is acknowledged after it, so that its mirror shows the decision
+          setTimeout(() => { for (const send of question.replies) send() }, 0)
+          return true
+        }
+        questions.set(approvalId, question)
+        if (req.signal?.aborted) { onAbort(); return }
+        req.signal?.addEventListener('abort', onAbort, { once: true })
+        Promise.resolve().then(next).then((outcome) => {
+          if (outcome !== 'unavailable') question.settle(outcome)
+        }, (e) => log(`an approval answerer after loopdock's failed: ${e?.message ?? e}`))
+      })
+    }, true) // prepended: the first listener, so the question is held whoever else answers
+    ctx.effect(() => () => {
+      for (const question of [...questions.values()]) question.settle('unavailable')
+    }, 'loopdock: open approval questions')
+  }
+  // The runtime answers a question: `approvalDone` once DSH logged the decision, else
+  // APPROVAL_CLOSED (answered already on any surface, cancelled, or not held here).
+  function answerApproval(re, data) {
+    const { agentId, approvalId, decision } = data
+    if (typeof agentId !== 'string' || typeof approvalId !== 'string' || !['approve', 'refuse'].includes(decision)) {
+      replyError(re, 'BAD_DATA', 'approval needs an agentId, an approvalId and a decision (approve or refuse)')
+      return
+    }
+    const question = questions.get(approvalId)
+    if (!question || question.agentId !== agentId) {
+      replyError(re, 'APPROVAL_CLOSED', `approval ${approvalId.slice(0, 64)} of agent ${agentId.slice(0, 128)} is not open on this DSH host: answered already (on any surface), cancelled, or not held here`)
+      return
+    }
+    question.replies.push(() => {
+      const send = () => { if (ws) flush(ws); reply(re, 'approvalDone', { agentId, approvalId, decision }) }
+      if (syncing) deferredReplies.push(send)
+      else send()
+    })
+    question.settle(decision === 'approve' ? 'allowed-once' : 'rejected')
   }
 
   // ---- /loopx-init: run by the runtime for the exact agent ----------------------------------------
