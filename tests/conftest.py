@@ -1,6 +1,7 @@
 """Test rules (as in trio-websocket): loopback only, port 0, ``autojump_clock`` for any
 sleep, an absolute ``trio.fail_after`` on every I/O test, temporary homes everywhere."""
 
+import math
 import os
 import shutil
 import subprocess
@@ -8,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import trio
+import trio.testing
 from hypothesis import HealthCheck, settings
 from leak_check import assert_no_leaked_agent_tasks
 
@@ -79,6 +82,37 @@ async def rt(tmp_path):
     async with Runtime.open(tmp_path / "home") as runtime:
         yield runtime
         assert_no_leaked_agent_tasks(runtime)
+
+
+@pytest.fixture
+def autojump_clock(monkeypatch):
+    """pytest-trio's ``autojump_clock``, except that the clock stands still while a worker
+    thread started through ``trio.to_thread.run_sync`` runs (the store's reads and
+    commits, file tools). trio's autojump jumps as soon as every *task* is blocked, and a
+    task waiting for a thread is blocked: virtual minutes would pass during a few real
+    milliseconds of SQLite, firing whatever deadline comes next (a test's ``fail_after``,
+    a scheduler wait) before the thread is done, more often the busier the machine. Here
+    time passes only when everything, threads included, waits for it.
+
+    A thread that never ends (a hung mount) therefore stops the clock: tests of such
+    threads use real time (``rt``), not this clock."""
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    run_sync = trio.to_thread.run_sync
+    running = 0
+
+    async def counted(*args, **kwargs):
+        nonlocal running
+        running += 1
+        clock.autojump_threshold = math.inf
+        try:
+            return await run_sync(*args, **kwargs)
+        finally:
+            running -= 1
+            if not running:
+                clock.autojump_threshold = 0
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", counted)
+    return clock
 
 
 @pytest.fixture
