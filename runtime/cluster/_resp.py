@@ -43,10 +43,6 @@ class RedisReplyError(Exception):
         return str(self).startswith("NOSCRIPT")
 
 
-class _Incomplete(Exception):
-    pass
-
-
 def encode(command: Sequence[Arg]) -> bytes:
     """A command as a RESP array of bulk strings."""
     parts = [b"*%d\r\n" % len(command)]
@@ -69,38 +65,62 @@ def encode(command: Sequence[Arg]) -> bytes:
     return b"".join(parts)
 
 
-def parse(buffer: bytes | bytearray, pos: int) -> tuple[Any, int]:
-    """The reply starting at ``pos`` and the position after it; _Incomplete if the
-    buffer does not hold all of it yet."""
-    end = buffer.find(b"\r\n", pos)
-    if end < 0:
-        raise _Incomplete()
-    kind = buffer[pos]
-    if kind == 0x24:  # $ bulk string
-        length = int(buffer[pos + 1 : end])
-        if length < 0:
-            return None, end + 2
-        stop = end + 2 + length
-        if len(buffer) < stop + 2:
-            raise _Incomplete()
-        return buffer[end + 2 : stop].decode(), stop + 2
-    if kind == 0x2A:  # * array
-        count = int(buffer[pos + 1 : end])
-        if count < 0:
-            return None, end + 2
-        items = []
-        pos = end + 2
-        for _ in range(count):
-            item, pos = parse(buffer, pos)
-            items.append(item)
-        return items, pos
-    if kind == 0x3A:  # : integer
-        return int(buffer[pos + 1 : end]), end + 2
-    if kind == 0x2B:  # + simple string
-        return buffer[pos + 1 : end].decode(), end + 2
-    if kind == 0x2D:  # - error
-        return RedisReplyError(buffer[pos + 1 : end].decode(errors="replace")), end + 2
-    raise RespConnectionError(f"not a RESP2 reply: {bytes(buffer[pos : pos + 20])!r}")
+class Replies:
+    """Parses RESP2 replies out of a buffer that grows as bytes arrive, looking at each
+    byte once: an array that the end of the buffer cuts keeps the items it parsed
+    (``_open``), and the next ``take`` goes on from where this one stopped. (Parsing a
+    reply again from its start at each receive made a reply of n bytes cost n**2 / 64 KiB.)"""
+
+    def __init__(self) -> None:
+        self._open: list[tuple[list[Any], int]] = []  # the arrays being filled, outermost first
+
+    def clear(self) -> None:
+        self._open.clear()
+
+    def take(self, buffer: bytes | bytearray, pos: int) -> tuple[bool, Any, int]:
+        """``(True, reply, end)`` for the reply whose parse reached ``pos`` (its start, or
+        where the last ``take`` stopped), or ``(False, None, p)``: more bytes are needed,
+        and the next ``take`` starts at ``p``."""
+        while True:
+            end = buffer.find(b"\r\n", pos)
+            if end < 0:
+                return False, None, pos
+            kind = buffer[pos]
+            value: Any
+            if kind == 0x24:  # $ bulk string
+                length = int(buffer[pos + 1 : end])
+                if length < 0:
+                    value, pos = None, end + 2
+                else:
+                    stop = end + 2 + length
+                    if len(buffer) < stop + 2:
+                        return False, None, pos
+                    value, pos = buffer[end + 2 : stop].decode(), stop + 2
+            elif kind == 0x2A:  # * array
+                count = int(buffer[pos + 1 : end])
+                pos = end + 2
+                if count > 0:
+                    self._open.append(([], count))
+                    continue
+                value = None if count < 0 else []
+            elif kind == 0x3A:  # : integer
+                value, pos = int(buffer[pos + 1 : end]), end + 2
+            elif kind == 0x2B:  # + simple string
+                value, pos = buffer[pos + 1 : end].decode(), end + 2
+            elif kind == 0x2D:  # - error
+                value, pos = RedisReplyError(buffer[pos + 1 : end].decode(errors="replace")), end + 2
+            else:
+                raise RespConnectionError(f"not a RESP2 reply: {bytes(buffer[pos : pos + 20])!r}")
+            # A whole value: it completes the arrays it fills last, up to a whole reply.
+            while self._open:
+                items, count = self._open[-1]
+                items.append(value)
+                if len(items) < count:
+                    break
+                self._open.pop()
+                value = items
+            else:
+                return True, value, pos
 
 
 class RespConnection:
@@ -114,6 +134,7 @@ class RespConnection:
         self._db = int(db) if db else 0
         self._stream: trio.SocketStream | None = None
         self._buffer = bytearray()
+        self._parser = Replies()
         self._lock = trio.Lock()
 
     async def call(self, *command: Arg) -> Any:
@@ -149,6 +170,7 @@ class RespConnection:
     def _drop(self) -> None:
         stream, self._stream = self._stream, None
         self._buffer.clear()
+        self._parser.clear()
         if stream is not None:
             stream.socket.close()
 
@@ -157,12 +179,11 @@ class RespConnection:
         replies: list[Any] = []
         pos = 0
         while len(replies) < count:
-            try:
-                reply, pos = parse(buffer, pos)
-            except (_Incomplete, IndexError):
+            whole, reply, pos = self._parser.take(buffer, pos)
+            if not whole:
                 data = await stream.receive_some(_RECEIVE)
                 if not data:
-                    raise RespConnectionError("redis closed the connection") from None
+                    raise RespConnectionError("redis closed the connection")
                 buffer += data
                 continue
             replies.append(reply)
