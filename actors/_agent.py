@@ -46,7 +46,6 @@ from ._inbox import Entry, Inbox, InvalidReservationError, Placement, Reservatio
 from ._owner import AgentOwner
 from ._pre_step import PreStep, Verdict
 from ._session import SessionActor
-from ._step_resume import resume_point
 from ._supervision import COMPANION_POLICY, Action, Policy, supervised
 from ._turn import Turn, TurnBlocked, TurnBody
 
@@ -126,6 +125,9 @@ class AgentActor:
         # running: ``cancel`` then ends it where it would have gone on.
         self._resuming = session.suspended_turn is not None
         self._cancel_resumed = False
+        # The body can continue a turn from its last durable step (actors._step_resume):
+        # its turns then mark each call's start (``tool/started``) before it runs.
+        self._resumes_steps = bool(getattr(body, "resumes_steps", False))
 
     # -- public ----------------------------------------------------------------------
 
@@ -502,6 +504,7 @@ class AgentActor:
         first = self._inbox.take_turn()
         self.turns += 1
         turn = Turn(self, self.turns, [first] if first else [], slot)
+        turn.marks_starts = self._resumes_steps
         tracing = self.owner.tracing
         if tracing is not None:  # off: this check is all tracing costs a turn
             options = self.options
@@ -512,16 +515,14 @@ class AgentActor:
             turn.release_slot()
 
     async def _resume_suspended(self) -> None:
-        """Continue the turn a stop left waiting for a person (actors._step_resume), or,
-        if this driver's body cannot or the log is not that case, close it ``interrupted``
+        """Continue the turn a stop left open (actors._step_resume), or, if this driver's
+        body cannot (the log then has a question open in it), close it ``interrupted``
         and withdraw its questions."""
         self._set_status("running")  # first: ``wait_idle`` must not see an idle gap
         suspended, self.session.suspended_turn = self.session.suspended_turn, None
         assert suspended is not None
         try:
-            point = None
-            if getattr(self.body, "resumes_steps", False):
-                point = resume_point(await self.session.read_events(suspended.start_seq))
+            point = suspended.point if self._resumes_steps else None
             if point is not None and self._transcript is None:
                 await self._load_transcript()
         finally:
@@ -534,11 +535,12 @@ class AgentActor:
             reason = {"kind": "aborted", "cause": cause} if self._cancel_resumed else {"kind": "interrupted"}
             self.session.append("turn/end", {"turn": suspended.number, "reason": reason})
             return
-        # A person's answer drives it: it runs without an admission slot, as a person's turn.
+        # It runs before anything queued, without an admission slot, as a person's turn.
         turn = Turn(self, suspended.number, [])
         turn.step = point.step
         turn.resumed = point
-        self.log.info("turn resumed", turn=turn.number, step=turn.step, calls=len(point.calls))
+        turn.marks_starts = True
+        self.log.info("turn resumed", turn=turn.number, step=turn.step, calls=len(point.calls), asks_again=not point.answered)
         await self._run_turn_in(turn, resumed=True)
 
     async def _run_turn_in(self, turn: Turn, *, resumed: bool = False) -> None:

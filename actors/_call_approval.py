@@ -23,6 +23,9 @@ from ._approval_answer import Answer
 from ._approvals import Approval
 from ._turn import Turn
 
+#: Why a resumed turn asks about a call that had started when its process stopped.
+MAY_HAVE_RUN = "this call may have run before the runtime stopped (it had started, its result is not in the log); run it again?"
+
 
 @attrs.frozen
 class Permit:
@@ -36,16 +39,19 @@ async def permit(turn: Turn, call: ToolCallBlock, tool: Tool, arguments: Mapping
     agent = turn.agent
     waiting = None
     resumed = turn.resumed
-    if resumed is not None:  # the step a stop left waiting: asked before the restart
-        if call.call_id in resumed.unasked:
-            return Permit(None, "not run again: the runtime stopped while this call may have been running")
-        approval_id = resumed.questions.get(call.call_id, "")
-        answered = resumed.answers.get(call.call_id) or agent.approvals.resumed_answer(approval_id)
-        if answered is not None:  # before the restart, or while the turn was set up again
-            if answered.decision == "withdrawn":
-                return Permit(None, f"not run: its question was withdrawn ({answered.reason})")
-            return _permit(call, arguments, answered)
-        waiting = agent.approvals.get(approval_id)
+    if resumed is not None:  # the step a stop left open (actors._step_resume)
+        if call.call_id in resumed.started and not (tool.read_only or tool.idempotent):
+            # It may have run: a person says whether it runs again.
+            waiting = agent.approvals.ask(call.call_id, call.name, arguments, MAY_HAVE_RUN, turn.number)
+        elif call.call_id in resumed.questions or call.call_id in resumed.answers:  # asked before the stop
+            approval_id = resumed.questions.get(call.call_id, "")
+            answered = resumed.answers.get(call.call_id) or agent.approvals.resumed_answer(approval_id)
+            if answered is not None:  # before the stop, or while the turn was set up again
+                if answered.decision == "withdrawn":
+                    return Permit(None, f"not run: its question was withdrawn ({answered.reason})")
+                return _permit(call, arguments, answered)
+            waiting = agent.approvals.get(approval_id)
+        # Otherwise it had not started, or may run again unasked: as a new call would.
     if waiting is None:
         policy = agent.options.approvals
         if policy is None:

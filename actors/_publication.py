@@ -141,7 +141,8 @@ async def create_with_body(owner: Supervisor, options: CreateAgentOptions, body:
 async def resume_with_body(owner: Supervisor, options: ResumeAgentOptions, body: TurnBody) -> AgentHandle:
     """A driver's whole ``resume`` when its only difference is the turn body."""
     owner.adapters.get(options.agent_options.provider)
-    session = await owner.load_session(options.resume_session_id)
+    # A body that can finish a step (actors._step_resume) gets the open turn to continue.
+    session = await owner.load_session(options.resume_session_id, resumes_steps=getattr(body, "resumes_steps", False))
     try:
         agent = AgentActor(owner, session, options.agent_options, body)
     except BaseException:

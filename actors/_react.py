@@ -50,18 +50,29 @@ async def _request_as_is(request: ModelRequest) -> ModelRequest:
 
 
 class ReactBody:
-    #: It can finish a resumed turn's step (actors._step_resume): ``turn.resumed``.
+    #: It continues a turn from its last durable step (actors._step_resume): a resumed
+    #: turn comes with ``turn.resumed``. A subclass that sets this False gets its open
+    #: turns closed ``interrupted`` on resume.
     resumes_steps = True
 
     async def run_turn(self, turn: Turn) -> str:
         agent = turn.agent
-        if turn.resumed is not None:  # the step a stop left waiting for a person
-            async with turn.outside():
-                await _run_tools(turn, turn.resumed.calls)
+        point = turn.resumed
+        ask_again = point is not None and not point.answered  # the reply was cut: ask for it again
+        if point is not None and point.answered:  # finish the step the log holds
+            if point.calls:
+                async with turn.outside():
+                    await _run_tools(turn, point.calls)
             turn.resumed = None  # later steps' call ids are new calls, whatever they repeat
-            turn.end_step()
+            if not point.step_ended:
+                turn.end_step()
+            if not point.more and not turn.has_step_input():
+                return "completed"
         while True:
-            await turn.begin_step()
+            if ask_again:  # its ``step/start`` and messages are in the log already
+                ask_again, turn.resumed = False, None
+            else:
+                await turn.begin_step()
             request = await agent.request.run(turn.model_request(), _request_as_is)
             adapter = agent.owner.adapters.get(request.provider)
             turn.log(
@@ -202,6 +213,11 @@ async def _run_tool_untraced(turn: Turn, call: ToolCallBlock) -> tuple[str, bool
     if allowed.arguments is None:
         return allowed.refusal or "refused", True
     arguments = allowed.arguments
+    if turn.marks_starts and not (tool.read_only or tool.idempotent):
+        # Durable before the tool starts: a crash from here on leaves a call that may
+        # have run, which a resumed turn does not run again without asking.
+        turn.log("tool/started", {"turn": turn.number, "step": turn.step, "callId": call.call_id})
+        await turn.session.flush()
     ctx = ToolContext(session_id=agent.id, cwd=agent.cwd, call_id=call.call_id, threads=agent.tools.threads)
     try:
         return await tool.run(arguments, ctx), False

@@ -38,7 +38,7 @@ from ._faults import record_fault
 from ._history_cache import HistoryCache
 from ._live import LiveEvent
 from ._session import RETAINED_TYPES, SessionActor, _now_ms
-from ._step_resume import suspended_turn
+from ._step_resume import SuspendedTurn, open_question, resume_point
 from ._store_writer import StoreWriter
 from ._supervision import STOP, Action, supervised
 
@@ -188,9 +188,11 @@ class Supervisor:
         )
         return SessionActor(header, self.writer, events=events)
 
-    async def load_session(self, session_id: str) -> SessionActor:
-        """A persisted session, ready to resume; an open turn is repaired as interrupted,
-        unless a question asked in it is still open (``session.suspended_turn``)."""
+    async def load_session(self, session_id: str, *, resumes_steps: bool = False) -> SessionActor:
+        """A persisted session, ready to resume. An open turn is repaired as interrupted,
+        unless its agent continues it (``session.suspended_turn``): ``resumes_steps``
+        (its driver's body can) and the log holds a step to go on from, or a question
+        asked in it is still open (withdrawn by an agent that cannot continue it)."""
         check_session_id(session_id, what="resume session id")
         self.check_open()
         if session_id in self.agents:
@@ -206,11 +208,16 @@ class Supervisor:
             turns=sum(1 for e in indexed if e.type == "turn/start"),
         )
         open_turn = _open_turn(indexed)
-        # A turn that waits for a person's answer stays open: its agent continues it
-        # (actors._step_resume), or closes it ``interrupted`` if its driver cannot.
-        session.suspended_turn = suspended_turn(indexed, open_turn)
-        if open_turn is not None and session.suspended_turn is None:
-            session.append("turn/end", {"turn": open_turn, "reason": {"kind": "interrupted"}})
+        if open_turn is None:
+            return session
+        number, start = open_turn
+        point = None
+        if resumes_steps:  # the open turn's events, and only those (actors._step_resume)
+            point = resume_point(await trio.to_thread.run_sync(self.store.load_events, session_id, start))
+        if point is not None or open_question(indexed, start):
+            session.suspended_turn = SuspendedTurn(number, start, point)
+        else:
+            session.append("turn/end", {"turn": number, "reason": {"kind": "interrupted"}})
         return session
 
     async def fork_session(self, source_id: str, new_id: str, *, upto_seq: int | None = None) -> str:
@@ -311,11 +318,12 @@ def agent_dispose(owner: Supervisor, agent: AgentActor) -> Callable[[], Any]:
 _OUTLINE_TYPES = frozenset({"turn/start", "turn/end", *RETAINED_TYPES})
 
 
-def _open_turn(events: Sequence[Event]) -> int | None:
-    open_turn = None
+def _open_turn(events: Sequence[Event]) -> tuple[int, int] | None:
+    """The open turn's number and its ``turn/start``'s seq, if a turn is open."""
+    open_turn: tuple[int, int] | None = None
     for event in events:
         if event.type == "turn/start":
-            open_turn = event.data.get("turn")
+            open_turn = (event.data["turn"], event.seq)
         elif event.type == "turn/end":
             open_turn = None
     return open_turn

@@ -98,6 +98,9 @@ class Turn:
         #: The step a resumed turn finishes before its next model step (actors._step_resume),
         #: while it runs; None otherwise.
         self.resumed: ResumePoint | None = None
+        #: Log ``tool/started`` (durable) before a call that is not read-only or idempotent
+        #: starts: set when the agent's body resumes steps (actors._step_resume).
+        self.marks_starts = False
 
     @property
     def holds_slot(self) -> bool:

@@ -65,6 +65,9 @@ ECHO_TOOL = Tool(
     "Echo the text back (a cheap in-memory tool for benchmarks).",
     {"type": "object", "properties": {"text": {"type": "string"}}},
     _echo,
+    # It changes nothing: a crash-cut call runs again on resume, and no durable start
+    # mark (a store commit) precedes each call (actors._step_resume).
+    read_only=True,
 )
 
 

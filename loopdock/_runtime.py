@@ -420,10 +420,12 @@ class Runtime:
         driver: str | None = None,
     ) -> AgentHandle:
         """Bring a persisted session back as a live agent on its bound loop and driver
-        (asking for another one raises LOOP_SWITCH); an interrupted turn is closed as
-        ``turn/end {reason: interrupted}`` first, unless it was waiting for a person's
-        approval: then the agent shows the question again and continues that turn once it
-        is answered (actors._step_resume). Cancellation rolls back like
+        (asking for another one raises LOOP_SWITCH). A turn a crash left open goes on from
+        its last durable step before anything queued, on a driver that can (the react
+        driver; actors._step_resume): the model is not asked again for what the log holds,
+        and a call that may have run asks a person unless its tool is read-only or
+        idempotent. Otherwise it is closed as ``turn/end {reason: interrupted}`` (its open
+        questions withdrawn). Cancellation rolls back like
         ``create_agent``: nothing of a half-resumed agent stays live."""
         options = ResumeAgentOptions(
             resume_session_id=resume_session_id, agent_options=agent_options, setup=setup, loop=loop, driver=driver

@@ -2,10 +2,12 @@
 
 DSH refuses to load a log that holds an event type it does not know, so the set of
 types is closed: new meaning travels inside known events (message source kinds,
-``agent-preset/selected`` data), never as a new type. The one exception is the pair of
+``agent-preset/selected`` data), never as a new type. The exceptions are the pair of
 approval events (``approval/requested``, ``approval/answered``): a person's word on a
-tool call must be its own durable record, and they are only ever written to the
-runtime's own store, never to a log DSH loads (a DSH agent's approvals are DSH's).
+tool call must be its own durable record, and ``tool/started`` (a call's tool is about
+to run: what a resumed turn needs to know that it may have run). They are only ever
+written to the runtime's own store, never to a log DSH loads (a DSH agent's approvals
+and tools are DSH's).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ CORE_EVENT_TYPES = frozenset(
         # A person's word on a tool call (actors._approvals): the question, its answer.
         "approval/requested",
         "approval/answered",
+        # A tool call is about to run (actors._step_resume): ``{turn, step, callId}``.
+        "tool/started",
     }
 )
 

@@ -258,7 +258,10 @@ class McpServer:
             if name in self._registered:
                 self._registered.pop(name)()
             self._registered[name] = self._tools.register(
-                Tool(name, tool.description or "", tool.inputSchema, self._runner(tool.name), _read_only(tool))
+                Tool(
+                    name, tool.description or "", tool.inputSchema, self._runner(tool.name), _read_only(tool),
+                    _idempotent(tool),
+                )
             )
 
     def _runner(self, mcp_name: str) -> Callable[[Mapping[str, Any], ToolContext], Any]:
@@ -356,3 +359,9 @@ def _read_only(tool: Any) -> bool:
     # The server's own hint: an approval policy's ``hints`` default runs such tools unasked.
     annotations = getattr(tool, "annotations", None)
     return bool(getattr(annotations, "readOnlyHint", False))
+
+
+def _idempotent(tool: Any) -> bool:
+    # The server's own hint: a call a crash cut runs again on resume unasked.
+    annotations = getattr(tool, "annotations", None)
+    return bool(getattr(annotations, "idempotentHint", False))

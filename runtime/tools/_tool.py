@@ -42,6 +42,11 @@ class Tool:
     #: Declares that the tool changes nothing: an approval policy's ``hints`` default
     #: lets such calls run without asking (runtime._approval_policy).
     read_only: bool = False
+    #: Declares that running the call again with the same arguments does no more than
+    #: running it once. A call of a ``read_only`` or ``idempotent`` tool that a crash cut
+    #: runs again on resume unasked; any other such call may have run, and a person is
+    #: asked whether to run it again (actors._step_resume).
+    idempotent: bool = False
 
     @functools.cached_property
     def spec(self) -> ToolSpec:

@@ -17,7 +17,8 @@ from loopdock.runtime.tools import Tool
 OPTIONS = {"provider": "scripted", "model": "script-1", "approvals": {"tools": {"touch": "ask"}}}
 
 # The first runtime asks, says so on stdout, then (mode ``ask``) waits until it is
-# killed, or (mode ``answer``) approves and kills itself with SIGKILL as its tool starts.
+# killed, or (mode ``answer``) approves and kills itself with SIGKILL as its tool starts
+# (its ``tool/started`` is durable by then).
 # Its tool never completes: only the second runtime's may.
 CHILD = """
 import os
@@ -171,7 +172,8 @@ async def test_a_resumed_question_can_be_withdrawn_by_cancel(tmp_path):
     ]
 
 
-async def test_killed_after_the_answer_as_the_tool_started_the_approved_call_runs_on_resume(tmp_path):
+async def test_killed_as_the_approved_call_started_a_person_is_asked_whether_it_runs_again(tmp_path):
+    # (Killed after the answer but before the tool's start: tests/actors/test_step_resume.py.)
     home = tmp_path / "home"
     with trio.fail_after(60):
         approval_id = await ask_then_kill(home, "answer")
@@ -179,12 +181,18 @@ async def test_killed_after_the_answer_as_the_tool_started_the_approved_call_run
     with trio.fail_after(30):
         async with Runtime.open(home) as rt:
             agent, adapter = await resume(rt, ["done"], ran)
+            [again] = await agent.wait_approvals()  # the tool had started: it may have run
+            assert again.id != approval_id and again.call_id == "c1" and "may have run" in again.reason
+            assert ran == [] and adapter.requests == []
+            await again.answer("approve")
             await agent.wait_idle()
-            assert agent.pending_approvals() == []  # answered before the kill: not asked again
-            log = await typed(agent, "approval/requested", "approval/answered", "tool/result", "turn/end")
+            log = await typed(agent, "approval/requested", "approval/answered", "tool/started", "tool/result", "turn/end")
     assert ran == [{"path": "a.txt"}]
     assert len(adapter.requests) == 1 and results(adapter.requests[0]) == [("c1", "touched a.txt", False)]
-    assert [kind for kind, _ in log] == ["approval/requested", "approval/answered", "tool/result", "turn/end"]
+    assert [kind for kind, _ in log] == [
+        "approval/requested", "approval/answered", "tool/started",  # the killed process's
+        "approval/requested", "approval/answered", "tool/started", "tool/result", "turn/end",
+    ]
     assert log[1][1] == {"id": approval_id, "decision": "approve"}
     assert log[-1][1] == {"turn": 1, "reason": {"kind": "completed"}}
 

@@ -16,8 +16,9 @@ from leak_check import assert_no_leaked_agent_tasks
 from loopdock import LoopxSettings, Runtime
 from loopdock.runtime.loopx import LoopxClient, ShouldRun
 from loopdock.runtime.loopx import _client as loopx_client
-from loopdock.runtime.models import Reply, ScriptedAdapter
+from loopdock.runtime.models import Reply, ScriptedAdapter, ToolCall
 from loopdock.runtime.skills import SkillCatalog
+from loopdock.runtime.tools import Tool
 
 LOOPX = ("--registry", ".loopx/registry.json", "--format", "json")
 
@@ -190,6 +191,52 @@ async def test_human_input_wins_at_pre_step(tmp_path, loopx_env, loopx_project, 
     should_runs = [c for c in calls() if c[4:6] == ["quota", "should-run"]]
     turn_ids = [c[c.index("--turn-instance-id") + 1] for c in should_runs]
     assert len(turn_ids) >= 2 and turn_ids[0] == turn_ids[1]
+
+
+async def test_a_continuation_turn_that_asks_waits_for_a_person_and_nothing_automatic_answers(
+    tmp_path, loopx_env, loopx_project, loopx_command
+):
+    write_skill(loopx_project, "loopx")
+    client = LoopxClient(loopx_command, project=loopx_project, env=loopx_env, timeout=120)
+    with trio.fail_after(120):
+        await bind(client, "asks")
+    ran = []
+
+    async def touch(arguments, ctx):
+        ran.append(dict(arguments))
+        return "touched"
+
+    def respond(request):
+        last = request.messages[-1]
+        continuation = last.source is not None and last.source.kind == "loopx-continuation"
+        if continuation and not ran and last.role == "user":
+            return Reply(tool_calls=[ToolCall("touch", {"path": "a.txt"}, call_id="c1")])
+        return Reply("ok")
+
+    async with open_runtime(tmp_path, loopx_env, loopx_project, tuple(loopx_command)) as rt:
+        rt.register_adapter("scripted", ScriptedAdapter(respond))
+        rt.register_tool(Tool("touch", "touches a file", {"type": "object"}, touch))
+        options = {"provider": "scripted", "model": "m", "cwd": str(loopx_project),
+                   "approvals": {"tools": {"touch": "ask"}}}
+        handle = await rt.create_agent(session_id="asks", agent_options=options)
+        agent, driver = handle.agent, rt.loopx.continuations["asks"]
+        with trio.fail_after(120):
+            agent.followup("/loopx write it")
+            [approval] = await agent.wait_approvals()  # asked in the continuation's turn
+        assert approval.turn == 2 and len(driver.admitted) == 1
+        assert (agent.status, rt.supervisor.admission.in_use) == ("running", 0)  # it waits, without a slot
+        await trio.testing.wait_all_tasks_blocked(0.1)
+        # Nothing automatic answered it or got in: the driver waits for the agent's idle.
+        assert agent.pending_approvals() == [approval] and ran == []
+        events = await agent.session.read_events()
+        assert [e for e in events if e.type == "approval/answered"] == []
+        assert sum(1 for e in events if e.type == "turn/start") == 2
+        with trio.fail_after(120):
+            await approval.answer("approve")  # a person
+            await agent.wait_idle()
+        [ended] = [e.data["reason"] for e in await agent.session.read_events() if e.type == "turn/end" and e.data["turn"] == 2]
+        await handle.dispose()
+    assert ran == [{"path": "a.txt"}] and ended == {"kind": "completed"}
 
 
 async def test_its_own_pre_step_veto_is_evaluated_again_at_the_next_idle_checkpoint(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from loopdock import Runtime
+from loopdock import FakeDriver, Runtime
 from loopdock.runtime import (
     AgentBusyError,
     InvalidSessionIdError,
@@ -106,11 +106,13 @@ def write_open_turn_session(home, session_id: str) -> list[Event]:
 
 
 async def test_resume_repairs_an_open_turn_once_and_durably(tmp_path):
+    # On a driver that cannot resume a step (the react driver continues the turn: below).
     home = tmp_path / "home"
     original = write_open_turn_session(home, "crashed")
     with trio.fail_after(10):
         async with Runtime.open(home) as rt:
-            h = await rt.resume_agent(resume_session_id="crashed")
+            rt.register_driver("fake", FakeDriver("fake"))
+            h = await rt.resume_agent(resume_session_id="crashed", driver="fake")
             assert h.agent.turns == 2
             assert [m.id for m in (await h.agent.read_transcript())] == ["m1", "m2", "m3"]
             events = (await h.agent.session.read_events())
@@ -128,6 +130,7 @@ async def test_resume_repairs_an_open_turn_once_and_durably(tmp_path):
 
         # Resuming again does not repair again.
         async with Runtime.open(home) as rt:
+            rt.register_driver("fake", FakeDriver("fake"))
             h = await rt.resume_agent(resume_session_id="crashed")
             assert len(await h.agent.session.read_events()) == len(events)  # no second repair, no rebinding
             await turn(h.agent, "next")
@@ -140,6 +143,27 @@ async def test_resume_repairs_an_open_turn_once_and_durably(tmp_path):
             {"turn": 3, "reason": {"kind": "completed"}},
         ]
         assert [e.seq for e in stored] == list(range(len(stored)))
+
+
+async def test_resume_on_the_react_driver_continues_the_open_turn_from_its_step(tmp_path):
+    home = tmp_path / "home"
+    original = write_open_turn_session(home, "crashed")
+    with trio.fail_after(10):
+        async with Runtime.open(home) as rt:
+            h = await rt.resume_agent(resume_session_id="crashed")
+            await h.agent.wait_idle()
+            assert h.agent.turns == 2
+            assert [m.text for m in (await h.agent.read_transcript())] == ["hi", "pong: hi", "more", "pong: more"]
+            events = await h.agent.session.read_events()
+            await h.dispose()
+    assert wire(events[: len(original)]) == wire(original)
+    added = [e.type for e in events[len(original) :] if e.type != "agent-preset/selected"]
+    # Step 1 of turn 2 is asked again (its reply was never durable), in the same step.
+    assert added == ["request/header", "assistant/message", "step/end", "turn/end"]
+    assert turn_ends(events) == [
+        {"turn": 1, "reason": {"kind": "completed"}},
+        {"turn": 2, "reason": {"kind": "completed"}},
+    ]
 
 
 async def test_resume_unknown_and_live_sessions(tmp_path):

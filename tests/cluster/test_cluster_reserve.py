@@ -126,18 +126,22 @@ async def test_a_reservation_queued_on_a_worker_killed_mid_turn_is_settled_by_th
         async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="k1", loop="minimal-first")
             handle.agent.followup('call: shell {"command": "sleep 30"}')
-            await until_event(handle.agent, lambda e: e.type == "tool/call")
+            await until_event(handle.agent, lambda e: e.type == "tool/started")
             reservation = handle.agent.reserve(user_message("automatic work", source=PRODUCER))
             await until_event(handle.agent, lambda e: e.type == "agent/inbox/spliced"
                          and e.data.get("messageId") == reservation.message.id)
             a.signal(signal.SIGKILL)
             await a.process.wait()
             b = await start_worker(nursery, redis_server.url, tmp_path / "b", "b")
+            # The killed turn goes on first; its cut call asks a person (never the reservation).
+            [again] = await handle.agent.wait_approvals()
+            assert reservation.state == "pending"
+            await again.answer("refuse", reason="enough")
             assert await reservation.wait() == "admitted"  # delivered again, once, to the new owner
             await handle.agent.wait_idle()
             events = await rt.read_events("k1")
             await b.stop()
-    assert [e.data["reason"]["kind"] for e in events if e.type == "turn/end"] == ["interrupted", "completed"]
+    assert [e.data["reason"]["kind"] for e in events if e.type == "turn/end"] == ["completed", "completed"]
     assert [e.data["id"] for e in events if e.type == "user/message"][-1:] == [reservation.message.id]
 
 
@@ -205,7 +209,7 @@ async def test_a_withdrawal_sent_while_the_worker_is_dead_settles_the_reservatio
         async with open_cluster(redis_server.url) as rt:
             handle = await rt.create_agent(session_id="k2", loop="minimal-first")
             handle.agent.followup('call: shell {"command": "sleep 30"}')
-            await until_event(handle.agent, lambda e: e.type == "tool/call")
+            await until_event(handle.agent, lambda e: e.type == "tool/started")
             reservation = handle.agent.reserve(user_message("automatic work", source=PRODUCER))
             await until_event(handle.agent, lambda e: e.type == "agent/inbox/spliced"
                          and e.data.get("messageId") == reservation.message.id)
@@ -214,9 +218,12 @@ async def test_a_withdrawal_sent_while_the_worker_is_dead_settles_the_reservatio
             handle.agent.withdraw(reservation, "plans changed")
             await rt.wait_sent()
             b = await start_worker(nursery, redis_server.url, tmp_path / "b", "b")
-            # The next owner gets the reservation again first (reclaimed entries before new
-            # ones), and the agent, idle after its interrupted turn, may admit it before the
-            # withdrawal is read. Whichever way it went: once, and the log says the same.
+            # The next owner continues the killed turn first: its cut call may have run.
+            [again] = await handle.agent.wait_approvals()
+            await again.answer("refuse", reason="enough")
+            # It gets the reservation again (reclaimed entries before new ones), and the
+            # agent, idle after the turn, may admit it before the withdrawal is read.
+            # Whichever way it went: once, and the log says the same.
             state = await reservation.wait()
             await handle.agent.wait_idle()
             events = await rt.read_events("k2")

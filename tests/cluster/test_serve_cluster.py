@@ -127,7 +127,7 @@ async def test_a_turn_open_in_the_log_shows_running_with_the_inbox_and_a_dead_wo
             follower = ClusterFollower(rt, serve_dock)
             handle = await rt.create_agent(session_id="r1", loop="minimal-first")
             handle.agent.followup('call: shell {"command": "sleep 30"}')
-            await until_event(handle.agent, lambda e: e.type == "tool/call")
+            await until_event(handle.agent, lambda e: e.type == "tool/started")
             queued = handle.agent.followup("after the sleep")
             await until_event(handle.agent, lambda e: e.type == "agent/inbox/spliced"
                               and e.data["messageId"] == queued.id)
@@ -139,7 +139,9 @@ async def test_a_turn_open_in_the_log_shows_running_with_the_inbox_and_a_dead_wo
             await follower.look(console)
             assert (row.status, row.inbox) == ("running", 1)
             b = await start_worker(nursery, redis_server.url, tmp_path / "b", "b")
-            await handle.agent.wait_idle()  # the turn ends interrupted; the queued message runs once
+            [again] = await handle.agent.wait_approvals()  # the turn goes on: its cut call may have run
+            await again.answer("refuse", reason="enough")
+            await handle.agent.wait_idle()  # the turn completes; the queued message runs once
             await follower.look(console)
             assert (row.status, row.turns, row.last_turn, row.inbox) == ("idle", 2, "completed", 0)
             await b.stop()
