@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 import trio
 
-from loopdock.actors import AgentHandle
+from loopdock.actors import AgentActor, AgentHandle
 from loopdock.actors.dock import read_binding
 from loopdock.benchmarks import add_arguments as add_bench_arguments
 from loopdock.benchmarks import run_from_args as run_bench
@@ -59,6 +59,13 @@ class TurnFailedError(LoopdockError):
     """Raised by ``run`` and ``demo`` when a turn they ran ended ``error``."""
 
     code = "TURN_FAILED"
+
+
+class ApprovalPendingError(LoopdockError):
+    """Raised by ``run`` when its agent waits for a person's answer: nobody at this
+    command gives one, and the question stays open in the session's log."""
+
+    code = "APPROVAL_PENDING"
 
 
 def format_transcript(events: Sequence[Event]) -> list[str]:
@@ -160,10 +167,37 @@ async def _run(
         else:
             handle = await rt.create_agent(session_id=sid, agent_options=options)
         before = handle.agent.session.event_count  # this task's turn is logged from here on
-        handle.agent.followup(task)
-        await handle.agent.wait_idle()
+        if not handle.agent.pending_approvals():  # a resumed turn asking: the task would wait behind it
+            handle.agent.followup(task)
+            await _idle_unless_asked(handle.agent)
+        _check_answered(handle.agent)
         await _print_agent(handle, out)
         await _check_turns([handle], since=before)
+
+
+async def _idle_unless_asked(agent: AgentActor) -> None:
+    """Wait until ``agent`` is idle, or one of its tool calls asks a person."""
+    async with trio.open_nursery() as nursery:
+
+        async def idle() -> None:
+            await agent.wait_idle()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(idle)
+        await agent.wait_approvals()
+        nursery.cancel_scope.cancel()
+
+
+def _check_answered(agent: AgentActor) -> None:
+    """ApprovalPendingError naming the agent's open questions and how to answer them."""
+    pending = agent.pending_approvals()
+    if pending:
+        asked = "; ".join(f"{a.id} ({a.tool}: {a.reason[:200]})" for a in pending)
+        raise ApprovalPendingError(
+            f"session {agent.id} waits for a person's answer to {asked}. Answer with "
+            f"`loopdock sessions approve {agent.id} {pending[0].id} [--refuse REASON]` (same --home); "
+            f"the next `loopdock run --session-id {agent.id} ...` goes on from there"
+        )
 
 
 def _version() -> str:

@@ -7,6 +7,8 @@ import trio
 
 from loopdock import Runtime
 from loopdock._cli import main
+from loopdock._sessions import STORE_FILE
+from loopdock.runtime import SessionStore
 from loopdock.runtime.models import Reply, ScriptedAdapter, ToolCall
 from loopdock.runtime.tools import Tool
 
@@ -90,3 +92,25 @@ def test_a_home_a_runtime_holds_is_refused(tmp_path, capsys):
 
     assert trio.run(while_open) == 2
     assert "HOME_IN_USE" in capsys.readouterr().err
+
+
+def _logged(home, session_id="s1"):
+    with SessionStore.open(home / STORE_FILE) as store:
+        loaded = store.load(session_id)
+    assert loaded is not None
+    return [(e.type, e.data) for e in loaded[1]]
+
+
+def test_run_on_a_session_waiting_for_a_person_says_how_to_answer_and_sends_nothing(tmp_path, capsys):
+    home = tmp_path / "home"
+    approval_id = trio.run(ask_and_close, home)
+    before = _logged(home)
+    # Nobody at `loopdock run` answers: it says so at once instead of waiting forever.
+    assert main(["run", "next task", "--session-id", "s1", "--home", str(home)]) == 2
+    err = capsys.readouterr().err
+    assert "APPROVAL_PENDING" in err and f"loopdock sessions approve s1 {approval_id}" in err and "touch" in err
+    after = _logged(home)
+    assert not any(t == "user/message" and "next task" in str(d) for t, d in after)  # the task was not queued
+    assert [e for e in after if e[0].startswith("approval/")] == [e for e in before if e[0].startswith("approval/")]
+    # The question is still open, and answered as usual.
+    assert main(["sessions", "approve", "s1", approval_id, "--refuse", "no", "--home", str(home)]) == 0
