@@ -305,6 +305,16 @@ class Lifecycle:
             await passive.changed()
         await trio.lowlevel.checkpoint()
 
+    def close_now(self, agent: AgentActor, cause: str) -> bool:
+        """Dispose a passivated agent that nothing is being done to, at once (no task:
+        closing a runtime of a million of them must not start a million); False if it is
+        active, or being passivated or reactivated (then ``close_passive``)."""
+        passive = agent._passive
+        if passive is None or passive.transition:
+            return False
+        self._close_record(passive, cause)
+        return True
+
     def _close_record(self, passive: Passive, cause: str) -> None:
         passive.closed = True
         for entry in passive.take_pending():

@@ -295,7 +295,11 @@ class Supervisor:
 
         async with trio.open_nursery() as nursery:
             for agent in list(self.agents.values()):
-                nursery.start_soon(dispose, agent)
+                if self.lifecycle.close_now(agent, "disposed"):  # passivated: nothing to wait for
+                    self.leave(agent)
+                    self.announce("agent/disposed", agent.id, {})
+                else:
+                    nursery.start_soon(dispose, agent)
         await self.writer.drain()
         self.live.close()
 
