@@ -45,6 +45,9 @@ log = get_logger(__name__)
 #: ``Runtime.open(passivate_after=...)``'s default: five minutes idle.
 PASSIVATE_AFTER = 300.0
 
+#: How many agents are passivated at once (their sessions' flushes share a commit).
+PASSIVATION_BATCH = 64
+
 #: A veto: why ``agent`` must stay active now, or None.
 Veto = Callable[[AgentActor], "str | None"]
 
@@ -145,9 +148,12 @@ class Lifecycle:
                 due.append(agent)
             for agent in due:
                 del self._idle[agent]
-            async with trio.open_nursery() as nursery:
-                for agent in due:
-                    nursery.start_soon(self.passivate, agent)
+            # A few at once (each waits for its session's flush), not a task per agent
+            # due: a thousand agents idle since the same moment need no thousand tasks.
+            for start in range(0, len(due), PASSIVATION_BATCH):
+                async with trio.open_nursery() as nursery:
+                    for agent in due[start : start + PASSIVATION_BATCH]:
+                        nursery.start_soon(self.passivate, agent)
 
     def why_active(self, agent: AgentActor) -> str | None:
         """Why ``agent`` cannot be passivated now (None: it can)."""

@@ -427,5 +427,6 @@ async def test_ten_thousand_registered_agents_cost_little_each_when_passivated(t
         finally:
             tracemalloc.stop()
         print(f"residue per passivated agent: {residue:.0f} B")
-        assert residue < 2048, f"{residue:.0f} B per passivated agent"
+        # Measured: about 1.3 KB, of which about 350 B are the handles this test keeps.
+        assert residue < 1536, f"{residue:.0f} B per passivated agent"
         assert_no_leaked_agent_tasks(rt)
