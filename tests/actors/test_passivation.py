@@ -180,6 +180,26 @@ async def test_many_racing_messages_make_one_reactivation_and_run_in_order(prt, 
     assert len(turns) == 30 and all(e.data["reason"]["kind"] == "completed" for e in turns)
 
 
+async def test_a_message_sent_while_the_agent_passivates_brings_it_back(prt, autojump_clock):
+    agent = (await prt.create_agent(session_id="a1")).agent
+    asked = trio.Event()
+
+    def veto(candidate):
+        if candidate is agent:
+            asked.set()  # the last check: passivation starts right after it, at once
+        return None
+
+    prt.supervisor.lifecycle.vetoes.append(veto)
+    await asked.wait()  # we run once the passivation waits for the agent's task to end
+    assert agent.passivated and agent._passive.transition
+    agent.followup("during")
+    lifecycle = prt.supervisor.lifecycle
+    with trio.fail_after(AFTER * 3):
+        await agent.wait_idle()
+    assert (lifecycle.passivations, lifecycle.reactivations) == (1, 1)
+    assert not agent.passivated and await user_texts(agent) == ["during"]
+
+
 async def test_a_persons_message_comes_first_across_the_boundary(prt, autojump_clock):
     live = prt.subscribe_live()
     agent = (await prt.create_agent(session_id="a1")).agent
