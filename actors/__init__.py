@@ -40,7 +40,11 @@ from ._inbox import InvalidReservationError as InvalidReservationError
 from ._inbox import Placement as Placement
 from ._inbox import Reservation as Reservation
 from ._inbox import ReservationState as ReservationState
+from ._lifecycle import PASSIVATE_AFTER as PASSIVATE_AFTER
+from ._lifecycle import Lifecycle as Lifecycle
+from ._lifecycle import check_passivate_after as check_passivate_after
 from ._live import LiveEvent as LiveEvent
+from ._passive import PassiveSession as PassiveSession
 from ._pre_step import ENTER as ENTER
 from ._pre_step import Enter as Enter
 from ._pre_step import PreStep as PreStep

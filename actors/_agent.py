@@ -11,16 +11,18 @@ outer scope, which ends the turn (``aborted``) and everything the turn started.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
 from loopdock.runtime import (
     AgentClosedError,
     AgentOptions,
+    AgentReactivationError,
     Changes,
     Event,
     Message,
@@ -44,6 +46,7 @@ from ._faults import record_fault
 from ._history_cache import ITEM_BYTES
 from ._inbox import Entry, Inbox, InvalidReservationError, Placement, Reservation
 from ._owner import AgentOwner
+from ._passive import Passive, PassiveSession, passivated
 from ._pre_step import PreStep, Verdict
 from ._session import SessionActor
 from ._supervision import COMPANION_POLICY, Action, Policy, supervised
@@ -78,7 +81,21 @@ def _announce_approvals(owner: AgentOwner, agent_id: str, approval_id: str, chan
 class AgentActor:
     """An agent of this process (``Runtime.create_agent``); it keeps the ``Agent``
     contract (actors._contract), and does everything at once: nothing it is sent is
-    refused later."""
+    refused later.
+
+    Idle long enough, it is passivated (docs/lifecycle.md): this same object stays, with
+    only its id, its owner and a ``Passive`` record; a message sent to it brings it back
+    through the resume path (``actors._lifecycle``), and is delivered, in order, once it
+    runs again."""
+
+    #: Set while passivated (and while passivating or reactivating): see ``actors._passive``.
+    _passive: Passive | None = None
+    #: How the dock resumes this agent when it is reactivated (its caller's options);
+    #: None: it was not made through the dock, and is never passivated.
+    reactivation: Any = None
+    #: True when built by ``create_with_body``/``resume_with_body``, which can rebuild it
+    #: in place: only then does the dock give it a ``reactivation`` recipe.
+    revivable = False
 
     def __init__(
         self,
@@ -118,7 +135,8 @@ class AgentActor:
         self._closed = False
         self._scoped: list[Callable[[], None]] = []  # undone on rollback and dispose
         self._companions: trio.Nursery | None = None
-        self.status_version = 0  # counts status changes, for observers that must not miss one
+        self._status_version = 0  # counts status changes, for observers that must not miss one
+        self._holds = 0  # ``keep_active`` holds: never passivated while one is held
         self.approvals = Approvals(session, functools.partial(_announce_approvals, owner, self.id))
         self._stopping = False
         # A suspended turn (actors._step_resume) between the agent's start and its
@@ -129,15 +147,76 @@ class AgentActor:
         # its turns then mark each call's start (``tool/started``) before it runs.
         self._resumes_steps = bool(getattr(body, "resumes_steps", False))
 
+    if not TYPE_CHECKING:  # hidden from the type check: it would type every unknown name
+
+        def __getattr__(self, name: str) -> Any:
+            # Reached only for what the instance does not hold: a passivated agent's.
+            passive = self.__dict__.get("_passive")
+            if passive is None or name.startswith("__"):
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            if name == "session":  # its readers work: they read the store
+                return PassiveSession(self.id, self.owner.writer)
+            raise passivated(self.id, name)
+
     # -- public ----------------------------------------------------------------------
 
     @property
     def status(self) -> Status:
+        if self._passive is not None:
+            return "idle"
         return self._status
 
     @property
+    def status_version(self) -> int:
+        """Counts status changes, for observers that must not miss one (passivating counts
+        one: it wakes whoever waits for a change)."""
+        passive = self._passive
+        return self._status_version if passive is None else passive.status_version
+
+    @property
     def closed(self) -> bool:
-        return self._closed
+        passive = self._passive
+        return self._closed if passive is None else passive.closed
+
+    @property
+    def passivated(self) -> bool:
+        """True while the agent is passivated (from the moment it starts passivating until
+        it runs again: messages sent meanwhile wait for it in arrival order)."""
+        return self._passive is not None
+
+    async def activate(self) -> None:
+        """Bring a passivated agent back now (returns at once for an active one). Raises
+        AgentReactivationError if that fails (messages sent to it stay queued, and the
+        next message or call tries again), AgentClosedError if it was disposed."""
+        passive = self._passive
+        if passive is not None:
+            if passive.closed:
+                raise AgentClosedError(f"agent {self.id} is disposed")
+            passive.error = None  # a fresh attempt
+            passive.wanted = True
+            self.owner.lifecycle.reactivate(self)
+        while (passive := self._passive) is not None:
+            if passive.closed:
+                raise AgentClosedError(f"agent {self.id} is disposed")
+            if not passive.transition and passive.error is not None:
+                raise AgentReactivationError(
+                    f"agent {self.id} could not be reactivated: {safe_message(passive.error)}"
+                ) from passive.error
+            await passive.changed()
+        await trio.lowlevel.checkpoint()
+
+    @contextlib.contextmanager
+    def keep_active(self) -> Iterator[None]:
+        """While held, the agent is not passivated (a command running against it, a
+        caller reading its in-memory state across checkpoints). The agent must be active."""
+        if self._passive is not None:
+            raise passivated(self.id, "keep_active()")
+        self._holds += 1
+        try:
+            yield
+        finally:
+            if self._passive is None:
+                self._holds -= 1
 
     @property
     def cwd(self) -> Path:
@@ -160,15 +239,23 @@ class AgentActor:
         """The approval questions open now, oldest first (``await a.answer(...)`` each).
 
         While a question is open its turn waits: ``cancel`` withdraws it and ends the
-        turn; a person's followup waits for the turn's end, a steer for its next step."""
+        turn; a person's followup waits for the turn's end, a steer for its next step.
+        A passivated agent has none (an agent with an open question is not passivated)."""
+        if self._passive is not None:
+            return []
         return self.approvals.pending()
 
     async def wait_approvals(self) -> list[Approval]:
         """Wait until an approval question is open; the open ones, oldest first."""
-        return await self.approvals.wait_pending()
+        await self.activate()
+        with self.keep_active():
+            return await self.approvals.wait_pending()
 
     @property
     def inbox_size(self) -> int:
+        passive = self._passive
+        if passive is not None:
+            return len(passive.pending or ())
         return len(self._inbox)
 
     @property
@@ -177,6 +264,10 @@ class AgentActor:
         runs (turn bodies, pre-step and request listeners). Between turns an idle agent's
         history may have been evicted to the store: then this raises
         TranscriptNotInMemoryError, and ``await read_transcript()`` reads it back."""
+        if self._passive is not None:
+            raise TranscriptNotInMemoryError(
+                f"agent {self.id} is passivated: its history is in the store only; use await agent.read_transcript()"
+            )
         if self._transcript is not None:
             return self._transcript
         if self.session.memory_start == 0:  # evicted, but the whole log is in memory (persist=False)
@@ -187,7 +278,10 @@ class AgentActor:
 
     async def read_transcript(self) -> Transcript:
         """The model-visible conversation. An evicted history is read back from the store
-        in a worker thread, for this call only: reading does not make the agent warm."""
+        in a worker thread, for this call only: reading does not make the agent warm (nor
+        a passivated one active)."""
+        if self._passive is not None:
+            return Transcript(await self.session.read_messages(MESSAGE_TYPES))
         if self._transcript is not None:
             return self._transcript
         return Transcript(await self.session.read_messages(MESSAGE_TYPES))
@@ -221,6 +315,18 @@ class AgentActor:
     def withdraw(self, reservation: AgentReservation | str, reason: str = "withdrawn") -> bool:
         """Cancel a reservation that has not been admitted (given as itself, or as its
         message's id); True if it was still queued."""
+        passive = self._passive
+        if passive is not None:  # never logged as inserted: nothing to log
+            for entry in passive.pending or ():
+                if entry.reservation is not None and (
+                    entry.reservation is reservation or entry.message.id == reservation
+                ):
+                    assert passive.pending is not None
+                    passive.pending.remove(entry)
+                    entry.reservation.settle("cancelled", reason)
+                    passive.notify()
+                    return True
+            return False
         for entry in self._inbox.entries():
             if entry.reservation is None:
                 continue
@@ -234,6 +340,15 @@ class AgentActor:
     def withdraw_reservations(self, reason: str = "withdrawn") -> int:
         """Withdraw every queued, unadmitted reservation (e.g. before a command runs);
         returns how many were withdrawn. Each one settles ``cancelled`` with ``reason``."""
+        passive = self._passive
+        if passive is not None:
+            taken = [e for e in passive.pending or () if e.reservation is not None]
+            for entry in taken:
+                assert passive.pending is not None and entry.reservation is not None
+                passive.pending.remove(entry)
+                entry.reservation.settle("cancelled", reason)
+            passive.notify()
+            return len(taken)
         withdrawn = self._inbox.remove_reserved()  # one pass: there may be thousands
         for entry in withdrawn:
             self._discarded(entry, reason)
@@ -242,11 +357,31 @@ class AgentActor:
         return len(withdrawn)
 
     async def wait_stopped(self) -> None:
-        """Wait until the agent's task has ended (it was disposed or its runtime closed)."""
-        await self._stopped.wait()
+        """Wait until the agent's task has ended (it was disposed or its runtime closed;
+        not when it is passivated: it is not gone)."""
+        while True:
+            passive = self._passive
+            if passive is None:
+                stopped = self._stopped
+                await stopped.wait()
+                if self._passive is None or self.closed:
+                    return  # disposed; else it was passivated meanwhile: go on waiting
+            elif passive.closed:
+                await trio.lowlevel.checkpoint()
+                return
+            else:
+                await passive.changed()
 
     def cancel(self, cause: str = "cancelled", *, keep_inbox: bool = True) -> None:
         """End the current turn ``aborted``; with ``keep_inbox=False`` drop queued messages too."""
+        passive = self._passive
+        if passive is not None:  # nothing runs; what waits for it was never logged
+            if not keep_inbox:
+                for entry in passive.take_pending():
+                    if entry.reservation is not None:
+                        entry.reservation.settle("cancelled", cause)
+                passive.notify()
+            return
         if self._in_turn and self._turns_scope is not None:
             self._cancel_cause = cause
             self._turns_scope.cancel()
@@ -260,16 +395,44 @@ class AgentActor:
 
     async def wait_idle(self) -> None:
         """Wait until the agent is idle with nothing queued that would wake it (or it is
-        disposed). Always a checkpoint, as trio's conventions ask."""
-        await self._changes.wait_until(self._quiescent)
+        disposed). Always a checkpoint, as trio's conventions ask. A passivated agent
+        with nothing sent to it is idle; one being reactivated is waited for (a failed
+        reactivation raises AgentReactivationError: the messages stay queued)."""
+        await self._wait_passive_quiescent()
 
     async def wait_quiescent(self) -> None:
         """``wait_idle`` for an observer (a driver watching for idle checkpoints). The
         same here: nothing sent to an agent of this process is on its way or refused
         later, as it may be for a remote one (``DshAgent.wait_quiescent``)."""
-        await self._changes.wait_until(self._quiescent)
+        await self._wait_passive_quiescent()
+
+    async def _wait_passive_quiescent(self) -> None:
+        while True:
+            passive = self._passive
+            if passive is None:
+                changes = self._changes
+                await changes.wait_until(self._quiescent)
+                if self._passive is None or self._quiet_passive():
+                    return
+                continue  # passivating since: wait on its record
+            if passive.closed or (not passive.transition and not passive.pending):
+                await trio.lowlevel.checkpoint()
+                return
+            if not passive.transition and passive.error is not None:
+                raise AgentReactivationError(
+                    f"agent {self.id} could not be reactivated: {safe_message(passive.error)}; "
+                    f"its {len(passive.pending or ())} message(s) stay queued"
+                ) from passive.error
+            await passive.changed()
+
+    def _quiet_passive(self) -> bool:
+        passive = self._passive
+        return passive is not None and (passive.closed or (not passive.transition and not passive.pending))
 
     def has_pending_human_input(self) -> bool:
+        passive = self._passive
+        if passive is not None:
+            return passive.has_human()
         return self._inbox.has_human()
 
     # -- the running turn's side -------------------------------------------------------
@@ -335,6 +498,7 @@ class AgentActor:
                             await self._serve(self._turns_scope)
         finally:
             self.owner.history.busy(self)
+            self.owner.lifecycle.busy(self)
             self._set_status("idle")
             self._stopped.set()
 
@@ -347,9 +511,11 @@ class AgentActor:
             if not self._inbox.has_wakeable():
                 self._set_status("idle")
                 self.owner.history.idle(self)
+                self.owner.lifecycle.idle(self)
                 self._wake = trio.Event()
                 await self._wake.wait()
                 self.owner.history.busy(self)
+                self.owner.lifecycle.busy(self)
                 continue
             if self.session.store_error is not None:
                 # Nothing more of this session can be written: a turn would do work that
@@ -388,10 +554,24 @@ class AgentActor:
     async def wait_status_change(self, since: int) -> None:
         """Wait until the status changed after version ``since`` (see ``status_version``),
         or the agent is disposed. Always a checkpoint."""
-        await self._changes.wait_until(lambda: self.status_version > since or self._closed)
+        while True:
+            passive = self._passive
+            if passive is not None:
+                if passive.status_version > since or passive.closed:
+                    await trio.lowlevel.checkpoint()
+                    return
+                await passive.changed()
+                continue
+            changes = self._changes
+            await changes.wait_until(lambda: self.status_version > since or self.closed)
+            return
 
     async def stop(self, cause: str = "disposed") -> None:
         """Cancel everything the agent owns and wait for its task to end."""
+        passive = self._passive
+        if passive is not None:
+            await self.owner.lifecycle.close_passive(self, cause)
+            return
         self._closed = True
         self._stopping = True
         for entry in self._inbox.clear():
@@ -409,6 +589,8 @@ class AgentActor:
 
     def dispose_scoped(self) -> None:
         """Undo every scoped registration, newest first (idempotent)."""
+        if "_scoped" not in self.__dict__:  # passivated: undone when it was
+            return
         while self._scoped:
             try:
                 self._scoped.pop()()
@@ -421,11 +603,24 @@ class AgentActor:
     def _queue(
         self, message: str | Message, placement: Placement, reservation: Reservation | None = None
     ) -> Message:
-        if self._closed:
+        if self.closed:
             raise AgentClosedError(f"agent {self.id} is disposed")
         if isinstance(message, str):
             message = user_message(message)
         entry = Entry(message, placement, reservation)
+        passive = self._passive
+        if passive is not None:
+            # Kept in arrival order and delivered (and logged) once the agent runs again:
+            # whatever comes meanwhile, a person's message included, queues behind it.
+            passive.queue(entry)
+            self.owner.lifecycle.reactivate(self)
+            passive.notify()
+            return message
+        self._enqueue(entry)
+        return message
+
+    def _enqueue(self, entry: Entry) -> None:
+        message, placement = entry.message, entry.placement
         for displaced in self._inbox.add(entry):
             self._discarded(displaced, "human-input")
         self._splice("insert", entry)
@@ -433,7 +628,71 @@ class AgentActor:
         if placement != "inject":
             self._wake.set()
         self._notify()
-        return message
+
+    # -- passivation (actors._lifecycle's side) ---------------------------------------
+
+    def _passivable(self) -> str | None:
+        """Why this agent cannot be passivated now, or None if it can."""
+        if self.reactivation is None:
+            return "not made through the dock"
+        if self._closed or self._stopping or self._scope is None:
+            return "not running"
+        if self._status != "idle" or self._in_turn or self._resuming or self.session.suspended_turn is not None:
+            return "busy"
+        if len(self._inbox):
+            return "messages queued"
+        if self._holds:
+            return "held active"
+        if self.approvals.pending():
+            return "an approval question is open"
+        if self.session.subscriber_count:
+            return "its session has subscribers"
+        if self.session.store_error is not None:
+            return "its store failed"
+        return None
+
+    def _begin_passivation(self) -> Passive:
+        """From now on, messages wait in the record; the status counts one change."""
+        self._status_version += 1
+        passive = Passive(self.reactivation, self._status_version)
+        passive.transition = True
+        self._passive = passive
+        self._notify()  # status observers wake, and find the record
+        return passive
+
+    async def _halt(self) -> None:
+        """End the agent's task (and its companions) without disposing it."""
+        if self._scope is not None:
+            self._scope.cancel()
+            await self._stopped.wait()
+
+    def _empty(self, passive: Passive) -> None:
+        """Release everything but the id, the owner and ``passive``."""
+        agent_id, owner = self.id, self.owner
+        self.__dict__.clear()
+        self.id, self.owner, self._passive = agent_id, owner, passive
+
+    def _revive(self, owner: AgentOwner, session: SessionActor, options: AgentOptions, body: TurnBody) -> None:
+        """Rebuild this passivated object in place, as a new agent would be built; the
+        record stays (messages still wait in it) until ``_reactivated``."""
+        passive = self._passive
+        assert passive is not None
+        AgentActor.__init__(self, owner, session, options, body)
+        self._passive = passive
+        self._status_version = passive.status_version
+        self.reactivation = passive.recipe
+
+    def _reactivated(self) -> None:
+        """Running again: deliver what waited, in arrival order, as if it came now."""
+        passive = self._passive
+        assert passive is not None
+        del self._passive
+        self._status_version += 1
+        for entry in passive.take_pending():
+            self._enqueue(entry)
+        self._notify()
+        passive.transition = False
+        passive.notify()
 
     def _splice(self, op: str, entry: Entry, reason: str | None = None) -> None:
         data: dict[str, Any] = {
@@ -460,7 +719,7 @@ class AgentActor:
     def _set_status(self, status: Status) -> None:
         if status != self._status:
             self._status = status
-            self.status_version += 1
+            self._status_version += 1
             self._live("agent/status", status=status)
             self._notify()
 
@@ -468,6 +727,8 @@ class AgentActor:
         self._changes.notify()
 
     def _quiescent(self) -> bool:
+        if self._passive is not None:
+            return True  # the waiter goes on with the record (``_wait_passive_quiescent``)
         # A suspended turn (actors._step_resume) runs before anything queued: not idle yet.
         return self._closed or (
             self._status == "idle" and not self._inbox.has_wakeable() and self.session.suspended_turn is None

@@ -158,7 +158,12 @@ class CommandRegistry:
 
 
 async def run_command(owner: Supervisor, agent: AgentActor, command: Command, args: str) -> CommandResult:
-    """Run one parsed command against ``agent`` and log it on the agent's session."""
+    """Run one parsed command against ``agent`` (active) and log it on the agent's session."""
+    with agent.keep_active():  # never passivated while a command runs against it
+        return await _run_command(owner, agent, command, args)
+
+
+async def _run_command(owner: Supervisor, agent: AgentActor, command: Command, args: str) -> CommandResult:
     def log_event(event_type: str, data: Mapping[str, Any]) -> None:
         try:
             agent.session.append(event_type, data)

@@ -55,6 +55,11 @@ class ResumeAgentOptions:
     setup: Setup | None = None
     loop: str | None = None
     driver: str | None = None
+    #: Set by the runtime when it reactivates a passivated agent (actors._lifecycle): the
+    #: agent object to rebuild in place, which its callers hold. ``resume_with_body``
+    #: honours it; a driver that builds its agents otherwise gets no ``reactivation``
+    #: recipe from the dock, so its agents are never passivated.
+    into: AgentActor | None = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.frozen

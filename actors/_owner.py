@@ -17,6 +17,20 @@ from ._admission import AdmissionGate
 from ._fanout import Fanout
 from ._history_cache import HistoryCache
 from ._live import LiveEvent
+from ._store_writer import StoreWriter
+
+
+class AgentLifecycle(Protocol):
+    """What an agent asks of the runtime's lifecycle (actors._lifecycle.Lifecycle); the
+    agent passes itself."""
+
+    def idle(self, agent: Any) -> None: ...
+
+    def busy(self, agent: Any) -> None: ...
+
+    def reactivate(self, agent: Any) -> None: ...
+
+    async def close_passive(self, agent: Any, cause: str) -> None: ...
 
 
 class AgentOwner(Protocol):
@@ -36,6 +50,14 @@ class AgentOwner(Protocol):
     @property
     def history(self) -> HistoryCache:
         """Which idle agents keep their history in memory."""
+
+    @property
+    def lifecycle(self) -> AgentLifecycle:
+        """Passivates idle agents and reactivates them (docs/lifecycle.md)."""
+
+    @property
+    def writer(self) -> StoreWriter:
+        """The store writer (a passivated agent's session reads the store through it)."""
 
     @property
     def tracing(self) -> Tracing | None:

@@ -80,7 +80,7 @@ async def publish_agent(
     agent: AgentActor,
     setups: Sequence[Setup | None],
     *,
-    source: Literal["startup", "resume"],
+    source: Literal["startup", "resume", "reactivation"],
 ) -> AgentHandle:
     ctx = AgentContext(owner, agent)
     entered = False
@@ -97,7 +97,8 @@ async def publish_agent(
         owner.enter(agent)
         entered = True
         agent.session.publish()
-        owner.announce("agent/created", agent.id, {"source": source})
+        if source != "reactivation":  # the same agent, back: announced once it runs
+            owner.announce("agent/created", agent.id, {"source": source})
         await owner.nursery.start(owner.run_agent, agent)
         for spec in agent.options.mcp_servers:
             # Each server is the agent's companion: stopped with it. This returns once the
@@ -135,17 +136,28 @@ async def create_with_body(owner: Supervisor, options: CreateAgentOptions, body:
     except BaseException:
         session.discard()
         raise
+    agent.revivable = True
     return await publish_agent(owner, agent, [options.setup], source="startup")
 
 
 async def resume_with_body(owner: Supervisor, options: ResumeAgentOptions, body: TurnBody) -> AgentHandle:
-    """A driver's whole ``resume`` when its only difference is the turn body."""
+    """A driver's whole ``resume`` when its only difference is the turn body. With
+    ``options.into`` (a passivated agent being reactivated) the agent is rebuilt in that
+    same object, which its callers hold (actors._lifecycle)."""
     owner.adapters.get(options.agent_options.provider)
     # A body that can finish a step (actors._step_resume) gets the open turn to continue.
-    session = await owner.load_session(options.resume_session_id, resumes_steps=getattr(body, "resumes_steps", False))
+    session = await owner.load_session(
+        options.resume_session_id, resumes_steps=getattr(body, "resumes_steps", False), into=options.into
+    )
     try:
-        agent = AgentActor(owner, session, options.agent_options, body)
+        if options.into is not None:
+            agent = options.into
+            agent._revive(owner, session, options.agent_options, body)
+        else:
+            agent = AgentActor(owner, session, options.agent_options, body)
     except BaseException:
         session.discard()
         raise
-    return await publish_agent(owner, agent, [options.setup], source="resume")
+    agent.revivable = True
+    source: Literal["resume", "reactivation"] = "resume" if options.into is None else "reactivation"
+    return await publish_agent(owner, agent, [options.setup], source=source)

@@ -234,6 +234,11 @@ class SessionActor:
         """Committed events from now on, in order. A slow subscriber is dropped, not waited for."""
         return self._fanout.subscribe(max_buffer)
 
+    @property
+    def subscriber_count(self) -> int:
+        """How many subscriptions are open (a subscribed session's agent stays active)."""
+        return self._fanout.subscriber_count
+
     def publish(self) -> None:
         """Make the session durable: its header (if new) and buffered events go to the store."""
         if self._closed:

@@ -36,6 +36,7 @@ from ._agent import AgentActor
 from ._fanout import Fanout
 from ._faults import record_fault
 from ._history_cache import HistoryCache
+from ._lifecycle import Lifecycle
 from ._live import LiveEvent
 from ._session import RETAINED_TYPES, SessionActor, _now_ms
 from ._step_resume import SuspendedTurn, open_question, resume_point
@@ -69,6 +70,7 @@ class Supervisor:
         admission: AdmissionGate | None = None,
         history: HistoryCache | None = None,
         tracing: Tracing | None = None,
+        passivate_after: float | None = None,
     ) -> None:
         self.nursery = nursery
         self.store = store
@@ -84,6 +86,9 @@ class Supervisor:
         self.history = history if history is not None else HistoryCache()
         self.tracing = tracing
         self.closing = False
+        # Passivates agents idle for ``passivate_after`` seconds (None: never) and brings
+        # them back on their next message; its ``run`` goes in the runtime's nursery.
+        self.lifecycle = Lifecycle(self, passivate_after)
         # Applied in order to every message admitted into a model step; each returns the
         # messages to record in place of the one it got (``[m]`` leaves it alone).
         self.expanders: list[Callable[[Message], Sequence[Message]]] = []
@@ -188,14 +193,18 @@ class Supervisor:
         )
         return SessionActor(header, self.writer, events=events)
 
-    async def load_session(self, session_id: str, *, resumes_steps: bool = False) -> SessionActor:
+    async def load_session(
+        self, session_id: str, *, resumes_steps: bool = False, into: AgentActor | None = None
+    ) -> SessionActor:
         """A persisted session, ready to resume. An open turn is repaired as interrupted,
         unless its agent continues it (``session.suspended_turn``): ``resumes_steps``
         (its driver's body can) and the log holds a step to go on from, or a question
-        asked in it is still open (withdrawn by an agent that cannot continue it)."""
+        asked in it is still open (withdrawn by an agent that cannot continue it).
+        ``into``: the passivated agent of this id being reactivated."""
         check_session_id(session_id, what="resume session id")
         self.check_open()
-        if session_id in self.agents:
+        live = self.agents.get(session_id)
+        if live is not None and not (live is into and into.passivated):
             raise AgentBusyError(f"session {session_id!r} already has a live agent")
         # Only an outline: the log itself stays in the store until a reader needs it.
         loaded = await trio.to_thread.run_sync(self.store.load_outline, session_id, _OUTLINE_TYPES)
@@ -246,7 +255,9 @@ class Supervisor:
     # -- agents ------------------------------------------------------------------------
 
     def enter(self, agent: AgentActor) -> None:
-        if agent.id in self.agents or agent.id in self.sessions:
+        """Register ``agent`` (a reactivated one is registered already, passivated)."""
+        registered = self.agents.get(agent.id)
+        if (registered is not None and registered is not agent) or agent.id in self.sessions:
             raise AgentBusyError(f"agent {agent.id!r} is already live")
         self.sessions[agent.id] = agent.session
         self.agents[agent.id] = agent
@@ -275,13 +286,14 @@ class Supervisor:
     def leave(self, agent: AgentActor) -> None:
         if self.agents.get(agent.id) is agent:
             del self.agents[agent.id]
-            del self.sessions[agent.id]
+            self.sessions.pop(agent.id, None)  # a passivated agent has no session actor
 
     async def aclose(self) -> None:
         """Dispose every agent (concurrently), then drain the writer. One agent that
         cannot be closed cleanly (its last events not durable: the store failed) is
         logged and does not keep the others from closing."""
         self.closing = True
+        self.lifecycle.closing = True
         self.writer.closing()  # a store that fails now fails these agents' last events
 
         async def dispose(agent: AgentActor) -> None:
@@ -292,7 +304,11 @@ class Supervisor:
 
         async with trio.open_nursery() as nursery:
             for agent in list(self.agents.values()):
-                nursery.start_soon(dispose, agent)
+                if self.lifecycle.close_now(agent, "disposed"):  # passivated: nothing to wait for
+                    self.leave(agent)
+                    self.announce("agent/disposed", agent.id, {})
+                else:
+                    nursery.start_soon(dispose, agent)
         await self.writer.drain()
         self.live.close()
 

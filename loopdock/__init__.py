@@ -13,6 +13,7 @@ implementation; each is entered through its own package, never its private modul
 """
 
 from loopdock.actors import ENTER as ENTER
+from loopdock.actors import PASSIVATE_AFTER as PASSIVATE_AFTER
 from loopdock.actors import Agent as Agent
 from loopdock.actors import AgentContext as AgentContext
 from loopdock.actors import AgentHandle as AgentHandle
@@ -64,6 +65,8 @@ from loopdock.runtime import GC_THRESHOLD as GC_THRESHOLD
 from loopdock.runtime import AgentBusyError as AgentBusyError
 from loopdock.runtime import AgentClosedError as AgentClosedError
 from loopdock.runtime import AgentOptions as AgentOptions
+from loopdock.runtime import AgentPassivatedError as AgentPassivatedError
+from loopdock.runtime import AgentReactivationError as AgentReactivationError
 from loopdock.runtime import ApprovalClosedError as ApprovalClosedError
 from loopdock.runtime import ApprovalPolicy as ApprovalPolicy
 from loopdock.runtime import ClusterConfigError as ClusterConfigError

@@ -46,7 +46,7 @@ from loopdock.bridge import (
     serve_bridge,
     stable_plugin,
 )
-from loopdock.runtime import Changes, PortInUseError
+from loopdock.runtime import ApprovalClosedError, Changes, PortInUseError
 
 from ._project import checked_project
 
@@ -90,7 +90,9 @@ def goalbar_project_for(
 
     def project_for(session_id: str) -> Path:
         agent = rt.get_agent(session_id)
-        if agent is not None and not agent.closed:
+        # A passivated agent's cwd is not in memory; none of them runs LoopX (phase 1 of
+        # docs/lifecycle.md keeps every agent whose session invoked it active).
+        if agent is not None and not agent.closed and not agent.passivated:
             return agent.cwd
         announced = host.cwds.get(session_id) if host is not None else None
         if announced is not None:
@@ -132,7 +134,7 @@ def runtime_view(rt: ServedRuntime) -> Callable[[str], RuntimeView | None]:
 
     def view(agent_id: str) -> RuntimeView | None:
         agent = rt.get_agent(agent_id)
-        if agent is None:
+        if agent is None or agent.passivated:  # nothing in memory to show: the row stays as it was
             return None
         session = agent.session
         # Only what the session keeps in memory: its bindings, its turn count, and its
@@ -156,6 +158,8 @@ def approval_answerer(rt: ServedRuntime, mirror: DshAgentMirror | None = None) -
     async def answer(agent_id: str, approval_id: str, decision: str, reason: str | None) -> None:
         agent = rt.get_agent(agent_id)
         if agent is not None and not agent.closed:
+            if agent.passivated:  # an agent with an open question is never passivated
+                raise ApprovalClosedError(f"no open approval question {approval_id[:128]!r}")
             await agent.approvals.answer(approval_id, decision, reason=reason)
             return
         proxy = mirror.proxies.get(agent_id) if mirror is not None else None

@@ -24,6 +24,7 @@ import trio
 from loopdock.actors import (
     AUTOMATIC_SLOTS,
     GROUP_COMMIT_WINDOW,
+    PASSIVATE_AFTER,
     WARM_HISTORY_BYTES,
     WATCHER_POLICY,
     Action,
@@ -43,6 +44,7 @@ from loopdock.actors import (
     Subscription,
     Supervisor,
     UnknownAgentError,
+    check_passivate_after,
     run_command,
     supervised,
 )
@@ -130,6 +132,7 @@ class Runtime:
         persist: bool = True,
         store: SessionLog | None = None,
         tracer_provider: TracerProvider | None = None,
+        passivate_after: float | None = PASSIVATE_AFTER,
     ) -> AsyncIterator[Runtime]:
         """Open the runtime on ``home`` (else ``$LOOPDOCK_HOME``, else
         ``$XDG_DATA_HOME/loopdock``, i.e. ``~/.local/share/loopdock``).
@@ -190,9 +193,19 @@ class Runtime:
         per tool call. The provider is the caller's, to configure and shut down. Without
         one (the default) nothing is traced and OpenTelemetry is not imported.
 
+        ``passivate_after``: an agent idle this many seconds (default 300) is passivated:
+        released from memory but for a few hundred bytes, the object its callers hold
+        staying valid; its next message (followup, steer, inject, reserve, or
+        ``await agent.activate()``) brings it back through the resume path, and is
+        processed in order. Never while it is busy, has messages queued, an approval
+        question open, a subscriber, a command running, or (with LoopX) a scheduler timer
+        armed or a continuation queued. ``None``: agents stay in memory until disposed.
+        Nothing is passivated with ``persist=False``. See docs/lifecycle.md.
+
         Agents that the workers of a Redis cluster run are reached with
         ``loopdock.open_cluster(url)`` instead (docs/cluster.md).
         """
+        passivate_after = check_passivate_after(passivate_after)
         if hide_environment:
             hide_environment_block()
         admission = AdmissionGate(automatic_slots)
@@ -207,7 +220,7 @@ class Runtime:
         with await trio.to_thread.run_sync(acquire_home, path), governed(gc_threshold) as governor:
             async with cls._open(
                 path, dock_config, environ, catalog, shell, loopx, admission, history, governor, persist, store,
-                tracing,
+                tracing, passivate_after,
             ) as rt:
                 yield rt
 
@@ -227,6 +240,7 @@ class Runtime:
         persist: bool,
         given_store: SessionLog | None,
         tracing: Tracing | None,
+        passivate_after: float | None = None,
     ) -> AsyncIterator[Runtime]:
         store: SessionLog
         if given_store is None:
@@ -294,7 +308,7 @@ class Runtime:
                 )
                 supervisor = Supervisor(
                     nursery, store, writer, default_adapters(environ, dock_config.providers), tools, admission=admission, history=history,
-                    tracing=tracing,
+                    tracing=tracing, passivate_after=passivate_after,
                 )
                 if governor is not None:
                     # A governor that keeps failing stops freezing: full collections walk
@@ -311,6 +325,19 @@ class Runtime:
                 supervisor.expanders.append(functools.partial(expand_skill_invocations, catalog=catalog))
                 supervisor.provide("agentPresets", AgentPresets())
                 dock = LoopDock(supervisor, dock_config)
+                # Reactivation is a resume through the dock (same binding, same rules).
+                supervisor.lifecycle.resume = functools.partial(dock.resume, supervisor)
+
+                def lifecycle_failed(error: Exception, action: Action) -> None:
+                    log.warning("agent passivation failed", error=repr(error), action=action)
+
+                nursery.start_soon(
+                    functools.partial(
+                        supervised, supervisor.lifecycle.run, name="agent lifecycle", policy=WATCHER_POLICY,
+                        report=lifecycle_failed,
+                    ),
+                    name="agent lifecycle",
+                )
                 rt = cls(path, supervisor, dock, skills=catalog)
                 rt.gc_governor = governor
                 dock.register_driver(ReactDriver())
@@ -453,9 +480,11 @@ class Runtime:
         if agent is None or agent.closed:
             # Other agents' ids are not listed: a command line may come from a remote client.
             raise UnknownAgentError(f"no live agent {str(agent_id)[:128]!r} in this runtime")
+        await agent.activate()  # a passivated agent comes back first
         return await run_command(self._supervisor, agent, command, args)
 
     def get_agent(self, agent_id: str) -> AgentActor | None:
+        """The agent of this id (active or passivated: the same object either way)."""
         return self._supervisor.agents.get(agent_id)
 
     def list_agents(self) -> list[str]:

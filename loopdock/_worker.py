@@ -128,6 +128,9 @@ async def run_worker(
                 async with store_closed(store), Runtime.open(
                     worker_home, config=dock_config, shell=shell, store=store, hide_environment=True,
                     gc_threshold=GC_THRESHOLD,
+                    # A worker's agents stay active: passivating them with their shards'
+                    # leases and streams is a later phase (docs/lifecycle.md).
+                    passivate_after=None,
                 ) as rt:
                     host = ShardHost(redis, store, rt.supervisor, rt.dock, ttl=lease_ttl, url=url)
                     keeper = LeaseKeeper(

@@ -11,6 +11,8 @@ from ._changes import Changes as Changes
 from ._environ_block import hide_environment_block as hide_environment_block
 from ._errors import AgentBusyError as AgentBusyError
 from ._errors import AgentClosedError as AgentClosedError
+from ._errors import AgentPassivatedError as AgentPassivatedError
+from ._errors import AgentReactivationError as AgentReactivationError
 from ._errors import ApprovalClosedError as ApprovalClosedError
 from ._errors import ClusterConfigError as ClusterConfigError
 from ._errors import ClusterRequestError as ClusterRequestError

@@ -93,6 +93,22 @@ class AgentClosedError(LoopdockError):
     code = "AGENT_CLOSED"
 
 
+class AgentPassivatedError(LoopdockError):
+    """Raised when reading what only an active agent holds in memory (its options, tools,
+    in-memory session) from a passivated one: ``await agent.activate()`` brings it back.
+    Messages never raise it: they reactivate the agent (docs/lifecycle.md)."""
+
+    code = "AGENT_PASSIVATED"
+
+
+class AgentReactivationError(LoopdockError):
+    """Raised by ``wait_idle`` or ``activate`` when bringing a passivated agent back failed
+    (a setup raised, its loop or driver is gone, the store cannot be read): the messages
+    sent to it stay queued, and the next message or ``activate()`` tries again."""
+
+    code = "AGENT_REACTIVATION_FAILED"
+
+
 class MessageRefusedError(LoopdockError):
     """Raised by an agent's ``wait_idle`` when a message sent through that agent (a
     followup, steer or inject) was refused by the host that runs the agent, a cluster

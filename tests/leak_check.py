@@ -7,8 +7,11 @@ how many tasks there are. Allowed, and nothing else:
 - per live agent, exactly its own ``run`` task, and inside that agent's companions
   nursery exactly one task per companion the runtime registered for it (the LoopX
   continuation, when the runtime has the LoopX integration);
-- the store writer, the skill catalog's watcher and the admission gate's stall
-  watcher, once each; the gc governor once if the runtime governs the collector;
+- the store writer, the skill catalog's watcher, the admission gate's stall watcher and
+  the agent lifecycle (passivation), once each; the gc governor once if the runtime
+  governs the collector;
+- a reactivation per passivated agent being reactivated (a passivated agent has no
+  task of its own);
 - a starter per configured agent that is starting, or has not started yet.
 
 A disposed agent has no task left: its ``run`` task ends only once everything in its
@@ -50,11 +53,15 @@ def _companions_expected(runtime: Any, agent: AgentActor) -> int:
 
 def assert_no_leaked_agent_tasks(runtime: Any) -> None:
     supervisor, dock = runtime.supervisor, runtime.dock
-    live: dict[str, AgentActor] = dict(supervisor.agents)
+    live: dict[str, AgentActor] = {i: a for i, a in supervisor.agents.items() if not a.passivated}
+    reactivating = {i for i, a in supervisor.agents.items() if a.passivated and a._passive.transition}
     runs: dict[str, trio.lowlevel.Task] = {}
     writers, watchers, gates, governors, starters, unexpected = [], [], [], [], [], []
+    lifecycles, reactivations = [], []
     for task in supervisor.nursery.child_tasks:
         owner = _runs_for(task, supervisor)
+        if isinstance(owner, AgentActor) and owner.id in reactivating:
+            continue  # being rebuilt: its task starts before its messages are delivered
         if isinstance(owner, AgentActor):
             assert live.get(owner.id) is owner, f"a task of agent {owner.id!r}, which is not live: {task.name}"
             assert owner.id not in runs, f"two tasks of agent {owner.id!r}: {runs[owner.id].name}, {task.name}"
@@ -67,6 +74,10 @@ def assert_no_leaked_agent_tasks(runtime: Any) -> None:
             gates.append(task)
         elif owner is not None and owner is runtime.gc_governor:
             governors.append(task)
+        elif owner is supervisor.lifecycle and task.name.startswith("reactivate agent "):
+            reactivations.append(task.name.removeprefix("reactivate agent "))
+        elif owner is supervisor.lifecycle:
+            lifecycles.append(task)
         elif owner is dock and task.name.startswith("configured agent "):
             starters.append(task.name.removeprefix("configured agent "))
         else:
@@ -76,6 +87,8 @@ def assert_no_leaked_agent_tasks(runtime: Any) -> None:
         "the store writer, the skill watcher and the admission gate's stall watcher, once each"
     )
     assert len(governors) == (runtime.gc_governor is not None), f"{len(governors)} gc governor tasks"
+    assert len(lifecycles) == 1, f"{len(lifecycles)} agent lifecycle tasks"
+    assert set(reactivations) <= reactivating, f"reactivations of agents not being reactivated: {reactivations}"
     assert sorted(runs) == sorted(live), f"live agents without their run task: {sorted(set(live) - set(runs))}"
     not_started = {entry.id for entry in dock.config.agents} - set(dock.configured)
     assert len(starters) == len(set(starters)) and set(dock.starting) <= set(starters) <= not_started, (

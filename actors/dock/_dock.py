@@ -17,6 +17,7 @@ import trio
 from loopdock.runtime import AgentOptions, Changes, Event, Next, get_logger
 from loopdock.runtime.models import ModelRequest
 
+from .._agent import AgentActor
 from .._agent_context import AgentContext
 from .._driver import AgentHandle, CreateAgentOptions, Driver, ResumeAgentOptions, Setup
 from .._publication import compose_setups
@@ -200,7 +201,12 @@ class LoopDock:
             agent_options=self._options_for(options.agent_options, loop, binding),
             setup=self._setup_for(options.setup, binding),
         )
-        return await provider.create_agent(owner, decorated)
+        handle = await provider.create_agent(owner, decorated)
+        _remember(handle, ResumeAgentOptions(
+            resume_session_id=options.session_id, agent_options=options.agent_options, setup=options.setup,
+            loop=options.loop, driver=options.driver,
+        ))
+        return handle
 
     async def resume(self, owner: Supervisor, options: ResumeAgentOptions) -> AgentHandle:
         persisted, preset = await self._inspect(options.resume_session_id)
@@ -213,7 +219,10 @@ class LoopDock:
             agent_options=self._options_for(options.agent_options, loop, binding),
             setup=self._setup_for(options.setup, binding),
         )
-        return await provider.resume(owner, decorated)
+        handle = await provider.resume(owner, decorated)
+        if options.into is None:  # a reactivation keeps the recipe it came with
+            _remember(handle, options)
+        return handle
 
     def decide(
         self,
@@ -408,6 +417,15 @@ class LoopDock:
 
 def _is_driver(value: object) -> TypeGuard[Driver]:
     return callable(getattr(value, "create_agent", None)) and callable(getattr(value, "resume", None))
+
+
+def _remember(handle: AgentHandle, options: ResumeAgentOptions) -> None:
+    """How to reactivate the agent once passivated: the dock's resume with its caller's
+    options (the caller's setup runs again, as on any resume). Only for agents the
+    driver can rebuild in place (``AgentActor.revivable``)."""
+    agent = handle.agent
+    if isinstance(agent, AgentActor) and agent.revivable:
+        agent.reactivation = options
 
 
 def _explicit(options: CreateAgentOptions | ResumeAgentOptions) -> Selection:

@@ -302,6 +302,28 @@ class LoopxContinuation:
             dispose()
             self._invalidate("continuation stopped")
 
+    def keeps_active(self) -> str | None:
+        """Why this continuation keeps its agent active (not passivated), or None. Phase 1
+        of passivation (docs/lifecycle.md): a session that invoked LoopX keeps its agent
+        in memory (its scheduler timer, polls and latches are not durable yet), as do an
+        armed timer, a queued continuation, an evaluation wanted or running, or a hold;
+        a session that never invoked LoopX does not."""
+        if self._closed:
+            return None
+        if self.activation.active:
+            # Its scheduler state (unchanged-poll count, reset token, latches) is in
+            # memory only: phase 1 keeps every agent whose session invoked LoopX active.
+            return "its session invoked LoopX"
+        if self.timer is not None:
+            return "a LoopX scheduler timer is armed"
+        if self.pending is not None:
+            return "a LoopX continuation is queued"
+        if self._evaluating is not None or self._requested > self._served:
+            return "a LoopX evaluation is due"
+        if self._holds:
+            return "the LoopX continuation is held"
+        return None
+
     @property
     def checkpoints(self) -> int:
         """Evaluations done so far (observers wait on it)."""

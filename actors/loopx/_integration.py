@@ -18,6 +18,7 @@ import trio
 from loopdock.runtime import Changes, get_logger
 from loopdock.runtime.loopx import LoopxClient
 
+from .._agent import AgentActor
 from .._commands import CommandContext, CommandRegistry, CommandResult
 from .._supervisor import Supervisor
 from ._continuation import ContinuedAgent, LoopxContinuation
@@ -84,10 +85,17 @@ class LoopxIntegration:
 
         commands.register(loopx_init_command(settings_for, on_success=self.adopt))
         supervisor.agent_started.append(self.start_continuation)
+        supervisor.lifecycle.vetoes.append(self.keeps_active)
         if self.settings.initialize:
             self.startup = await startup_initialize(self.init_settings(project))
             self.adopt(self.startup)
             log.info("loopx start-up initialisation", ok=self.startup.ok, stage=self.startup.stage, kind=self.startup.kind)
+
+    def keeps_active(self, agent: AgentActor) -> str | None:
+        """The passivation veto: a continuation with a timer or work under way keeps its
+        agent in memory."""
+        continuation = self.continuations.get(agent.id)
+        return None if continuation is None else continuation.keeps_active()
 
     async def start_continuation(self, agent: ContinuedAgent) -> None:
         """Attach a continuation to ``agent`` as its companion: every runtime agent gets

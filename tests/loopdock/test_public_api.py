@@ -10,6 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 PUBLIC = {
     "Agent", "AgentBusyError", "AgentClosedError", "AgentContext", "AgentHandle", "AgentOptions",
+    "AgentPassivatedError", "AgentReactivationError", "PASSIVATE_AFTER",
     "AgentReservation", "Bridge", "BridgeClosedError", "ClusterConfigError", "ClusterRequestError",
     "Approval", "ApprovalClosedError", "ApprovalPolicy",
     "ClusterUnreachableError", "ClusterUrlError", "Command", "CommandContext", "CommandResult",
