@@ -77,6 +77,7 @@ INTERNAL_ERRORS = {
     "InvalidSkillError": "a bad SKILL.md, skipped with a warning",
     "LoopxRequestError": "a LoopX CLI call the integration refuses to make",
     "TurnFailedError": "the CLI's exit status for a turn that ended in error",
+    "ApprovalPendingError": "the run command's exit status for an agent waiting for a person",
     "GoalBindError": "goal bind's one-line message",
     "InstallError": "dsh-install's one-line message",
     "WorkerStoppedError": "the worker command's one-line message",
