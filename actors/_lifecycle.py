@@ -195,7 +195,7 @@ class Lifecycle:
                 continue
             try:
                 rss = self.read_rss()
-            except OSError as exc:  # no /proc (not Linux): the limit cannot be enforced
+            except (OSError, ValueError) as exc:  # no /proc (not Linux): the limit cannot be enforced
                 if not unreadable:
                     log.warning("memory limit not enforced: the RSS cannot be read", error=safe_message(exc))
                 unreadable = True

@@ -33,11 +33,13 @@ class FakeRss:
     """The RSS the lifecycle reads: what the test says, counting the reads."""
 
     def __init__(self) -> None:
-        self.value = 0
+        self.value: int | None = 0
         self.reads = 0
 
     def __call__(self) -> int:
         self.reads += 1
+        if self.value is None:
+            raise FileNotFoundError("/proc/self/statm")  # as where there is no /proc
         return self.value
 
 
@@ -257,6 +259,23 @@ async def test_without_persistence_nothing_is_passivated_and_the_warning_says_wh
         warnings = [e for e in logs if e["event"] == "memory over the limit and no idle agent left to passivate"]
         assert len(warnings) == 1 and warnings[0]["kept_active"] == 3
         assert {entry["reason"] for entry in warnings[0]["oldest_kept"]} == {"the runtime persists nothing"}
+
+
+async def test_an_unreadable_rss_is_said_once_and_read_again(prt, rss, autojump_clock):
+    lifecycle = prt.supervisor.lifecycle
+    agent = (await prt.create_agent(session_id="a1")).agent
+    judged, reads = lifecycle.pressure.readings, rss.reads
+    with structlog.testing.capture_logs() as logs:
+        rss.value = None
+        await trio.sleep(10 * PRESSURE_PERIOD)
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == [
+        "memory limit not enforced: the RSS cannot be read"
+    ]
+    assert rss.reads >= reads + 9 and lifecycle.pressure.readings == judged  # tried, nothing judged
+    assert not agent.passivated
+    rss.value = HUGE  # readable again: judged, and acted on
+    with trio.fail_after(30):
+        await lifecycle.wait_until(lambda: lifecycle.pressure_passivations == 1)
 
 
 async def test_under_pressure_passivate_after_is_not_waited_for(tmp_path, rss, autojump_clock):
