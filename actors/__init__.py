@@ -51,6 +51,13 @@ from ._pre_step import PreStep as PreStep
 from ._pre_step import Reject as Reject
 from ._pre_step import Verdict as Verdict
 from ._pre_step import enter as enter
+from ._pressure import AGENT_BYTES as AGENT_BYTES
+from ._pressure import LOW_WATER as LOW_WATER
+from ._pressure import PRESSURE_PERIOD as PRESSURE_PERIOD
+from ._pressure import ROUND_FRACTION as ROUND_FRACTION
+from ._pressure import MemoryPressure as MemoryPressure
+from ._pressure import check_memory_limit as check_memory_limit
+from ._pressure import read_rss as read_rss
 from ._publication import compose_setups as compose_setups
 from ._publication import create_with_body as create_with_body
 from ._publication import publish_agent as publish_agent

@@ -23,10 +23,18 @@ automatic reservations and is taken first, and the agent's one evaluator runs th
 failed reactivation leaves the agent passivated with its messages queued (``wait_idle``
 raises AgentReactivationError; the next message or ``activate()`` tries again);
 disposing it meanwhile cancels the reactivation and rolls the half-built agent back.
+
+Under memory pressure (``Runtime.open(memory_limit=...)``, actors._pressure) idle agents
+are passivated whatever ``passivate_after`` says: once per ``PRESSURE_PERIOD`` the RSS is
+judged, and over the limit a round passivates the least recently active quiescent
+agents (idle the longest), oldest first, until what they are estimated to hold covers
+what is above the low-water mark. An agent something keeps active is skipped and keeps
+its place: it is never lost, and goes first once nothing keeps it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
@@ -37,6 +45,7 @@ from loopdock.runtime import Changes, LoopdockError, get_logger, safe_message
 
 from ._agent import AgentActor
 from ._passive import Passive
+from ._pressure import AGENT_BYTES, PRESSURE_PERIOD, ROUND_FRACTION, MemoryPressure, check_memory_limit, read_rss
 from ._session import SessionActor
 from ._store_writer import StoreWriter
 
@@ -84,9 +93,17 @@ class LifecycleOwner(Protocol):
 class Lifecycle:
     """The supervisor's passivation policy and its reactivations (module docstring)."""
 
-    def __init__(self, owner: LifecycleOwner, passivate_after: float | None = None) -> None:
+    def __init__(
+        self, owner: LifecycleOwner, passivate_after: float | None = None, memory_limit: int | None = None
+    ) -> None:
         self._owner = owner
         self.passivate_after = check_passivate_after(passivate_after)
+        limit = check_memory_limit(memory_limit)
+        #: The memory pressure policy's judgement (actors._pressure); None: no limit, and
+        #: nothing reads the RSS.
+        self.pressure = None if limit is None else MemoryPressure(limit)
+        #: How the RSS is read (bytes); replaceable, e.g. by a test's.
+        self.read_rss: Callable[[], int] = read_rss
         #: How an agent is resumed: the dock's ``resume`` bound to the supervisor (set by
         #: the runtime); None: nothing is passivated.
         self.resume: Callable[[Any], Awaitable[Any]] | None = None
@@ -96,6 +113,7 @@ class Lifecycle:
         self.closing = False
         self.passivations = 0
         self.reactivations = 0
+        self.pressure_passivations = 0  # those of ``passivations`` done under memory pressure
         self._done = Changes()  # every passivation and reactivation done or given up
 
     async def wait_until(self, predicate: Callable[[], bool]) -> None:
@@ -106,8 +124,9 @@ class Lifecycle:
     # -- the agents' side ----------------------------------------------------------------
 
     def idle(self, agent: AgentActor) -> None:
-        """``agent`` went idle: a candidate from ``passivate_after`` on."""
-        if self.passivate_after is None:
+        """``agent`` went idle: a candidate from ``passivate_after`` on (at once under
+        memory pressure)."""
+        if self.passivate_after is None and self.pressure is None:
             return
         self._idle.pop(agent, None)
         self._idle[agent] = trio.current_time()
@@ -126,8 +145,18 @@ class Lifecycle:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Passivate agents idle for ``passivate_after``, oldest first (batches of those
-        due at once run concurrently)."""
-        task_status.started()
+        due at once run concurrently), and, with a memory limit, under memory pressure."""
+        pressure = self.pressure
+        if pressure is None:
+            task_status.started()
+            await self._passivate_idle()
+            return
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._relieve, pressure, name="memory pressure")
+            task_status.started()
+            await self._passivate_idle()
+
+    async def _passivate_idle(self) -> None:
         while True:
             after = self.passivate_after
             if after is None or self.closing:
@@ -155,6 +184,76 @@ class Lifecycle:
                     for agent in due[start : start + PASSIVATION_BATCH]:
                         nursery.start_soon(self.passivate, agent)
 
+    # -- memory pressure (actors._pressure) ----------------------------------------------
+
+    async def _relieve(self, pressure: MemoryPressure) -> None:
+        """Judge the RSS every ``PRESSURE_PERIOD``; over the limit, run a round."""
+        unreadable = False
+        while True:
+            await trio.sleep(PRESSURE_PERIOD)
+            if self.closing:
+                continue
+            try:
+                rss = self.read_rss()
+            except (OSError, ValueError) as exc:  # no /proc (not Linux): the limit cannot be enforced
+                if not unreadable:
+                    log.warning("memory limit not enforced: the RSS cannot be read", error=safe_message(exc))
+                unreadable = True
+                continue
+            unreadable = False
+            wanted = pressure.judge(rss, self.reactivations)
+            if wanted > 0:
+                await self._pressure_round(pressure, wanted)
+
+    async def _pressure_round(self, pressure: MemoryPressure, wanted: int) -> None:
+        """Passivate the least recently active quiescent agents until their estimated
+        weight covers ``wanted`` bytes, at most ``ROUND_FRACTION`` of the idle agents (at
+        least one batch); the agents something keeps active keep their place."""
+        cap = max(PASSIVATION_BATCH, math.ceil(len(self._idle) * ROUND_FRACTION))
+        chosen: list[tuple[AgentActor, float]] = []
+        kept: list[tuple[str, str]] = []  # the oldest few kept active, and why
+        kept_count = 0
+        covered = 0
+        for agent, since in list(self._idle.items()):  # least recently active first
+            if covered >= wanted or len(chosen) >= cap:
+                break
+            if agent.passivated or agent.closed:
+                continue
+            why = self.why_active(agent)
+            if why is not None:
+                kept_count += 1
+                if len(kept) < 5:
+                    kept.append((agent.id, why))
+                continue
+            chosen.append((agent, since))
+            covered += AGENT_BYTES + agent.history_weight()
+        if covered < wanted and len(chosen) < cap and not pressure.warned:
+            pressure.warned = True
+            agents = self._owner.agents.values()
+            log.warning(
+                "memory over the limit and no idle agent left to passivate",
+                rss=pressure.rss, limit=pressure.limit, wanted=wanted, passivating=len(chosen),
+                active=sum(1 for a in agents if not a.passivated), idle=len(self._idle), kept_active=kept_count,
+                oldest_kept=[{"agent_id": agent_id, "reason": why} for agent_id, why in kept],
+            )
+        for start in range(0, len(chosen), PASSIVATION_BATCH):
+            if self.closing:
+                return
+            async with trio.open_nursery() as nursery:
+                for agent, since in chosen[start : start + PASSIVATION_BATCH]:
+                    # Active since it was chosen, or taken by the idle policy: not now.
+                    if self._idle.get(agent) != since:
+                        continue
+                    del self._idle[agent]
+                    weight = AGENT_BYTES + agent.history_weight()  # read while it is active
+                    nursery.start_soon(self._passivate_under_pressure, pressure, agent, weight)
+
+    async def _passivate_under_pressure(self, pressure: MemoryPressure, agent: AgentActor, weight: int) -> None:
+        if await self.passivate(agent):
+            self.pressure_passivations += 1
+            pressure.released(weight)
+            self._done.notify()  # for those waiting on the count just changed
+
     def why_active(self, agent: AgentActor) -> str | None:
         """Why ``agent`` cannot be passivated now (None: it can)."""
         if self.resume is None:
@@ -180,7 +279,7 @@ class Lifecycle:
             return False
         why = self.why_active(agent)
         if why is not None:
-            if agent.status == "idle" and self.passivate_after is not None:
+            if agent.status == "idle" and (self.passivate_after is not None or self.pressure is not None):
                 self._idle[agent] = trio.current_time()  # looked at again one period later
             agent.log.debug("agent not passivated", reason=why)
             return False

@@ -71,6 +71,7 @@ class Supervisor:
         history: HistoryCache | None = None,
         tracing: Tracing | None = None,
         passivate_after: float | None = None,
+        memory_limit: int | None = None,
     ) -> None:
         self.nursery = nursery
         self.store = store
@@ -86,9 +87,11 @@ class Supervisor:
         self.history = history if history is not None else HistoryCache()
         self.tracing = tracing
         self.closing = False
-        # Passivates agents idle for ``passivate_after`` seconds (None: never) and brings
-        # them back on their next message; its ``run`` goes in the runtime's nursery.
-        self.lifecycle = Lifecycle(self, passivate_after)
+        # Passivates agents idle for ``passivate_after`` seconds (None: never), and idle
+        # agents while the process holds more than ``memory_limit`` bytes (None: no
+        # limit), and brings them back on their next message; its ``run`` goes in the
+        # runtime's nursery.
+        self.lifecycle = Lifecycle(self, passivate_after, memory_limit)
         # Applied in order to every message admitted into a model step; each returns the
         # messages to record in place of the one it got (``[m]`` leaves it alone).
         self.expanders: list[Callable[[Message], Sequence[Message]]] = []

@@ -44,6 +44,7 @@ from loopdock.actors import (
     Subscription,
     Supervisor,
     UnknownAgentError,
+    check_memory_limit,
     check_passivate_after,
     run_command,
     supervised,
@@ -133,6 +134,7 @@ class Runtime:
         store: SessionLog | None = None,
         tracer_provider: TracerProvider | None = None,
         passivate_after: float | None = PASSIVATE_AFTER,
+        memory_limit: int | None = None,
     ) -> AsyncIterator[Runtime]:
         """Open the runtime on ``home`` (else ``$LOOPDOCK_HOME``, else
         ``$XDG_DATA_HOME/loopdock``, i.e. ``~/.local/share/loopdock``).
@@ -202,10 +204,20 @@ class Runtime:
         armed or a continuation queued. ``None``: agents stay in memory until disposed.
         Nothing is passivated with ``persist=False``. See docs/lifecycle.md.
 
+        ``memory_limit``: bytes of resident memory (RSS, read from ``/proc/self/statm``
+        once a second) over which idle agents are passivated whatever ``passivate_after``
+        says, least recently active first, until the process is judged back under 90% of
+        the limit; an agent something keeps active (as above) is skipped, never lost.
+        Freed memory that stays in the process is counted as released, so an RSS that does
+        not fall does not make every agent go (see docs/lifecycle.md, "Policy"). ``None``
+        (the default): no limit, and the RSS is never read. Linux only: where there is no
+        ``/proc``, a warning says the limit is not enforced.
+
         Agents that the workers of a Redis cluster run are reached with
         ``loopdock.open_cluster(url)`` instead (docs/cluster.md).
         """
         passivate_after = check_passivate_after(passivate_after)
+        memory_limit = check_memory_limit(memory_limit)
         if hide_environment:
             hide_environment_block()
         admission = AdmissionGate(automatic_slots)
@@ -220,7 +232,7 @@ class Runtime:
         with await trio.to_thread.run_sync(acquire_home, path), governed(gc_threshold) as governor:
             async with cls._open(
                 path, dock_config, environ, catalog, shell, loopx, admission, history, governor, persist, store,
-                tracing, passivate_after,
+                tracing, passivate_after, memory_limit,
             ) as rt:
                 yield rt
 
@@ -241,6 +253,7 @@ class Runtime:
         given_store: SessionLog | None,
         tracing: Tracing | None,
         passivate_after: float | None = None,
+        memory_limit: int | None = None,
     ) -> AsyncIterator[Runtime]:
         store: SessionLog
         if given_store is None:
@@ -308,7 +321,7 @@ class Runtime:
                 )
                 supervisor = Supervisor(
                     nursery, store, writer, default_adapters(environ, dock_config.providers), tools, admission=admission, history=history,
-                    tracing=tracing, passivate_after=passivate_after,
+                    tracing=tracing, passivate_after=passivate_after, memory_limit=memory_limit,
                 )
                 if governor is not None:
                     # A governor that keeps failing stops freezing: full collections walk
