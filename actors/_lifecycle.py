@@ -39,6 +39,7 @@ from ._agent import AgentActor
 from ._passive import Passive
 from ._session import SessionActor
 from ._store_writer import StoreWriter
+from ._wakeups import Wakeups
 
 log = get_logger(__name__)
 
@@ -50,6 +51,22 @@ PASSIVATION_BATCH = 64
 
 #: A veto: why ``agent`` must stay active now, or None.
 Veto = Callable[[AgentActor], "str | None"]
+
+
+@attrs.frozen
+class Kept:
+    """What a companion keeps across its agent's passivation (in memory, in the agent's
+    ``Passive`` record under ``key``; the rebuilt companion reads it with
+    ``agent.carried(key)``), and when its timer was due (trio's clock): the runtime
+    reactivates the agent then (``actors._wakeups``)."""
+
+    key: str
+    value: Any
+    wake_at: float | None = None
+
+
+#: A keeper: what a companion of ``agent`` keeps if it is passivated now, or None.
+Keeper = Callable[[AgentActor], "Kept | None"]
 
 
 def check_passivate_after(value: float | None) -> float | None:
@@ -91,6 +108,8 @@ class Lifecycle:
         #: the runtime); None: nothing is passivated.
         self.resume: Callable[[Any], Awaitable[Any]] | None = None
         self.vetoes: list[Veto] = []
+        self.keepers: list[Keeper] = []
+        self.wakeups = Wakeups(self.reactivate)
         self._idle: dict[AgentActor, float] = {}  # idle since (trio's clock), oldest first
         self._changes = Changes()
         self.closing = False
@@ -126,8 +145,13 @@ class Lifecycle:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Passivate agents idle for ``passivate_after``, oldest first (batches of those
-        due at once run concurrently)."""
-        task_status.started()
+        due at once run concurrently), and wake passivated agents whose timers are due."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.wakeups.run)
+            task_status.started()
+            await self._passivate_due()
+
+    async def _passivate_due(self) -> None:
         while True:
             after = self.passivate_after
             if after is None or self.closing:
@@ -184,8 +208,16 @@ class Lifecycle:
                 self._idle[agent] = trio.current_time()  # looked at again one period later
             agent.log.debug("agent not passivated", reason=why)
             return False
+        try:
+            kept = self._kept(agent)
+        except Exception as exc:  # what it would lose is not known: it stays active
+            agent.log.warning("agent not passivated: a keeper failed", error=repr(exc))
+            if agent.status == "idle" and self.passivate_after is not None:
+                self._idle[agent] = trio.current_time()
+            return False
         owner = self._owner
         passive = agent._begin_passivation()
+        passive.kept = {k.key: k.value for k in kept} or None
         session = agent.session
         self.busy(agent)
         try:
@@ -210,6 +242,9 @@ class Lifecycle:
             del owner.sessions[agent.id]
         agent._empty(passive)
         self.passivations += 1
+        wake_at = min((k.wake_at for k in kept if k.wake_at is not None), default=None)
+        if wake_at is not None:
+            self.wakeups.schedule(wake_at, agent, passive)
         owner.announce("agent/passivated", agent.id, {})
         passive.transition = False
         passive.notify()
@@ -217,6 +252,15 @@ class Lifecycle:
         if (passive.wanted or passive.pending) and not passive.closed:
             self.reactivate(agent)  # a message came while it passivated
         return True
+
+    def _kept(self, agent: AgentActor) -> list[Kept]:
+        """What the keepers keep of ``agent`` now (read before anything of it stops)."""
+        kept = []
+        for keeper in list(self.keepers):
+            value = keeper(agent)
+            if value is not None:
+                kept.append(value)
+        return kept
 
     # -- reactivation ----------------------------------------------------------------------
 
