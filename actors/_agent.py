@@ -205,6 +205,13 @@ class AgentActor:
             await passive.changed()
         await trio.lowlevel.checkpoint()
 
+    def carried(self, key: str) -> Any:
+        """What a companion kept under ``key`` across the passivation this agent is being
+        reactivated from (``Lifecycle.keepers``), for the companion's rebuilt self; None
+        for an agent not coming back from one."""
+        passive = self.__dict__.get("_passive")
+        return None if passive is None or passive.kept is None else passive.kept.get(key)
+
     @contextlib.contextmanager
     def keep_active(self) -> Iterator[None]:
         """While held, the agent is not passivated (a command running against it, a

@@ -10,8 +10,11 @@ agent is rebuilt from (docs/lifecycle.md).
 Only a quiescent agent is passivated: not while a turn runs or is suspended, messages
 are queued (an ``inject`` too), a reservation is pending, an approval question is open,
 its session has subscribers, a command or ``keep_active()`` holds it, nor while a veto
-says no (the LoopX integration's: an armed scheduler timer, a queued continuation, an
-evaluation). A vetoed agent is looked at again ``passivate_after`` later.
+says no (the LoopX integration's: a queued continuation, an evaluation, a hold). A
+vetoed agent is looked at again ``passivate_after`` later. What a companion must not
+lose is kept with the passivated agent (``keepers``: the LoopX continuation's memo), and
+a timer it had armed is kept by the runtime, which wakes the agent when it is due
+(actors._wakeups).
 
 A message to a passivated agent (followup, steer, inject, reserve) is kept in the record
 in arrival order and starts exactly one reactivation, a task of the supervisor's
@@ -48,6 +51,7 @@ from ._passive import Passive
 from ._pressure import AGENT_BYTES, PRESSURE_PERIOD, ROUND_FRACTION, MemoryPressure, check_memory_limit, read_rss
 from ._session import SessionActor
 from ._store_writer import StoreWriter
+from ._wakeups import Wakeups
 
 log = get_logger(__name__)
 
@@ -59,6 +63,22 @@ PASSIVATION_BATCH = 64
 
 #: A veto: why ``agent`` must stay active now, or None.
 Veto = Callable[[AgentActor], "str | None"]
+
+
+@attrs.frozen
+class Kept:
+    """What a companion keeps across its agent's passivation (in memory, in the agent's
+    ``Passive`` record under ``key``; the rebuilt companion reads it with
+    ``agent.carried(key)``), and when its timer was due (trio's clock): the runtime
+    reactivates the agent then (``actors._wakeups``)."""
+
+    key: str
+    value: Any
+    wake_at: float | None = None
+
+
+#: A keeper: what a companion of ``agent`` keeps if it is passivated now, or None.
+Keeper = Callable[[AgentActor], "Kept | None"]
 
 
 def check_passivate_after(value: float | None) -> float | None:
@@ -108,6 +128,8 @@ class Lifecycle:
         #: the runtime); None: nothing is passivated.
         self.resume: Callable[[Any], Awaitable[Any]] | None = None
         self.vetoes: list[Veto] = []
+        self.keepers: list[Keeper] = []
+        self.wakeups = Wakeups(self.reactivate)
         self._idle: dict[AgentActor, float] = {}  # idle since (trio's clock), oldest first
         self._changes = Changes()
         self.closing = False
@@ -145,14 +167,12 @@ class Lifecycle:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Passivate agents idle for ``passivate_after``, oldest first (batches of those
-        due at once run concurrently), and, with a memory limit, under memory pressure."""
-        pressure = self.pressure
-        if pressure is None:
-            task_status.started()
-            await self._passivate_idle()
-            return
+        due at once run concurrently), wake passivated agents whose timers are due, and,
+        with a memory limit, passivate under memory pressure."""
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._relieve, pressure, name="memory pressure")
+            nursery.start_soon(self.wakeups.run)
+            if self.pressure is not None:
+                nursery.start_soon(self._relieve, self.pressure, name="memory pressure")
             task_status.started()
             await self._passivate_idle()
 
@@ -283,8 +303,16 @@ class Lifecycle:
                 self._idle[agent] = trio.current_time()  # looked at again one period later
             agent.log.debug("agent not passivated", reason=why)
             return False
+        try:
+            kept = self._kept(agent)
+        except Exception as exc:  # what it would lose is not known: it stays active
+            agent.log.warning("agent not passivated: a keeper failed", error=repr(exc))
+            if agent.status == "idle" and self.passivate_after is not None:
+                self._idle[agent] = trio.current_time()
+            return False
         owner = self._owner
         passive = agent._begin_passivation()
+        passive.kept = {k.key: k.value for k in kept} or None
         session = agent.session
         self.busy(agent)
         try:
@@ -309,6 +337,9 @@ class Lifecycle:
             del owner.sessions[agent.id]
         agent._empty(passive)
         self.passivations += 1
+        wake_at = min((k.wake_at for k in kept if k.wake_at is not None), default=None)
+        if wake_at is not None:
+            self.wakeups.schedule(wake_at, agent, passive)
         owner.announce("agent/passivated", agent.id, {})
         passive.transition = False
         passive.notify()
@@ -316,6 +347,15 @@ class Lifecycle:
         if (passive.wanted or passive.pending) and not passive.closed:
             self.reactivate(agent)  # a message came while it passivated
         return True
+
+    def _kept(self, agent: AgentActor) -> list[Kept]:
+        """What the keepers keep of ``agent`` now (read before anything of it stops)."""
+        kept = []
+        for keeper in list(self.keepers):
+            value = keeper(agent)
+            if value is not None:
+                kept.append(value)
+        return kept
 
     # -- reactivation ----------------------------------------------------------------------
 

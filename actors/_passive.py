@@ -28,9 +28,13 @@ class Passive:
     while it is being passivated or reactivated;
     ``scope``: the reactivation's cancel scope; ``error``: why the last reactivation
     failed; ``wanted``: someone asked for it to run again (a message, ``activate()``);
-    ``closed``: disposed while passivated; ``changes``: made for the first waiter."""
+    ``closed``: disposed while passivated; ``changes``: made for the first waiter;
+    ``kept``: what its companions keep across the passivation (``Lifecycle.keepers``: the
+    LoopX continuation's scheduler state), None when none keeps anything."""
 
-    __slots__ = ("recipe", "pending", "status_version", "transition", "scope", "error", "wanted", "closed", "changes")
+    __slots__ = (
+        "recipe", "pending", "status_version", "transition", "scope", "error", "wanted", "closed", "changes", "kept",
+    )
 
     def __init__(self, recipe: Any, status_version: int) -> None:
         self.recipe = recipe
@@ -42,6 +46,7 @@ class Passive:
         self.wanted = False
         self.closed = False
         self.changes: Changes | None = None
+        self.kept: dict[str, Any] | None = None
 
     def notify(self) -> None:
         if self.changes is not None:

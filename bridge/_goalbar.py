@@ -98,7 +98,7 @@ from typing import Any, Generic, Literal, TypeVar, Union
 import attrs
 import trio
 
-from loopdock.actors.loopx import LoopxContinuation, LoopxIntegration
+from loopdock.actors.loopx import ContinuationStatus, LoopxContinuation, LoopxIntegration
 from loopdock.runtime import Changes, get_logger, safe_message
 from loopdock.runtime.loopx import (
     LifecycleResult,
@@ -472,7 +472,7 @@ class _GoalWatch:
         if isinstance(base, GoalBarVisible):
             error = self._error[1] if self._error and self._error[0] == base.goal_id else None
             continuation = self.continuation
-            status = continuation.status if continuation is not None else None
+            status = self.service.continuation_status(self.session_id)
             shown = attrs.evolve(
                 base,
                 pending=self._pending,
@@ -536,28 +536,34 @@ class _GoalWatch:
             preview = await client.goal_lifecycle(goal_id, operation, execute=False)
             if not isinstance(preview, LifecycleResult):
                 return await self._failed(goal_id, f"{operation} failed: {preview.reason}")
-            continuation = self.continuation
-            if operation == "stop":
-                if not preview.changed:
-                    return GoalBarActionResult("refused", await self.read(), "already-paused")
-                return await self._pause(client, goal_id, continuation)
-            if continuation is not None and continuation.agent.status == "running":
-                return GoalBarActionResult("refused", await self.read(), "agent-running")
-            if not preview.changed and (continuation is None or not continuation.activation.active):
-                return GoalBarActionResult("refused", await self.read(), "nothing-to-start")
-            if preview.changed:
-                result = await self._execute(client, goal_id, "resume")
-                if isinstance(result, str):
-                    return await self._failed(goal_id, result)
-            warnings = []
-            if continuation is not None:
-                try:
-                    await continuation.start()
-                except Exception as exc:  # LoopX resumed the goal: that stands, with a warning
-                    log.warning("goalbar start left the continuation unarmed", session_id=self.session_id,
-                                error=repr(exc))
-                    warnings.append("driver-sync-failed")
-            return await self._read_back(warnings)
+            if operation == "stop" and not preview.changed:
+                return GoalBarActionResult("refused", await self.read(), "already-paused")
+            # A passivated agent comes back for the action (and stays for its length).
+            async with self.service.live_continuation(self.session_id) as continuation:
+                if operation == "stop":
+                    return await self._pause(client, goal_id, continuation)
+                return await self._start(client, goal_id, preview, continuation)
+
+    async def _start(
+        self, client: LoopxClient, goal_id: str, preview: LifecycleResult, continuation: LoopxContinuation | None
+    ) -> GoalBarActionResult:
+        if continuation is not None and continuation.agent.status == "running":
+            return GoalBarActionResult("refused", await self.read(), "agent-running")
+        if not preview.changed and (continuation is None or not continuation.activation.active):
+            return GoalBarActionResult("refused", await self.read(), "nothing-to-start")
+        if preview.changed:
+            result = await self._execute(client, goal_id, "resume")
+            if isinstance(result, str):
+                return await self._failed(goal_id, result)
+        warnings = []
+        if continuation is not None:
+            try:
+                await continuation.start()
+            except Exception as exc:  # LoopX resumed the goal: that stands, with a warning
+                log.warning("goalbar start left the continuation unarmed", session_id=self.session_id,
+                            error=repr(exc))
+                warnings.append("driver-sync-failed")
+        return await self._read_back(warnings)
 
     async def _pause(
         self, client: LoopxClient, goal_id: str, continuation: LoopxContinuation | None
@@ -661,6 +667,19 @@ class GoalBarService:
 
     def continuation_for(self, session_id: str) -> LoopxContinuation | None:
         return self.continuations.continuation(session_id) if self.continuations is not None else None
+
+    def continuation_status(self, session_id: str) -> ContinuationStatus | None:
+        """The continuation's status (a passivated agent's: as it was kept)."""
+        return self.continuations.status(session_id) if self.continuations is not None else None
+
+    @asynccontextmanager
+    async def live_continuation(self, session_id: str) -> AsyncIterator[LoopxContinuation | None]:
+        """The live continuation for an action, its agent brought back if passivated."""
+        if self.continuations is None:
+            yield None
+            return
+        async with self.continuations.live(session_id) as continuation:
+            yield continuation
 
     @property
     def continuation_changes(self) -> Changes | None:

@@ -200,8 +200,9 @@ class Runtime:
         staying valid; its next message (followup, steer, inject, reserve, or
         ``await agent.activate()``) brings it back through the resume path, and is
         processed in order. Never while it is busy, has messages queued, an approval
-        question open, a subscriber, a command running, or (with LoopX) a scheduler timer
-        armed or a continuation queued. ``None``: agents stay in memory until disposed.
+        question open, a subscriber, a command running, or (with LoopX) an evaluation
+        under way or a continuation queued (a scheduler wait does not: the runtime wakes
+        the agent when it is due). ``None``: agents stay in memory until disposed.
         Nothing is passivated with ``persist=False``. See docs/lifecycle.md.
 
         ``memory_limit``: bytes of resident memory (RSS, read from ``/proc/self/statm``

@@ -1,6 +1,7 @@
 """The LoopX integration's actors: the per-agent continuation, ``/loopx-init`` and the
 start-up initialisation, and the switch that attaches them to a runtime."""
 
+from ._continuation import ContinuationMemo as ContinuationMemo
 from ._continuation import ContinuationStatus as ContinuationStatus
 from ._continuation import ContinuedAgent as ContinuedAgent
 from ._continuation import LoopxContinuation as LoopxContinuation

@@ -41,6 +41,15 @@ poll was LoopX's "final quota replan check": unchanged, the continuation stops p
 interval). A new reset token, an admitted turn, a person's message or Start counts from 0
 again. A hint that says ``stop`` (a stopped or finished goal), or none, arms no timer.
 
+Passivation (docs/lifecycle.md): an agent whose continuation has nothing in flight (no
+evaluation wanted or running, no continuation queued, no hold) may be passivated, a
+scheduler wait included. What only this process knows -- the unchanged-poll count, the
+reset token, the open attempt, the latch and its own vetoes, the status, the timer's
+deadline -- is kept in memory as a ``ContinuationMemo`` (``memo``); the runtime wakes the
+agent when the timer is due (``actors._wakeups``) and the rebuilt continuation goes on from
+the memo: the same poll, under the same turn id, at the same moment. Brought back earlier
+without a turn (``activate()``, a command), it waits out the rest of the timer.
+
 Containment: every failure -- a CLI call that fails, an answer that breaks LoopX's
 contract, an exception -- ends only that evaluation. It is recorded in the session
 (``actors.record_fault``), shown in the status (and so in the GoalBar) and retried at the
@@ -123,6 +132,28 @@ class ContinuationStatus:
     state: State
     reason: str | None = None
     turn_id: str | None = None
+
+
+@attrs.frozen(slots=True)
+class ContinuationMemo:
+    """What a continuation knows beyond the session log, kept across its agent's
+    passivation (see the module docstring). ``events``: how many of the session's
+    events it had folded (``latch`` and ``own_vetoes`` are the fold's state right after
+    them); ``started``: the turns started by then; ``wake_at``: its timer's deadline
+    (trio's clock), None without one."""
+
+    events: int
+    latch: str | None
+    own_vetoes: frozenset[int]
+    started: int
+    polls: int
+    poll_token: str | None
+    poll_people: int
+    open_turn: tuple[str, str, str] | None
+    wake_at: float | None
+    status: ContinuationStatus
+    stopped: str | None
+    last_fault: str | None
 
 
 class ContinuedHeader(Protocol):
@@ -233,6 +264,7 @@ class LoopxContinuation:
         clients: Callable[[], LoopxClient],
         *,
         on_change: Callable[[], None] | None = None,
+        memo: ContinuationMemo | None = None,
     ) -> None:
         self.agent = agent
         self.clients = clients
@@ -243,6 +275,7 @@ class LoopxContinuation:
         self.status = ContinuationStatus("inactive")
         self.stopped: str | None = None  # why the last evaluation stopped short of a followup
         self.timer: trio.CancelScope | None = None
+        self.wake_at: float | None = None  # the timer's deadline (trio's clock)
         self.admitted: list[str] = []  # turn ids admitted into a model step
         self._on_change = on_change
         self._nursery: trio.Nursery | None = None
@@ -266,6 +299,37 @@ class LoopxContinuation:
         self._idle_seen = -1  # the agent's status version at the last idle checkpoint evaluated
         self._revoked: tuple[str, str] | None = None  # (message id, why) of a revoked reservation
         self.log = log.bind(agent_id=agent.id, session_id=agent.id)
+        # Rebuilt after a passivation: what the log cannot say, from the memo.
+        self._memo = memo
+        self._restored_wake: float | None = None
+        self._restored_started = -1
+        if memo is not None:
+            self.polls, self._poll_token, self._poll_people = memo.polls, memo.poll_token, memo.poll_people
+            self._open_turn = memo.open_turn
+            self.status, self.stopped, self._last_fault = memo.status, memo.stopped, memo.last_fault
+            self._restored_wake = memo.wake_at
+            self._restored_started = memo.started
+            if memo.events <= self._folded:
+                self._restore_fold()
+
+    def memo(self) -> ContinuationMemo | None:
+        """What passivating the agent now must keep (None: nothing, the log says it all:
+        this session never invoked LoopX). Only asked while nothing is in flight
+        (``keeps_active`` said None)."""
+        if self._closed or not self.activation.active:
+            return None
+        history = self.history
+        return ContinuationMemo(
+            events=self._folded, latch=history.latch, own_vetoes=history.own_vetoes, started=history.started,
+            polls=self.polls, poll_token=self._poll_token, poll_people=self._poll_people, open_turn=self._open_turn,
+            wake_at=self.wake_at, status=self.status, stopped=self.stopped, last_fault=self._last_fault,
+        )
+
+    def _restore_fold(self) -> None:
+        memo = self._memo
+        assert memo is not None
+        self._memo = None
+        self.history.restore(memo.latch, memo.own_vetoes)
 
     @property
     def activation(self) -> Activation:
@@ -284,6 +348,9 @@ class LoopxContinuation:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 await self._fold()
+                wake = self._restored_wake
+                if wake is not None and trio.current_time() < wake:
+                    self._arm_at(wake)  # the rest of the wait it was passivated in
                 nursery.start_soon(self._evaluator)
                 task_status.started()
                 while not self.agent.closed:
@@ -303,19 +370,11 @@ class LoopxContinuation:
             self._invalidate("continuation stopped")
 
     def keeps_active(self) -> str | None:
-        """Why this continuation keeps its agent active (not passivated), or None. Phase 1
-        of passivation (docs/lifecycle.md): a session that invoked LoopX keeps its agent
-        in memory (its scheduler timer, polls and latches are not durable yet), as do an
-        armed timer, a queued continuation, an evaluation wanted or running, or a hold;
-        a session that never invoked LoopX does not."""
+        """Why this continuation keeps its agent active (not passivated), or None: a
+        queued continuation, an evaluation wanted or running, or a hold (a Pause). A
+        scheduler wait does not: its timer is kept by the runtime (``memo``)."""
         if self._closed:
             return None
-        if self.activation.active:
-            # Its scheduler state (unchanged-poll count, reset token, latches) is in
-            # memory only: phase 1 keeps every agent whose session invoked LoopX active.
-            return "its session invoked LoopX"
-        if self.timer is not None:
-            return "a LoopX scheduler timer is armed"
         if self.pending is not None:
             return "a LoopX continuation is queued"
         if self._evaluating is not None or self._requested > self._served:
@@ -385,19 +444,21 @@ class LoopxContinuation:
             events = self.agent.session.events_since(self._folded)
         except EventsTrimmedError:  # behind a trim: the next evaluation's fold reads the store
             return
-        self._folded += len(events)
-        for event in events:
-            self.history.feed(event)
+        self._feed(events)
 
     async def _fold(self) -> None:
         start = self._folded
         # No checkpoint while the events are in memory; a store read (the agent ran turns
         # past a trim since the last fold) may let another fold run: feed only what it did not.
         events = await self.agent.session.read_events(start)
-        new = events[self._folded - start :]
-        self._folded += len(new)
-        for event in new:
+        self._feed(events[self._folded - start :])
+
+    def _feed(self, events: Sequence[Event]) -> None:
+        for event in events:
             self.history.feed(event)
+            self._folded += 1
+            if self._memo is not None and self._folded >= self._memo.events:
+                self._restore_fold()  # where the passivated continuation had folded to
 
     # -- the person's controls (the GoalBar) --------------------------------------------
 
@@ -453,6 +514,9 @@ class LoopxContinuation:
             return self._set("paused", self._hold_reason)
         if agent.status != "idle" or agent.has_pending_human_input() or agent.inbox_size:
             return  # anything queued goes first; we come back at the next idle
+        wake, self._restored_wake = self._restored_wake, None
+        if wake is not None and self.timer is not None and trio.current_time() < wake and self._memo_started():
+            return  # brought back before its wait ended, and no turn ran since: wait on
         if self.history.latch is not None:
             self._cancel_timer()
             return self._set("quiet", f"{self.history.latch}; a person's message or Start re-arms it")
@@ -508,6 +572,10 @@ class LoopxContinuation:
         self.polls = polls + 1
         of = f" of {limit}" if limit is not None else ""
         self._arm_timer(min(max(minutes * 60.0, MIN_WAIT), MAX_WAIT), f"unchanged poll {self.polls}{of}")
+
+    def _memo_started(self) -> bool:
+        """No turn started since the agent was passivated with its wait."""
+        return self._restored_started == self.history.started
 
     def _turn_for(self, goal_id: str, agent_id: str) -> str:
         if self._open_turn is not None and self._open_turn[:2] == (goal_id, agent_id):
@@ -617,17 +685,21 @@ class LoopxContinuation:
     def _arm_timer(self, seconds: float, note: str) -> None:
         """The one scheduler timer: arming it disarms the previous one."""
         self._cancel_timer()
-        assert self._nursery is not None
         self.stopped = f"waiting {seconds:.0f}s"
         self._set("waiting", f"LoopX's scheduler asked to wait {seconds:.0f}s ({note})")
+        self._arm_at(trio.current_time() + seconds)
+
+    def _arm_at(self, deadline: float) -> None:
+        self._cancel_timer()
+        assert self._nursery is not None
         scope = trio.CancelScope()
-        self.timer = scope
+        self.timer, self.wake_at = scope, deadline
 
         async def wake_up() -> None:
             with scope:
-                await trio.sleep(seconds)
+                await trio.sleep_until(deadline)
                 if self.timer is scope:
-                    self.timer = None
+                    self.timer = self.wake_at = None
                 self.request()
 
         self._nursery.start_soon(wake_up)
@@ -635,7 +707,7 @@ class LoopxContinuation:
     def _cancel_timer(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
-            self.timer = None
+            self.timer = self.wake_at = None
 
     def _invalidate(self, reason: str) -> None:
         """Disarm the timer and revoke the pending reservation: withdrawn if still queued,

@@ -15,7 +15,8 @@ elsewhere:
   the continuation's *own* pre-step check (the binding changed, quota no longer admits
   the turn, human input won, ...): the continuation says which turns it vetoed
   (``vetoed``), and the next idle checkpoint evaluates again. That is process-local:
-  neither log format says who vetoed a step, so after a restart such a turn latches;
+  neither log format says who vetoed a step, so after a restart such a turn latches
+  (a passivation keeps it: the continuation's memo, ``restore``);
 - **people**: how many messages a person sent (the continuation starts LoopX's
   unchanged-poll count again when a person speaks);
 - **continuation turns**: for each LoopX turn id whose continuation message entered a
@@ -70,6 +71,8 @@ class ContinuationHistory:
     turns: dict[str, str] = attrs.field(factory=dict)
     #: how many messages a person sent in this session
     people: int = 0
+    #: how many turns started in this session
+    started: int = 0
     _in_turn: list[str] = attrs.field(factory=list)
     _own_vetoes: set[int] = attrs.field(factory=set)
 
@@ -77,6 +80,7 @@ class ContinuationHistory:
         self.activation.feed(event)
         data = event.data
         if event.type == "turn/start":
+            self.started += 1
             self._in_turn = []
         elif event.type == "user/message":
             source = _source(data)
@@ -109,6 +113,18 @@ class ContinuationHistory:
         """The continuation's own pre-step check vetoed a step of turn number ``turn``
         (its ``turn/end`` is still to come): that turn ending ``blocked`` does not latch."""
         self._own_vetoes.add(turn)
+
+    @property
+    def own_vetoes(self) -> frozenset[int]:
+        """The turns the continuation vetoed whose ends are still to be fed."""
+        return frozenset(self._own_vetoes)
+
+    def restore(self, latch: str | None, own_vetoes: frozenset[int]) -> None:
+        """Back to what a fold of the same events said in the process (a passivated
+        agent's continuation rebuilt: the log does not say who vetoed a step, nor that
+        a person's Start re-armed it)."""
+        self.latch = latch
+        self._own_vetoes = set(own_vetoes)
 
     def rearm(self) -> None:
         """A person re-armed the continuation (the GoalBar's Start): process-local until a

@@ -9,7 +9,8 @@ start-up, before it reports ready, without any model call.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import attrs
@@ -20,11 +21,15 @@ from loopdock.runtime.loopx import LoopxClient
 
 from .._agent import AgentActor
 from .._commands import CommandContext, CommandRegistry, CommandResult
+from .._lifecycle import Kept
 from .._supervisor import Supervisor
-from ._continuation import ContinuedAgent, LoopxContinuation
+from ._continuation import ContinuationMemo, ContinuationStatus, ContinuedAgent, LoopxContinuation
 from ._init import InitOutcome, InitSettings, InitTarget, loopx_init_command, run_loopx_init, startup_initialize
 
 log = get_logger(__name__)
+
+#: Under which key a passivated agent keeps its continuation's memo (``Passive.kept``).
+KEPT_KEY = "loopx"
 
 
 @attrs.frozen
@@ -49,6 +54,7 @@ class LoopxIntegration:
         self.command: tuple[str, ...] = settings.command
         self.startup: InitOutcome | None = None
         self.continuations: dict[str, LoopxContinuation] = {}  # agent id -> its live one
+        self._agents: Mapping[str, AgentActor] = {}  # the supervisor's (set by ``start``)
         #: one change per continuation status change, and when one starts or stops
         self.changes = Changes()
 
@@ -86,6 +92,8 @@ class LoopxIntegration:
         commands.register(loopx_init_command(settings_for, on_success=self.adopt))
         supervisor.agent_started.append(self.start_continuation)
         supervisor.lifecycle.vetoes.append(self.keeps_active)
+        supervisor.lifecycle.keepers.append(self.keep)
+        self._agents = supervisor.agents
         if self.settings.initialize:
             self.startup = await startup_initialize(self.init_settings(project))
             self.adopt(self.startup)
@@ -97,12 +105,45 @@ class LoopxIntegration:
         continuation = self.continuations.get(agent.id)
         return None if continuation is None else continuation.keeps_active()
 
+    def keep(self, agent: AgentActor) -> Kept | None:
+        """The passivation keeper: the continuation's memo, and when its timer is due."""
+        continuation = self.continuations.get(agent.id)
+        memo = None if continuation is None else continuation.memo()
+        return None if memo is None else Kept(KEPT_KEY, memo, memo.wake_at)
+
+    def status(self, session_id: str) -> ContinuationStatus | None:
+        """The continuation's status: the live one's, or what a passivated agent's kept."""
+        continuation = self.continuations.get(session_id)
+        if continuation is not None:
+            return continuation.status
+        agent = self._agents.get(session_id)
+        memo = agent.carried(KEPT_KEY) if agent is not None else None
+        return memo.status if isinstance(memo, ContinuationMemo) else None
+
+    @asynccontextmanager
+    async def live(self, session_id: str) -> AsyncIterator[LoopxContinuation | None]:
+        """The session's live continuation, its agent brought back first if it is
+        passivated and kept active meanwhile (a GoalBar Start/Pause); None for a
+        session this runtime does not run (a DSH agent's proxy is always live).
+        Raises AgentReactivationError if the agent cannot be brought back."""
+        agent = self._agents.get(session_id)
+        if agent is None or agent.closed:
+            yield self.continuations.get(session_id)
+            return
+        while agent.passivated:
+            await agent.activate()
+        with agent.keep_active():
+            yield self.continuations.get(session_id)
+
     async def start_continuation(self, agent: ContinuedAgent) -> None:
         """Attach a continuation to ``agent`` as its companion: every runtime agent gets
         one at start; a bridge proxy of a DSH agent (``bridge.DshAgent``, the same
         interface) gets one the same way."""
+        # Coming back from a passivation: what it knew then (actors._lifecycle.Kept).
+        memo = agent.carried(KEPT_KEY) if isinstance(agent, AgentActor) else None
         continuation = LoopxContinuation(
-            agent, lambda: self.client_for(agent.cwd), on_change=self.changes.notify
+            agent, lambda: self.client_for(agent.cwd), on_change=self.changes.notify,
+            memo=memo if isinstance(memo, ContinuationMemo) else None,
         )
         self.continuations[agent.id] = continuation
         self.changes.notify()

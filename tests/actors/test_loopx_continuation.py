@@ -52,6 +52,9 @@ def write_skill(project: Path, name: str) -> None:
 
 
 def open_runtime(tmp_path, env, project, command, **kwargs):
+    # The tests hold one continuation object across hours of clock: no passivation
+    # (which rebuilds it; that is tests/actors/test_loopx_passivation.py).
+    kwargs.setdefault("passivate_after", None)
     return Runtime.open(
         tmp_path / "home",
         env=env,
@@ -361,6 +364,7 @@ async def test_a_scheduler_wait_arms_one_timer_and_wakes_a_new_checkpoint(tmp_pa
         tmp_path / "home",
         skills=SkillCatalog.from_env(loopx_project, {"HOME": str(tmp_path)}),
         loopx=LoopxSettings(command=command, timeout=10_000, initialize=False),
+        passivate_after=None,  # one continuation object throughout
     ) as rt:
         handle = await rt.create_agent(session_id="waiting", agent_options={"cwd": str(loopx_project)})
         driver = rt.loopx.continuations["waiting"]
@@ -500,6 +504,7 @@ async def test_should_run_transport_failures_retry_with_one_turn_id_then_stop(
         tmp_path / "home",
         skills=SkillCatalog.from_env(loopx_project, {"HOME": str(tmp_path)}),
         loopx=LoopxSettings(command=command, timeout=10_000, initialize=False),
+        passivate_after=None,  # one continuation object throughout
     ) as rt:
         handle = await rt.create_agent(session_id="flaky", agent_options={"cwd": str(loopx_project)})
         driver = rt.loopx.continuations["flaky"]
