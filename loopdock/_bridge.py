@@ -90,10 +90,13 @@ def goalbar_project_for(
 
     def project_for(session_id: str) -> Path:
         agent = rt.get_agent(session_id)
-        # A passivated agent's cwd is not in memory; none of them runs LoopX (phase 1 of
-        # docs/lifecycle.md keeps every agent whose session invoked it active).
-        if agent is not None and not agent.closed and not agent.passivated:
-            return agent.cwd
+        if agent is not None and not agent.closed:
+            if not agent.passivated:
+                return agent.cwd
+            # Its cwd is not in memory; a LoopX agent's is kept with its continuation's memo.
+            kept = rt.loopx.project_of(session_id) if rt.loopx is not None else None
+            if kept is not None:
+                return kept
         announced = host.cwds.get(session_id) if host is not None else None
         if announced is not None:
             return Path(announced)

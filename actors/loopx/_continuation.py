@@ -140,7 +140,7 @@ class ContinuationMemo:
     passivation (see the module docstring). ``events``: how many of the session's
     events it had folded (``latch`` and ``own_vetoes`` are the fold's state right after
     them); ``started``: the turns started by then; ``wake_at``: its timer's deadline
-    (trio's clock), None without one."""
+    (trio's clock), None without one; ``cwd``: the agent's (its LoopX project)."""
 
     events: int
     latch: str | None
@@ -154,6 +154,7 @@ class ContinuationMemo:
     status: ContinuationStatus
     stopped: str | None
     last_fault: str | None
+    cwd: Path
 
 
 class ContinuedHeader(Protocol):
@@ -323,6 +324,7 @@ class LoopxContinuation:
             events=self._folded, latch=history.latch, own_vetoes=history.own_vetoes, started=history.started,
             polls=self.polls, poll_token=self._poll_token, poll_people=self._poll_people, open_turn=self._open_turn,
             wake_at=self.wake_at, status=self.status, stopped=self.stopped, last_fault=self._last_fault,
+            cwd=self.agent.cwd,
         )
 
     def _restore_fold(self) -> None:

@@ -120,6 +120,16 @@ class LoopxIntegration:
         memo = agent.carried(KEPT_KEY) if agent is not None else None
         return memo.status if isinstance(memo, ContinuationMemo) else None
 
+    def project_of(self, session_id: str) -> Path | None:
+        """The LoopX project (the agent's ``cwd``) of a session with a continuation: the
+        live one's, or what a passivated agent kept; None otherwise."""
+        continuation = self.continuations.get(session_id)
+        if continuation is not None:
+            return continuation.agent.cwd
+        agent = self._agents.get(session_id)
+        memo = agent.carried(KEPT_KEY) if agent is not None else None
+        return memo.cwd if isinstance(memo, ContinuationMemo) else None
+
     @asynccontextmanager
     async def live(self, session_id: str) -> AsyncIterator[LoopxContinuation | None]:
         """The session's live continuation, its agent brought back first if it is

@@ -22,6 +22,7 @@ from __future__ import annotations
 import trio
 
 from loopdock import Runtime
+from loopdock._bridge import goalbar_project_for
 from loopdock.actors.loopx import LoopxSettings
 from loopdock.bridge._goalbar import GoalBarService, GoalBarVisible
 from loopdock.runtime._errors import ModelError
@@ -185,3 +186,79 @@ async def test_start_and_pause_control_the_continuation(tmp_path, loopx_env, loo
 
 async def click(results, action, project):
     results.append(await action(SESSION, project, expected=(GOAL, AGENT)))
+
+
+class CountingShouldRun(CountingClient):
+    """...and the turn ids it asked should-run about."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.asked: list[str] = []
+
+    async def should_run(self, goal_id, agent_id, turn_id):
+        self.asked.append(turn_id)
+        return await super().should_run(goal_id, agent_id, turn_id)
+
+
+async def test_a_passivated_agent_s_bar_shows_its_wait_and_start_brings_it_back(
+    tmp_path, loopx_env, loopx_command, loopx_project
+):
+    """The agent waits on LoopX's scheduler (its lane has nothing in scope) and is
+    passivated meanwhile. The bar still finds its project and shows the wait it kept;
+    Start brings the agent back and LoopX is asked at once, about the same attempt."""
+    skill = loopx_project / ".agents" / "skills" / "loopx"
+    skill.mkdir(parents=True)
+    (skill / "SKILL.md").write_text("---\nname: loopx\ndescription: test skill\n---\nUse loopx.\n")
+    client = CountingShouldRun(loopx_command, project=loopx_project, env=loopx_env, timeout=120)
+    with trio.fail_after(PHASE):
+        await ok(client, "bootstrap", "--project", ".", "--goal-id", GOAL, "--objective", "Keep the notes current",
+                 "--adapter-kind", "read_only_project_map_v0", "--adapter-status", "connected-read-only")
+        for agent_id in (AGENT, "agent-other"):
+            await ok(client, "register-agent", "--goal-id", GOAL, "--agent-id", agent_id, "--require-new", "--execute")
+        await ok(client, "bind-agent-thread", "--goal-id", GOAL, "--thread-id", SESSION,
+                 "--host-surface", HOST_SURFACE, "--agent-id", AGENT, "--execute")
+        # The goal's only todo is the other agent's: this lane waits.
+        await ok(client, "todo", "add", "--goal-id", GOAL, "--project", ".", "--role", "agent",
+                 "--claimed-by", "agent-other", "--task-class", "advancement_task", "--text", "[P0] Notes")
+
+    settings = LoopxSettings(env=loopx_env, command=tuple(loopx_command), timeout=120, initialize=False)
+    elsewhere = tmp_path / "elsewhere"  # the project ``serve --project`` would default to
+    elsewhere.mkdir()
+    async with Runtime.open(tmp_path / "home", env=loopx_env, skills=SkillCatalog.from_env(loopx_project, loopx_env),
+                            loopx=settings, passivate_after=1.0) as rt:
+        rt.loopx.client_for = lambda project: client
+        rt.register_adapter("scripted", ScriptedAdapter(lambda request: Reply("ok")))
+        handle = await rt.create_agent(
+            session_id=SESSION, agent_options={"provider": "scripted", "model": "m", "cwd": str(loopx_project)})
+        agent, lifecycle = handle.agent, rt.supervisor.lifecycle
+        project_for = goalbar_project_for(rt, elsewhere)
+        async with GoalBarService.open(lambda project: client, continuations=rt.loopx) as bar:
+            with trio.fail_after(PHASE):
+                agent.followup("/loopx keep the notes current")
+                await lifecycle.wait_until(lambda: agent.passivated and not agent._passive.transition)
+                assert len(client.asked) == 1 and rt.loopx.status(SESSION).state == "waiting"
+                assert project_for(SESSION) == loopx_project  # kept: not ``elsewhere``
+                shown = await bar.read(SESSION, project_for(SESSION))
+            assert isinstance(shown, GoalBarVisible) and shown.agent_id == AGENT
+            assert (shown.continuation, shown.agent_running) == ("waiting", False)
+            assert shown.continuation_reason.startswith("LoopX's scheduler asked to wait 600s")
+            assert agent.passivated  # reading the bar did not bring it back
+
+            with trio.fail_after(PHASE):
+                result = await bar.start(SESSION, project_for(SESSION))
+            assert result.outcome == "done", result
+            assert client.executed == []  # the goal was active: nothing to resume in LoopX
+            assert lifecycle.reactivations == 1
+            assert client.asked == [client.asked[0]] * 2  # asked at once, about the same attempt
+            assert result.state.continuation == "waiting"
+            assert result.state.continuation_reason.endswith("(unchanged poll 1 of 3)")  # Start counts anew
+
+            # Passivated again, then Pause: brought back, held, the goal stopped.
+            with trio.fail_after(PHASE):
+                await lifecycle.wait_until(lambda: agent.passivated and not agent._passive.transition)
+                paused = await bar.pause(SESSION, project_for(SESSION))
+            assert paused.outcome == "done", paused
+            assert client.executed == ["stop"] and lifecycle.reactivations == 2
+            assert paused.state.lifecycle_state == "stopped" and paused.state.continuation == "paused"
+            assert len(client.asked) == 2  # a Pause asks nothing
+            await handle.dispose()
