@@ -303,3 +303,36 @@ async def test_a_restart_forgets_the_timer_and_asks_loopx_at_the_first_idle_chec
             assert len(polls.times) == 2 and polls.times[1] - polls.times[0] == pytest.approx(AFTER, abs=1)
             assert continuation.status.reason.endswith("(unchanged poll 1 of 3)")
             await handle.dispose()
+
+
+async def test_many_agents_woken_at_the_same_moment_each_poll_once(tmp_path, autojump_clock):
+    """Fifty waiting agents passivated together come due together: each is brought back
+    once and asks LoopX once, about its own attempt; then all are passivated again."""
+    write_loopx_skill(tmp_path)
+    asked: dict[str, list[float]] = {}
+
+    class PerAgent(FakeLoopx):
+        async def should_run(self, goal_id, agent_id, turn_id):
+            answer = await super().should_run(goal_id, agent_id, turn_id)
+            asked.setdefault(turn_id, []).append(trio.current_time())
+            return answer
+
+    fake = PerAgent(tmp_path, answer=lambda turn_id: waiting(turn_id, 10, **HINT))
+    async with open_runtime(tmp_path, tmp_path, passivate_after=AFTER) as rt:
+        rt.loopx.client_for = lambda project: fake
+        rt.register_adapter("scripted", ScriptedAdapter(lambda request: Reply("ok")))
+        agents = []
+        with trio.fail_after(24 * 3600):
+            for n in range(50):
+                handle = await rt.create_agent(
+                    session_id=f"a{n}", agent_options={"provider": "scripted", "model": "m", "cwd": str(tmp_path)})
+                agents.append(handle.agent)
+            for agent in agents:  # no checkpoint between: they all go at once
+                agent.followup("/loopx go")
+            lifecycle = rt.supervisor.lifecycle
+            await lifecycle.wait_until(lambda: len(asked) == 50 and all(len(t) == 2 for t in asked.values()))
+            await lifecycle.wait_until(lambda: all(a.passivated and not a._passive.transition for a in agents))
+        assert lifecycle.wakeups.fired == 50 and lifecycle.reactivations == 50
+        assert all(round(second - first) == 600 for first, second in asked.values())
+        assert all(rt.loopx.status(a.id).reason.endswith("(unchanged poll 2 of 3)") for a in agents)
+        assert_no_leaked_agent_tasks(rt)
