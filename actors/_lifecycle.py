@@ -90,6 +90,11 @@ class Lifecycle:
         #: How an agent is resumed: the dock's ``resume`` bound to the supervisor (set by
         #: the runtime); None: nothing is passivated.
         self.resume: Callable[[Any], Awaitable[Any]] | None = None
+        #: How a quiescent agent due is let go of instead of being passivated in place:
+        #: None here; a cluster worker's shard host disposes it and marks its session
+        #: passivated in Redis, fenced by its shard's lease (docs/cluster.md). True if it
+        #: let the agent go.
+        self.release: Callable[[AgentActor], Awaitable[bool]] | None = None
         self.vetoes: list[Veto] = []
         self._idle: dict[AgentActor, float] = {}  # idle since (trio's clock), oldest first
         self._changes = Changes()
@@ -184,6 +189,12 @@ class Lifecycle:
                 self._idle[agent] = trio.current_time()  # looked at again one period later
             agent.log.debug("agent not passivated", reason=why)
             return False
+        if self.release is not None:  # no checkpoint since the check: still quiescent
+            self.busy(agent)
+            released = await self.release(agent)
+            self.passivations += released
+            self._done.notify()
+            return released
         owner = self._owner
         passive = agent._begin_passivation()
         session = agent.session
