@@ -524,7 +524,8 @@ class ShardHost:
             return handle.agent  # its loop and driver were checked when it was activated
         if not await self.store.aexists(session_id):
             raise _Refused(SessionNotFoundError.code, f"no session {session_id!r} in the cluster")
-        # An earlier activation still stopping (its shard was lost) must be gone first:
+        # An earlier activation still stopping (its shard was lost, or it is being
+        # passivated: then its mark is written before the unmark below) must be gone first:
         # from here on, the session's writes are fenced with the new lease's token.
         await self._disposed(session_id)
         shard = self.ownership.shard(session_id)
