@@ -157,6 +157,34 @@ async def test_passivating_and_reactivating_write_nothing_to_the_log(prt, autoju
     assert prt.supervisor.lifecycle.reactivations == 3
 
 
+async def test_an_owner_that_releases_agents_itself_gets_the_quiescent_ones_once_due(prt, autojump_clock):
+    # As a cluster worker's shard host does (Lifecycle.release): same policy, no shell kept.
+    lifecycle = prt.supervisor.lifecycle
+    handles = {s: await prt.create_agent(session_id=s) for s in ("idle", "held", "kept")}
+    released: list[tuple[str, float]] = []
+
+    async def release(agent) -> bool:
+        assert lifecycle.why_active(agent) is None  # quiescent: no checkpoint since the check
+        released.append((agent.id, trio.current_time()))
+        if agent.id == "kept":
+            return False  # e.g. its shard moved meanwhile: not counted
+        await handles[agent.id].dispose()
+        return True
+
+    lifecycle.release = release
+    start = trio.current_time()
+    with handles["held"].agent.keep_active(), trio.fail_after(AFTER * 3):
+        await lifecycle.wait_until(lambda: len(released) == 2)
+    assert sorted(r[0] for r in released) == ["idle", "kept"] and min(r[1] for r in released) >= start + AFTER
+    with trio.fail_after(AFTER * 3):
+        await lifecycle.wait_until(lambda: len(released) == 3)  # one period after the hold ended
+    assert released[2][0] == "held" and lifecycle.passivations == 2
+    assert handles["idle"].agent.closed and handles["held"].agent.closed
+    assert not any(h.agent.passivated for h in handles.values())  # never passivated in place
+    await trio.sleep(AFTER * 10)
+    assert len(released) == 3  # each agent once: a released one is no candidate any more
+
+
 async def test_many_racing_messages_make_one_reactivation_and_run_in_order(prt, autojump_clock):
     live = prt.subscribe_live()
     agent = (await prt.create_agent(session_id="a1")).agent
