@@ -93,7 +93,7 @@ class Lifecycle:
         #: How a quiescent agent due is let go of instead of being passivated in place:
         #: None here; a cluster worker's shard host disposes it and marks its session
         #: passivated in Redis, fenced by its shard's lease (docs/cluster.md). True if it
-        #: let the agent go.
+        #: let the agent go; False: not now (an agent still idle is looked at again later).
         self.release: Callable[[AgentActor], Awaitable[bool]] | None = None
         self.vetoes: list[Veto] = []
         self._idle: dict[AgentActor, float] = {}  # idle since (trio's clock), oldest first
@@ -193,6 +193,8 @@ class Lifecycle:
             self.busy(agent)
             released = await self.release(agent)
             self.passivations += released
+            if not released and not agent.closed and agent.status == "idle":
+                self._idle[agent] = trio.current_time()  # not now: looked at again one period later
             self._done.notify()
             return released
         owner = self._owner

@@ -161,7 +161,8 @@ class ShardHost:
                 handle = self.handles.get(session_id)
                 if handle is not None and lifecycle.passivate_after is not None \
                         and lifecycle.why_active(handle.agent) is None:
-                    await self.release(handle.agent)
+                    # Even during a batch: the shard is read no more, and disposing it does no better.
+                    await self._release(handle.agent)
                 await self._dispose(session_id)  # if it is still here
         finally:
             self._draining.discard(shard)
@@ -614,9 +615,18 @@ class ShardHost:
 
     async def release(self, agent: Any) -> bool:
         """Passivate ``agent``, found quiescent by the runtime's lifecycle (its ``release``),
-        with no checkpoint since: dispose it, then mark its session passivated, fenced on
-        the lease it was activated under. True if it was. Not if it is not this host's
-        live agent of a shard it still trusts its lease of; and if its log could not be
+        with no checkpoint since; not while a batch of entries is being handed over (the
+        lifecycle looks again later). See ``_release``."""
+        if self.ownership.settled_since is not None:
+            # A batch is being handed over (``_handle_entries``): its agents were made live
+            # for it, and handing its messages over must await nothing. Later, then.
+            return False
+        return await self._release(agent)
+
+    async def _release(self, agent: Any) -> bool:
+        """Dispose ``agent``, quiescent, then mark its session passivated, fenced on the
+        lease it was activated under. True if it was. Not if it is not this host's live
+        agent of a shard it still trusts its lease of; and if its log could not be
         flushed, or the mark written, it is disposed but not marked (its next message, or
         a takeover, resumes it as any live session)."""
         session_id = agent.id

@@ -167,7 +167,7 @@ async def test_an_owner_that_releases_agents_itself_gets_the_quiescent_ones_once
         assert lifecycle.why_active(agent) is None  # quiescent: no checkpoint since the check
         released.append((agent.id, trio.current_time()))
         if agent.id == "kept":
-            return False  # e.g. its shard moved meanwhile: not counted
+            return False  # not now (e.g. the host is handing a batch over): offered again later
         await handles[agent.id].dispose()
         return True
 
@@ -177,12 +177,15 @@ async def test_an_owner_that_releases_agents_itself_gets_the_quiescent_ones_once
         await lifecycle.wait_until(lambda: len(released) == 2)
     assert sorted(r[0] for r in released) == ["idle", "kept"] and min(r[1] for r in released) >= start + AFTER
     with trio.fail_after(AFTER * 3):
-        await lifecycle.wait_until(lambda: len(released) == 3)  # one period after the hold ended
-    assert released[2][0] == "held" and lifecycle.passivations == 2
+        await lifecycle.wait_until(lambda: "held" in (r[0] for r in released))  # one period after the hold
+    assert lifecycle.passivations == 2
     assert handles["idle"].agent.closed and handles["held"].agent.closed
     assert not any(h.agent.passivated for h in handles.values())  # never passivated in place
-    await trio.sleep(AFTER * 10)
-    assert len(released) == 3  # each agent once: a released one is no candidate any more
+    await trio.sleep(AFTER * 10 + 1)
+    # A released agent is no candidate any more; the one refused is offered once a period.
+    assert [r[0] for r in released if r[0] != "kept"] == ["idle", "held"]
+    kept = [r[1] for r in released if r[0] == "kept"]
+    assert len(kept) >= 10 and all(b - a == pytest.approx(AFTER) for a, b in zip(kept, kept[1:]))
 
 
 async def test_many_racing_messages_make_one_reactivation_and_run_in_order(prt, autojump_clock):
