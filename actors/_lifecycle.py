@@ -127,6 +127,11 @@ class Lifecycle:
         #: How an agent is resumed: the dock's ``resume`` bound to the supervisor (set by
         #: the runtime); None: nothing is passivated.
         self.resume: Callable[[Any], Awaitable[Any]] | None = None
+        #: How a quiescent agent due is let go of instead of being passivated in place:
+        #: None here; a cluster worker's shard host disposes it and marks its session
+        #: passivated in Redis, fenced by its shard's lease (docs/cluster.md). True if it
+        #: let the agent go; False: not now (an agent still idle is looked at again later).
+        self.release: Callable[[AgentActor], Awaitable[bool]] | None = None
         self.vetoes: list[Veto] = []
         self.keepers: list[Keeper] = []
         self.wakeups = Wakeups(self.reactivate)
@@ -307,9 +312,23 @@ class Lifecycle:
             kept = self._kept(agent)
         except Exception as exc:  # what it would lose is not known: it stays active
             agent.log.warning("agent not passivated: a keeper failed", error=repr(exc))
-            if agent.status == "idle" and self.passivate_after is not None:
+            if agent.status == "idle" and (self.passivate_after is not None or self.pressure is not None):
                 self._idle[agent] = trio.current_time()
             return False
+        if self.release is not None:  # no checkpoint since the check: still quiescent
+            if kept:
+                # Let go of, the agent keeps nothing in memory (a worker's shell is not
+                # kept): what a companion keeps (a LoopX wait) would be lost. Not now.
+                agent.log.debug("agent not released: a companion keeps state in memory")
+                self._idle[agent] = trio.current_time()
+                return False
+            self.busy(agent)
+            released = await self.release(agent)
+            self.passivations += released
+            if not released and not agent.closed and agent.status == "idle":
+                self._idle[agent] = trio.current_time()  # not now: looked at again one period later
+            self._done.notify()
+            return released
         owner = self._owner
         passive = agent._begin_passivation()
         passive.kept = {k.key: k.value for k in kept} or None

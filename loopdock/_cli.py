@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 import trio
 
-from loopdock.actors import AgentActor, AgentHandle
+from loopdock.actors import PASSIVATE_AFTER, AgentActor, AgentHandle, check_passivate_after
 from loopdock.actors.dock import read_binding
 from loopdock.benchmarks import add_arguments as add_bench_arguments
 from loopdock.benchmarks import run_from_args as run_bench
@@ -275,6 +275,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="a shard lease's time to live: a dead worker's shards move within about this (default: 10)")
     worker.add_argument("--id", help="this worker's name (default: host-pid-random)")
     worker.add_argument("--shell-allow", metavar="EXE,...", help="enable the shell tool for these executables")
+    worker.add_argument("--passivate-after", type=_passivate_after, default=PASSIVATE_AFTER, metavar="SECONDS",
+                        help="passivate an agent idle this long, until its next message; 'never' keeps every agent "
+                             f"in memory (default: {PASSIVATE_AFTER:g})")
 
     sessions = command("sessions", "list the sessions, show one, follow one, or answer its question")
     verbs = sessions.add_subparsers(dest="verb", required=True, metavar="VERB")
@@ -349,6 +352,15 @@ def _drivers(value: str) -> list[str]:
     return [d.strip() for d in value.split(",") if d.strip()]
 
 
+def _passivate_after(value: str) -> float | None:
+    if value == "never":
+        return None
+    try:
+        return check_passivate_after(float(value))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a positive number of seconds or 'never', not {value!r}") from None
+
+
 def _dispatch(args: Any, out: TextIO) -> int:
     if args.command == "demo":
         trio.run(_demo, args.home, out)
@@ -370,7 +382,7 @@ def _dispatch(args: Any, out: TextIO) -> int:
         allow: frozenset[str] = frozenset(_drivers(args.shell_allow or ""))
         trio.run(functools.partial(
             worker_command, args.cluster, out, home=args.home, config=args.config, shards=args.shards,
-            lease_ttl=args.lease_ttl, worker_id=args.id,
+            lease_ttl=args.lease_ttl, worker_id=args.id, passivate_after=args.passivate_after,
             shell=ShellPolicy(allow=allow) if allow else None,  # type: ignore[arg-type]
         ))
     elif args.command == "sessions" and args.verb == "approve":

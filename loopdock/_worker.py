@@ -22,7 +22,7 @@ from typing import Any, TextIO
 import attrs
 import trio
 
-from loopdock.actors import WATCHER_POLICY, Action, supervised
+from loopdock.actors import PASSIVATE_AFTER, WATCHER_POLICY, Action, check_passivate_after, supervised
 from loopdock.actors.cluster import LeaseKeeper, ShardHost
 from loopdock.actors.dock import LoopDock
 from loopdock.runtime import GC_THRESHOLD, LoopdockError, RegistryMismatchError, get_logger, resolve_home
@@ -93,6 +93,7 @@ async def run_worker(
     lease_ttl: float = DEFAULT_LEASE_TTL,
     worker_id: str | None = None,
     shell: ShellPolicy | None = None,
+    passivate_after: float | None = PASSIVATE_AFTER,
     task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve as a worker of the cluster at ``url`` until cancelled, then hand every shard
@@ -102,9 +103,13 @@ async def run_worker(
     home); its sessions are in Redis. ``config`` is the dock's config (loop packages:
     every worker must load the same ones). The first worker fixes the cluster's shard
     count (``shards``, default 32). ``shell`` enables the shell tool under that policy.
+    ``passivate_after``: an agent idle this many seconds (default 300) is passivated, as
+    by ``Runtime.open``, and activated again by its next message; None keeps every agent
+    in memory (docs/cluster.md, "Passivation").
     """
     if lease_ttl <= 0:
         raise ClusterConfigError(f"the lease ttl must be positive, got {lease_ttl}")
+    passivate_after = check_passivate_after(passivate_after)
     dock_config = await trio.to_thread.run_sync(dock_config_of, config)  # a bad file: one line, before joining
     if dock_config.agents:
         raise ClusterConfigError(
@@ -127,12 +132,12 @@ async def run_worker(
                 # A worker owns its process, as serve does (see loopdock._serve).
                 async with store_closed(store), Runtime.open(
                     worker_home, config=dock_config, shell=shell, store=store, hide_environment=True,
-                    gc_threshold=GC_THRESHOLD,
-                    # A worker's agents stay active: passivating them with their shards'
-                    # leases and streams is a later phase (docs/lifecycle.md).
-                    passivate_after=None,
+                    gc_threshold=GC_THRESHOLD, passivate_after=passivate_after,
                 ) as rt:
                     host = ShardHost(redis, store, rt.supervisor, rt.dock, ttl=lease_ttl, url=url)
+                    # The runtime's policy says which agents are due; the host lets them go
+                    # (no agent exists before it: the host makes them all).
+                    rt.supervisor.lifecycle.release = host.release
                     keeper = LeaseKeeper(
                         redis, ownership, ttl=lease_ttl, fingerprint=fingerprint(rt.dock),
                         acquired=host.acquired, drain=host.drain, lost=host.lost,

@@ -59,12 +59,14 @@ class WorkerProcess:
 
 
 async def start_worker(nursery: trio.Nursery, url: str, home: Path, name: str, *, ttl: float = 1.0,
-                       shards: int = 4) -> WorkerProcess:
+                       shards: int = 4, passivate_after: float | None = None) -> WorkerProcess:
+    """``passivate_after``: the worker's ``--passivate-after`` (None: its default)."""
+    passivation = [] if passivate_after is None else ["--passivate-after", str(passivate_after)]
     # Started by the nursery: cancelling it (the test's end) kills the worker.
     process = await nursery.start(functools.partial(
         trio.run_process,
         [*LOOPDOCK, "-v", "worker", "--cluster", url, "--home", str(home), "--id", name, "--lease-ttl", str(ttl),
-         "--shards", str(shards), "--shell-allow", "sleep"],
+         "--shards", str(shards), "--shell-allow", "sleep", *passivation],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False,
     ))
     worker = WorkerProcess(process, name)

@@ -12,11 +12,20 @@ read with its reservation finds it queued. Agents are
 activated on demand (Orleans' virtual actors): a message for a session with no live agent
 resumes it on its bound loop and driver.
 
+Agents idle for ``passivate_after`` are passivated as in one process, by the same policy
+(the runtime's ``Lifecycle``: only a quiescent agent, and when it is due), but let go of
+here (``release``): the agent is disposed (its session flushed), then its session is
+marked passivated on its shard (``passive:<shard>``) by a script fenced on the lease.
+Its next message activates it again through ``_activate``, which unmarks it, fenced
+likewise, before the agent is rebuilt: a session marked passivated has no agent anywhere
+and no turn open in its log.
+
 Taking over a shard (``acquired``), before reading anything new from it, the host resumes
-every session that was live on it (``live:<shard>``; an interrupted turn is closed
-``interrupted`` by the resume) and claims the entries the previous owner had read but
-not acknowledged (``XAUTOCLAIM``). It reclaims stranded entries every lease period too,
-e.g. ones a paused ex-owner read after it lost the shard.
+every session that was live on it and not passivated (``live:<shard>`` minus
+``passive:<shard>``: a turn that was running goes on, or is closed ``interrupted``, by
+the resume) and claims the entries the previous owner had read but not acknowledged
+(``XAUTOCLAIM``). It reclaims stranded entries every lease period too, e.g. ones a paused
+ex-owner read after it lost the shard.
 
 Delivery is at least once; processing is once per message id: an id the session has
 recorded as done (``done``), or one already handed to a live agent, is dropped. A
@@ -135,7 +144,9 @@ class ShardHost:
 
     async def drain(self, shard: int) -> None:
         """Stop reading ``shard``, give its agents up to a quarter lease to go idle, then
-        dispose them (their sessions stay live on the shard for the next owner)."""
+        dispose them (their sessions stay live on the shard for the next owner). With
+        passivation on, a quiescent one is passivated instead: the next owner does not
+        resume it until its next message."""
         self._draining.add(shard)
         self._ready.discard(shard)
         try:
@@ -145,8 +156,14 @@ class ShardHost:
                     handle = self.handles.get(session_id)
                     if handle is not None:
                         await handle.agent.wait_idle()
+            lifecycle = self.supervisor.lifecycle
             for session_id in agents:
-                await self._dispose(session_id)
+                handle = self.handles.get(session_id)
+                if handle is not None and lifecycle.passivate_after is not None \
+                        and lifecycle.why_active(handle.agent) is None:
+                    # Even during a batch: the shard is read no more, and disposing it does no better.
+                    await self._release(handle.agent)
+                await self._dispose(session_id)  # if it is still here
         finally:
             self._draining.discard(shard)
             self.ownership.forget(shard)
@@ -323,13 +340,19 @@ class ShardHost:
     async def _take_over(self, shard: int) -> None:
         if shard not in self.ownership.tokens:
             return
-        for session_id in sorted(await self._redis.smembers(keys.live(shard))):
+        # Not the passivated ones: their logs have no turn open, and their next message
+        # activates them (a million idle agents cost a takeover nothing).
+        resumed = 0
+        for session_id in sorted(await self._redis.sdiff([keys.live(shard), keys.passive(shard)])):
             if self.ownership.shard(session_id) == shard and session_id not in self.handles:
                 try:
                     await self._activate(session_id)
                 except Exception as exc:
                     log.warning("could not resume a session of an acquired shard", session=session_id, error=repr(exc))
+                else:
+                    resumed += 1
         await self._claim(shard, min_idle_ms=0)
+        log.info("shard taken over", shard=shard, resumed=resumed)
 
     async def _claim(self, shard: int, *, min_idle_ms: int) -> None:
         for lane in keys.LANES:
@@ -502,7 +525,8 @@ class ShardHost:
             return handle.agent  # its loop and driver were checked when it was activated
         if not await self.store.aexists(session_id):
             raise _Refused(SessionNotFoundError.code, f"no session {session_id!r} in the cluster")
-        # An earlier activation still stopping (its shard was lost) must be gone first:
+        # An earlier activation still stopping (its shard was lost, or it is being
+        # passivated: then its mark is written before the unmark below) must be gone first:
         # from here on, the session's writes are fenced with the new lease's token.
         await self._disposed(session_id)
         shard = self.ownership.shard(session_id)
@@ -511,6 +535,10 @@ class ShardHost:
             raise _Refused("NOT_OWNER", f"this worker no longer owns shard {shard}")
         self.ownership.active[session_id] = token
         try:
+            # Unmarked before the agent exists: no agent of a session marked passivated
+            # ever runs, so a takeover that skips it skips no open turn.
+            if await self._set_op(token, session_id, "wake") != "OK":
+                raise _Refused("NOT_OWNER", f"this worker no longer owns shard {shard}")
             resumed = await self.dock.resume(
                 self.supervisor, ResumeAgentOptions(resume_session_id=session_id, loop=loop, driver=driver)
             )
@@ -518,9 +546,18 @@ class ShardHost:
             self.ownership.active.pop(session_id, None)
             raise
         self.handles[session_id] = resumed
-        await self._settle(keys=[keys.lease(shard), keys.done(session_id), keys.inbox(shard, "human"),
-                                 keys.live(shard)], args=[token, "", keys.GROUP, "", "add", session_id])
+        await self._set_op(token, session_id, "add")
         return resumed.agent
+
+    async def _set_op(self, token: str, session_id: str, op: str) -> str:
+        """Update the session's membership of its shard's live and passive sets (see
+        runtime.cluster's SETTLE), fenced on the lease ``token``: OK or FENCED."""
+        shard = self.ownership.shard(session_id)
+        answer: Any = await self._settle(
+            keys=[keys.lease(shard), keys.done(session_id), keys.inbox(shard, "human"), keys.live(shard),
+                  keys.passive(shard)],
+            args=[token, "", keys.GROUP, "", op, session_id])
+        return str(answer)
 
     async def _settled(
         self, token: str, shard: int, message: InboxMessage, stream: str, entry_id: str, live: str = "",
@@ -528,7 +565,8 @@ class ShardHost:
     ) -> None:
         """Record ``message`` as done and acknowledge it (with ``refused``: a message for
         an agent that failed, told to its sender)."""
-        settle_keys = [keys.lease(shard), keys.done(message.session), stream, keys.live(shard)]
+        settle_keys = [keys.lease(shard), keys.done(message.session), stream, keys.live(shard),
+                       keys.passive(shard)]
         args: list[str | int] = [token, message.id, keys.GROUP, entry_id, live, message.session]
         client = message.body.get("client")
         if refused is not None and message.kind in _TO_AGENTS and isinstance(client, str) \
@@ -575,9 +613,53 @@ class ShardHost:
         done = self._disposing[session_id] = trio.Event()
         return handle, done
 
-    async def _finish_dispose(self, session_id: str, handle: AgentHandle, done: trio.Event) -> None:
+    async def release(self, agent: Any) -> bool:
+        """Passivate ``agent``, found quiescent by the runtime's lifecycle (its ``release``),
+        with no checkpoint since; not while a batch of entries is being handed over (the
+        lifecycle looks again later). See ``_release``."""
+        if self.ownership.settled_since is not None:
+            # A batch is being handed over (``_handle_entries``): its agents were made live
+            # for it, and handing its messages over must await nothing. Later, then.
+            return False
+        return await self._release(agent)
+
+    async def _release(self, agent: Any) -> bool:
+        """Dispose ``agent``, quiescent, then mark its session passivated, fenced on the
+        lease it was activated under. True if it was. Not if it is not this host's live
+        agent of a shard it still trusts its lease of; and if its log could not be
+        flushed, or the mark written, it is disposed but not marked (its next message, or
+        a takeover, resumes it as any live session)."""
+        session_id = agent.id
+        handle = self.handles.get(session_id)
+        token = self.ownership.active.get(session_id)
+        shard = self.ownership.shard(session_id)
+        if handle is None or handle.agent is not agent or token is None \
+                or self.ownership.holds(shard, trio.current_time()) != token:
+            return False
+        begun = self._begin_dispose(session_id)
+        assert begun is not None
+        # Until ``_finish_dispose`` is done a message for the session waits (``_disposed``)
+        # and activates it after: the mark is in Redis before the unmark.
+        return await self._finish_dispose(session_id, *begun, passivate=token)
+
+    async def _finish_dispose(
+        self, session_id: str, handle: AgentHandle, done: trio.Event, passivate: str | None = None
+    ) -> bool:
+        """Dispose ``handle``; with ``passivate`` (a lease token), then mark the session
+        passivated if the disposal flushed its log. True if it was marked."""
+        marked = False
         try:
-            await handle.dispose()
+            # Short, and never left half done (as a passivation in one process): a
+            # cancelled mark leaves the session unmarked, which is safe.
+            scope = trio.CancelScope()
+            if passivate is not None:
+                scope = trio.CancelScope(shield=True, deadline=trio.current_time() + self.ttl)
+            with scope:
+                await handle.dispose()
+                if passivate is not None:
+                    marked = await self._set_op(passivate, session_id, "passive") == "OK"
+                    log.info("agent passivated" if marked else "agent not passivated: the shard moved",
+                             session=session_id)
         except Exception as exc:  # its last writes fenced off: the next owner resumes it
             log.info("agent disposed without its last writes", session=session_id, error=repr(exc))
         finally:
@@ -586,6 +668,7 @@ class ShardHost:
             if self._disposing.get(session_id) is done:
                 del self._disposing[session_id]
             done.set()
+        return marked
 
     async def _disposed(self, session_id: str) -> None:
         """Wait until an earlier activation of the session has stopped, if one is stopping."""

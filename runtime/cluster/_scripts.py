@@ -147,21 +147,29 @@ end
 return out
 """
 
-#: A control message is done, or a message refused: KEYS lease, done, inbox stream, live
-#: set, and for a refusal the sender's refusal stream.
-#: ARGV: token, message id, group, entry id, live-set op ('add', 'remove' or ''), session
-#: id; for a refusal also its code, its reason, the stream's ttl in ms and its length cap.
-#: FENCED, or OK after recording the id, updating the live set, telling the sender of a
-#: refusal and acknowledging: a refusal is told exactly when the message is done.
+#: A control message is done, or a message refused, or a session's activation changes:
+#: KEYS lease, done, inbox stream, live set, passive set, and for a refusal the sender's
+#: refusal stream.
+#: ARGV: token, message id ('' for none), group, entry id ('' for none), the op on the
+#: shard's sets, session id; for a refusal also its code, its reason, the stream's ttl in
+#: ms and its length cap. The ops: 'add' (live, not passivated), 'remove' (neither),
+#: 'wake' (not passivated: before its agent is rebuilt), 'passive' (passivated, if it is
+#: live: its agent was let go of, its log flushed), '' (none).
+#: FENCED, or OK after recording the id, updating the sets, telling the sender of a
+#: refusal and acknowledging: a refusal is told exactly when the message is done, and a
+#: session is marked passivated only by the lease's holder.
 SETTLE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 'FENCED' end
 if ARGV[2] ~= '' then redis.call('SADD', KEYS[2], ARGV[2]) end
-if ARGV[5] == 'add' then redis.call('SADD', KEYS[4], ARGV[6]) end
-if ARGV[5] == 'remove' then redis.call('SREM', KEYS[4], ARGV[6]) end
-if #KEYS > 4 then
-  redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[10], '*', 'id', ARGV[2], 'session', ARGV[6], 'code', ARGV[7],
+local op = ARGV[5]
+if op == 'add' then redis.call('SADD', KEYS[4], ARGV[6]) end
+if op == 'remove' then redis.call('SREM', KEYS[4], ARGV[6]) end
+if op == 'add' or op == 'remove' or op == 'wake' then redis.call('SREM', KEYS[5], ARGV[6]) end
+if op == 'passive' and redis.call('SISMEMBER', KEYS[4], ARGV[6]) == 1 then redis.call('SADD', KEYS[5], ARGV[6]) end
+if #KEYS > 5 then
+  redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[10], '*', 'id', ARGV[2], 'session', ARGV[6], 'code', ARGV[7],
              'reason', ARGV[8])
-  redis.call('PEXPIRE', KEYS[5], ARGV[9])
+  redis.call('PEXPIRE', KEYS[6], ARGV[9])
 end
 if ARGV[4] ~= '' then redis.call('XACK', KEYS[3], ARGV[3], ARGV[4]) end
 return 'OK'

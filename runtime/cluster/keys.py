@@ -2,8 +2,10 @@
 
 Every key starts with ``loopdock:``. Per shard ``n``: the lease (``lease:n``), its
 fencing counter (``epoch:n``), the two inbox streams (``inbox:n:human``,
-``inbox:n:auto``) and the set of sessions live on it (``live:n``, read by a new owner
-to resume them). Per session ``s``: its header (``s:s:header``), its log as a stream
+``inbox:n:auto``), the set of sessions live on it (``live:n``: created or resumed, not
+disposed) and, of those, the ones passivated (``passive:n``: no agent in memory; a new
+owner resumes the live ones that are not, and activates the others on their next
+message). Per session ``s``: its header (``s:s:header``), its log as a stream
 whose entry ids are ``0-<seq + 1>`` (``s:s:log``), and the ids of the messages it has
 processed (``s:s:done``) and one mark per commit (``s:s:marks``, for the clients that wait). Cluster-wide: ``meta`` (shard count), ``workers`` (a sorted
 set of live workers by lease expiry) and ``sessions`` (every session id by creation). Per
@@ -44,6 +46,11 @@ def inbox(shard: int, lane: str) -> str:
 
 def live(shard: int) -> str:
     return f"{PREFIX}live:{shard}"
+
+
+def passive(shard: int) -> str:
+    """The shard's live sessions whose agents are passivated (docs/cluster.md, "Takeover")."""
+    return f"{PREFIX}passive:{shard}"
 
 
 def header(session_id: str) -> str:

@@ -157,6 +157,59 @@ async def test_passivating_and_reactivating_write_nothing_to_the_log(prt, autoju
     assert prt.supervisor.lifecycle.reactivations == 3
 
 
+async def test_an_owner_that_releases_agents_itself_gets_the_quiescent_ones_once_due(prt, autojump_clock):
+    # As a cluster worker's shard host does (Lifecycle.release): same policy, no shell kept.
+    lifecycle = prt.supervisor.lifecycle
+    handles = {s: await prt.create_agent(session_id=s) for s in ("idle", "held", "kept")}
+    released: list[tuple[str, float]] = []
+
+    async def release(agent) -> bool:
+        assert lifecycle.why_active(agent) is None  # quiescent: no checkpoint since the check
+        released.append((agent.id, trio.current_time()))
+        if agent.id == "kept":
+            return False  # not now (e.g. the host is handing a batch over): offered again later
+        await handles[agent.id].dispose()
+        return True
+
+    lifecycle.release = release
+    start = trio.current_time()
+    with handles["held"].agent.keep_active(), trio.fail_after(AFTER * 3):
+        await lifecycle.wait_until(lambda: lifecycle.passivations == 1 and len(released) == 2)
+    assert sorted(r[0] for r in released) == ["idle", "kept"] and min(r[1] for r in released) >= start + AFTER
+    with trio.fail_after(AFTER * 3):
+        await lifecycle.wait_until(lambda: lifecycle.passivations == 2)  # one period after the hold
+    assert handles["idle"].agent.closed and handles["held"].agent.closed
+    assert not any(h.agent.passivated for h in handles.values())  # never passivated in place
+    await trio.sleep(AFTER * 10 + 1)
+    # A released agent is no candidate any more; the one refused is offered once a period.
+    assert [r[0] for r in released if r[0] != "kept"] == ["idle", "held"]
+    kept = [r[1] for r in released if r[0] == "kept"]
+    assert len(kept) >= 10 and all(b - a == pytest.approx(AFTER) for a, b in zip(kept, kept[1:], strict=False))
+
+
+async def test_an_owner_that_keeps_nothing_is_not_given_an_agent_a_companion_keeps_state_of(prt, autojump_clock):
+    # A cluster worker keeps nothing of an agent it lets go: one whose companion keeps state
+    # in memory across a passivation (a LoopX wait) must stay active there.
+    from loopdock.actors._lifecycle import Kept
+
+    lifecycle = prt.supervisor.lifecycle
+    keeping = (await prt.create_agent(session_id="keeping")).agent
+    plain = (await prt.create_agent(session_id="plain")).agent
+    lifecycle.keepers.append(lambda agent: Kept("memo", "state", None) if agent is keeping else None)
+    released: list[str] = []
+
+    async def release(agent) -> bool:
+        released.append(agent.id)
+        return True
+
+    lifecycle.release = release
+    with trio.fail_after(AFTER * 10):
+        await lifecycle.wait_until(lambda: released == ["plain"])
+        await trio.sleep(AFTER * 5)
+    assert released == ["plain"] and not keeping.passivated and not keeping.closed
+    assert not plain.passivated  # let go of by the owner, not passivated in place
+
+
 async def test_many_racing_messages_make_one_reactivation_and_run_in_order(prt, autojump_clock):
     live = prt.subscribe_live()
     agent = (await prt.create_agent(session_id="a1")).agent

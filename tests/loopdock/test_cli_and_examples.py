@@ -160,6 +160,21 @@ def test_the_cluster_without_coredis_says_what_to_install(command, monkeypatch, 
     assert capsys.readouterr().err.strip() == "loopdock: the cluster needs coredis: pip install 'loopdock[cluster]'"
 
 
+def test_a_worker_passivates_after_300_seconds_unless_told_otherwise(capsys):
+    from loopdock._cli import _parser
+
+    def parse(*extra):
+        return _parser().parse_args(["worker", "--cluster", "redis://127.0.0.1:1/0", *extra]).passivate_after
+
+    assert parse() == 300.0
+    assert parse("--passivate-after", "2.5") == 2.5
+    assert parse("--passivate-after", "never") is None
+    for bad in ("0", "-1", "soon"):
+        with pytest.raises(SystemExit):
+            parse("--passivate-after", bad)
+        assert f"a positive number of seconds or 'never', not '{bad}'" in capsys.readouterr().err
+
+
 async def test_a_cluster_client_without_coredis_is_told_what_to_install(monkeypatch):
     from loopdock import open_cluster
 
