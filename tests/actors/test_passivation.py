@@ -24,6 +24,7 @@ from loopdock import (
     Runtime,
     TextBlock,
 )
+from loopdock.actors._lifecycle import Kept
 from loopdock.runtime.models import Reply, ScriptedAdapter, ToolCall
 from loopdock.runtime.tools import Tool
 
@@ -190,8 +191,6 @@ async def test_an_owner_that_releases_agents_itself_gets_the_quiescent_ones_once
 async def test_an_owner_that_keeps_nothing_is_not_given_an_agent_a_companion_keeps_state_of(prt, autojump_clock):
     # A cluster worker keeps nothing of an agent it lets go: one whose companion keeps state
     # in memory across a passivation (a LoopX wait) must stay active there.
-    from loopdock.actors._lifecycle import Kept
-
     lifecycle = prt.supervisor.lifecycle
     keeping = (await prt.create_agent(session_id="keeping")).agent
     plain = (await prt.create_agent(session_id="plain")).agent
