@@ -258,6 +258,14 @@ class StubContinuations:
     def continuation(self, session_id):
         return self._continuation if session_id == SESSION else None
 
+    def status(self, session_id):
+        continuation = self.continuation(session_id)
+        return None if continuation is None else continuation.status
+
+    @asynccontextmanager
+    async def live(self, session_id):
+        yield self.continuation(session_id)
+
 
 class Page:
     """One GoalBar page in Chromium. Its methods are synchronous (selenium): call them
