@@ -161,6 +161,12 @@ class Pauses:
         if started is not None:
             self.windows.append((started + self._offset, now - started, info["generation"]))
 
+    def take(self) -> dict[str, Any]:
+        """The summary of the pauses since the last ``take``, which it forgets (the
+        steady phase: its memory must not grow with the collections)."""
+        summary, self.windows = self.summary(), []
+        return summary
+
     def summary(self) -> dict[str, Any]:
         pauses = [seconds for _, seconds, _ in self.windows]
         return {
@@ -409,8 +415,8 @@ def steady_verdict(samples: list[dict[str, Any]], warmup: float, rate: float) ->
     else:
         pace = (f"it did not keep up: {end['behind']:,} of {end['sent']:,} messages not admitted at the end, "
                 f"{end['active']:,} agents active with {end['queued']:,} messages queued, the sender up to "
-                f"{late:,.0f} ms late (more work arrived than the process could do: the backlog, not the "
-                "agents, is what grew)")
+                f"{late:,.0f} ms late (more touches arrived than the process could run, and an agent with a "
+                "message waiting is not passivated: the active agents grew with the backlog)")
     return {
         "flat": flat, "kept_up": kept_up, "growth": growth, "tolerance": FLAT_TOLERANCE,
         "reference_t": ref["t"], "peak_mb": peak,
@@ -425,7 +431,8 @@ async def run_steady(params: dict[str, Any], progress: Progress) -> dict[str, An
     total = int(rate * seconds)
     admissions = Admissions(keep=False)
     samples: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="loopdock-lifecycle-", dir=params.get("home_parent")) as scratch:
+    with tempfile.TemporaryDirectory(prefix="loopdock-lifecycle-", dir=params.get("home_parent")) as scratch, \
+            contextlib.ExitStack() as stack:
         async with Runtime.open(Path(scratch) / "home", passivate_after=after, gc_threshold=GC_THRESHOLD) as rt:
             lifecycle = rt.supervisor.lifecycle
             await _create(rt, n, params["creators"], "s", admissions.setup, progress, "steady")
@@ -435,9 +442,11 @@ async def run_steady(params: dict[str, Any], progress: Progress) -> dict[str, An
             start = trio.current_time() + 0.2
             cpu0 = time.process_time()
             reactivations0 = lifecycle.reactivations
+            pauses = stack.enter_context(Pauses(_clock_offset()))  # each sample takes those since the last
 
             def sample(at: float) -> None:
                 nonlocal late
+                collected = pauses.take()
                 agents = list(rt.supervisor.agents.values())
                 passivated = sum(1 for agent in agents if agent.passivated)
                 latencies = admissions.take_latencies()
@@ -447,6 +456,7 @@ async def run_steady(params: dict[str, Any], progress: Progress) -> dict[str, An
                     "admitted": admissions.count, "behind": sent - admissions.count,
                     "sender_late_ms": late * 1e3, "reactivations": lifecycle.reactivations - reactivations0,
                     "cpu_s": time.process_time() - cpu0, "admission": summary_ms(latencies),
+                    "gc": {key: collected[key] for key in ("collections", "max_ms", "total_ms")},
                 })
                 late = 0.0
                 progress((at - start) / seconds, f"steady: {at - start:,.0f}/{seconds:,.0f} s, "
@@ -472,10 +482,13 @@ async def run_steady(params: dict[str, Any], progress: Progress) -> dict[str, An
                     sent += 1
             cpu = time.process_time() - cpu0
     verdict = steady_verdict(samples, params["warmup"], rate)
+    admitted = samples[-1]["admitted"]
     return {
         "n": n, "params": params, "rate_per_s": rate, "sent": sent, "samples": samples, "verdict": verdict,
         "reactivations": samples[-1]["reactivations"], "cpu_us_per_touch": cpu / max(sent, 1) * 1e6,
-        "cpu_share": cpu / seconds,
+        "cpu_us_per_admitted": samples[-1]["cpu_s"] / max(admitted, 1) * 1e6, "cpu_share": cpu / seconds,
+        "gc": {"collections": sum(s["gc"]["collections"] for s in samples),
+               "max_ms": max(s["gc"]["max_ms"] for s in samples), "total_ms": sum(s["gc"]["total_ms"] for s in samples)},
     }
 
 

@@ -427,6 +427,10 @@ def _lifecycle_source(results: dict[str, Any]) -> str:
     )
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
+
+
 def lifecycle_targets(results: dict[str, Any]) -> str:
     rows = []
     for t in results["targets"]:
@@ -476,12 +480,15 @@ def lifecycle_table(results: dict[str, Any]) -> str:
          "us CPU per agent"],
     ]
     sp, verdict = steady["params"], steady["verdict"]
+    per_admitted, collector = steady["cpu_us_per_admitted"] / 1e6, steady["gc"]
     step = max(1, round(60 / sp["sample_every"])) if sp["seconds"] >= 120 else 1
     samples = steady["samples"][::step]
     if samples[-1] is not steady["samples"][-1]:
         samples.append(steady["samples"][-1])
-    sample_rows = [[fmt(s["t"], 0), fmt(s["rss_mb"], 0), f"{s['active']:,}", f"{s['queued']:,}", f"{s['sent']:,}",
-                    f"{s['behind']:,}", fmt(s["sender_late_ms"], 1), fmt(s["admission"]["p99_ms"], 1)]
+    t_digits = 0 if sp["sample_every"] >= 1 else 1
+    sample_rows = [[fmt(s["t"], t_digits), fmt(s["rss_mb"], 0), f"{s['active']:,}", f"{s['queued']:,}", f"{s['sent']:,}",
+                    f"{s['behind']:,}", fmt(s["sender_late_ms"], 1), fmt(s["admission"]["p99_ms"], 1),
+                    fmt(s["gc"]["max_ms"], 1)]
                    for s in samples]
     return (
         _lifecycle_source(results) + ":\n\n"
@@ -489,12 +496,16 @@ def lifecycle_table(results: dict[str, Any]) -> str:
         f"the rest passivated {p['passivate_after']:g} s after their creation):\n\n"
         + _table(["figure", "measured"], rows)
         + f"\n\n**Steady churn**: {steady['n']:,} agents, all passivated, then {fmt(steady['rate_per_s'], 0)} "
-        f"followups per second ({sp['fraction']:.0%} of them) to random agents for {sp['seconds'] / 60:g} min, "
+        f"followups per second ({sp['fraction']:.0%} of them) to random agents for {_duration(sp['seconds'])}, "
         f"`passivate_after` {sp['passivate_after']:g} s; {steady['reactivations']:,} reactivations, "
-        f"{fmt(steady['cpu_us_per_touch'], 0)} us CPU per touch, the process busy {steady['cpu_share']:.0%} of the "
-        f"time (CPU time / wall time, both threads). **{verdict['why']}.**\n\n"
+        f"the process busy {steady['cpu_share']:.0%} of the time (CPU time / wall time, both threads), "
+        f"{fmt(per_admitted * 1e6, 0)} us of CPU per touch admitted: keeping up with {fmt(steady['rate_per_s'], 0)} "
+        f"touches/s at that cost takes {fmt(per_admitted * steady['rate_per_s'], 2)} CPUs (derived: CPU time / "
+        f"touches admitted x rate); the collector paused it {collector['collections']:,} times, "
+        f"{fmt(collector['total_ms'] / 1e3, 1)} s in all, the longest pause {fmt(collector['max_ms'], 0)} ms. "
+        f"**{verdict['why']}.**\n\n"
         + _table(["s", "RSS MB", "active agents", "messages queued", "sent", "not yet admitted",
-                  "sender late, max ms", "admission p99 ms"], sample_rows)
+                  "sender late, max ms", "admission p99 ms", "longest GC pause ms"], sample_rows)
         + "\n\n" + lifecycle_targets(results)
     )
 
