@@ -482,9 +482,10 @@ def lifecycle_table(results: dict[str, Any]) -> str:
     sp, verdict = steady["params"], steady["verdict"]
     per_admitted, collector = steady["cpu_us_per_admitted"] / 1e6, steady["gc"]
     step = max(1, round(60 / sp["sample_every"])) if sp["seconds"] >= 120 else 1
-    samples = steady["samples"][::step]
-    if samples[-1] is not steady["samples"][-1]:
-        samples.append(steady["samples"][-1])
+    # One row a minute, the last, and the one holding the longest collector pause.
+    every = steady["samples"]
+    longest = max(every, key=lambda sample: sample["gc"]["max_ms"])
+    samples = [sample for i, sample in enumerate(every) if i % step == 0 or sample is every[-1] or sample is longest]
     t_digits = 0 if sp["sample_every"] >= 1 else 1
     sample_rows = [[fmt(s["t"], t_digits), fmt(s["rss_mb"], 0), f"{s['active']:,}", f"{s['queued']:,}", f"{s['sent']:,}",
                     f"{s['behind']:,}", fmt(s["sender_late_ms"], 1), fmt(s["admission"]["p99_ms"], 1),
