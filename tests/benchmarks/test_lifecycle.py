@@ -155,3 +155,22 @@ def test_targets_are_judged_on_a_full_run_and_extrapolated_below_a_million():
     assert react["passed"] is None
     assert flat["passed"] is False and flat["note"] == "flat: ...; it did not keep up"
     assert [t["passed"] for t in targets("quick", registered, steady)] == [None] * 4
+
+
+def test_the_committed_lifecycle_figures_are_generated_from_the_committed_json():
+    from pathlib import Path
+
+    from loopdock.benchmarks import _tables
+
+    root = Path(__file__).resolve().parents[2]
+    results = json.loads((root / "benchmarks/results/bench-lifecycle-full.json").read_text())
+    assert results["mode"] == "full" and _tables.is_lifecycle(results)
+    assert [t["passed"] is not None for t in results["targets"]] == [True, True, False, True]  # all but CPU judged
+    generated = {"lifecycle": _tables.lifecycle_table(results),
+                 "lifecycle-summary": _tables.lifecycle_summary(results)}
+    for doc, names in _tables.LIFECYCLE_DOCS.items():
+        text = (root / doc).read_text()
+        for name in names:
+            assert f"<!-- bench:{name} -->\n{generated[name]}\n<!-- /bench:{name} -->" in text, (doc, name)
+    # docs/lifecycle.md no longer calls the million-agent benchmarks a later phase.
+    assert "1,000,000-agent benchmark" not in (root / "docs/lifecycle.md").read_text()
