@@ -16,7 +16,7 @@ from loopdock.runtime import AgentOptions, check_session_id
 
 from ._agent import AgentActor
 from ._agent_context import AgentContext
-from ._supervisor import Supervisor
+from ._supervisor import Outline, Supervisor
 
 
 class Commit(Protocol):
@@ -60,6 +60,10 @@ class ResumeAgentOptions:
     #: honours it; a driver that builds its agents otherwise gets no ``reactivation``
     #: recipe from the dock, so its agents are never passivated.
     into: AgentActor | None = attrs.field(default=None, eq=False, repr=False)
+    #: Set by the dock: the session's outline (``Supervisor.read_outline``) it read to find
+    #: the stored binding, which ``resume_with_body`` hands to ``load_session`` so that a
+    #: resume reads the store once. Never kept in a recipe.
+    outline: Outline | None = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.frozen

@@ -147,7 +147,8 @@ async def resume_with_body(owner: Supervisor, options: ResumeAgentOptions, body:
     owner.adapters.get(options.agent_options.provider)
     # A body that can finish a step (actors._step_resume) gets the open turn to continue.
     session = await owner.load_session(
-        options.resume_session_id, resumes_steps=getattr(body, "resumes_steps", False), into=options.into
+        options.resume_session_id, resumes_steps=getattr(body, "resumes_steps", False), into=options.into,
+        outline=options.outline,
     )
     try:
         if options.into is not None:

@@ -196,21 +196,29 @@ class Supervisor:
         )
         return SessionActor(header, self.writer, events=events)
 
+    async def read_outline(self, session_id: str) -> Outline | None:
+        """What resuming ``session_id`` reads of its log (``load_session``), from the store:
+        header, length, last time and the events of ``OUTLINE_TYPES``; None if unknown."""
+        return await trio.to_thread.run_sync(self.store.load_outline, session_id, OUTLINE_TYPES)
+
     async def load_session(
-        self, session_id: str, *, resumes_steps: bool = False, into: AgentActor | None = None
+        self, session_id: str, *, resumes_steps: bool = False, into: AgentActor | None = None,
+        outline: Outline | None = None,
     ) -> SessionActor:
         """A persisted session, ready to resume. An open turn is repaired as interrupted,
         unless its agent continues it (``session.suspended_turn``): ``resumes_steps``
         (its driver's body can) and the log holds a step to go on from, or a question
         asked in it is still open (withdrawn by an agent that cannot continue it).
-        ``into``: the passivated agent of this id being reactivated."""
+        ``into``: the passivated agent of this id being reactivated. ``outline``: its
+        ``read_outline`` if the caller read it already (the dock does, to find the
+        binding), so that a resume reads the store once."""
         check_session_id(session_id, what="resume session id")
         self.check_open()
         live = self.agents.get(session_id)
         if live is not None and not (live is into and into.passivated):
             raise AgentBusyError(f"session {session_id!r} already has a live agent")
         # Only an outline: the log itself stays in the store until a reader needs it.
-        loaded = await trio.to_thread.run_sync(self.store.load_outline, session_id, _OUTLINE_TYPES)
+        loaded = outline if outline is not None else await self.read_outline(session_id)
         if loaded is None:
             raise SessionNotFoundError(f"no persisted session {session_id!r}")
         header, count, last_time, indexed = loaded
@@ -334,7 +342,11 @@ def agent_dispose(owner: Supervisor, agent: AgentActor) -> Callable[[], Any]:
 
 
 #: What resuming reads of a log: turn boundaries and the retained state events.
-_OUTLINE_TYPES = frozenset({"turn/start", "turn/end", *RETAINED_TYPES})
+#: The events a resume reads of a log (``Supervisor.read_outline``): turn boundaries and
+#: what a session retains (its bindings and approvals).
+OUTLINE_TYPES = frozenset({"turn/start", "turn/end", *RETAINED_TYPES})
+#: ``SessionStore.load_outline``'s answer: header, event count, last time, the events.
+Outline = tuple[SessionHeader, int, int, list[Event]]
 
 
 def _open_turn(events: Sequence[Event]) -> tuple[int, int] | None:

@@ -173,11 +173,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--usage", action="store_true",
                         help="only memory per agent as a user measures it: 2,000 and 10,000 agents with "
                         "Runtime.open's defaults, RSS after 10 and 100 turns each (about an hour)")
+    parser.add_argument("--lifecycle", action="store_true",
+                        help="only the agent lifecycle at scale: RSS of N registered agents (all but 1,000 "
+                        "passivated), first message to a passivated agent -> admission (open loop), reactivation "
+                        "CPU, and 100,000 agents touched 1%% per second for 10 minutes (about 30 minutes)")
     parser.add_argument(
         "--tables", metavar="JSON", nargs="*",
         help="run nothing: regenerate the docs' tables from these results (default: the committed full runs, "
-        "benchmarks/results/bench-full.json, bench-cluster-full.json, bench-tracing-full.json and "
-        "bench-usage-full.json)",
+        "benchmarks/results/bench-full.json, bench-cluster-full.json, bench-tracing-full.json, "
+        "bench-usage-full.json and bench-lifecycle-full.json)",
     )
 
 
@@ -208,6 +212,20 @@ def run_from_args(args: argparse.Namespace) -> int:
         except RuntimeError as exc:
             print(f"loopdock bench: {exc}", file=sys.stderr)
             return 1
+        return 0
+    if args.lifecycle:
+        from ._lifecycle import run_lifecycle
+
+        try:
+            results = run_lifecycle("quick" if args.quick else "full", Path(args.out))
+        except RuntimeError as exc:
+            print(f"loopdock bench: {exc}", file=sys.stderr)
+            return 1
+        verdicts = {True: "met", False: "MISSED", None: "not judged"}
+        for target in results["targets"]:
+            print(f"{target['target']}: {target['measured']:,.2f} {target['unit']} at {target['at']} "
+                  f"[{verdicts[target['passed']]}]" + (f"; {target['note']}" if target.get("note") else ""))
+        print(f"loopdock bench: results written to {Path(args.out) / ('bench-lifecycle-' + results['mode'] + '.json')}")
         return 0
     if args.tracing:
         from ._tracing import run_tracing

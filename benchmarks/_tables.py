@@ -4,7 +4,8 @@
 ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` in the docs from the JSON: a
 ``bench-*.json`` fills README.md, benchmarks/README.md and benchmarks/PROFILE.md, a
 ``bench-cluster-*.json`` docs/cluster.md, a ``bench-tracing-*.json`` the tracing figures of
-README.md and benchmarks/PROFILE.md (by default, the committed full runs in
+README.md and benchmarks/PROFILE.md, a ``bench-lifecycle-*.json`` the lifecycle figures of
+docs/lifecycle.md and benchmarks/PROFILE.md (by default, the committed full runs in
 ``benchmarks/results/``). The tables are never copied by hand, and a test checks the
 committed docs match the committed JSON.
 """
@@ -20,11 +21,13 @@ DOCS = {"README.md": ("summary",), "benchmarks/README.md": ("details",), "benchm
 CLUSTER_DOCS = {"docs/cluster.md": ("cluster",)}
 TRACING_DOCS = {"README.md": ("tracing-summary",), "benchmarks/PROFILE.md": ("tracing",)}
 USAGE_DOCS = {"README.md": ("usage-summary",), "benchmarks/PROFILE.md": ("usage",)}
+LIFECYCLE_DOCS = {"docs/lifecycle.md": ("lifecycle-summary",), "benchmarks/PROFILE.md": ("lifecycle",)}
 COMMITTED = (
     "benchmarks/results/bench-full.json",
     "benchmarks/results/bench-cluster-full.json",
     "benchmarks/results/bench-tracing-full.json",
     "benchmarks/results/bench-usage-full.json",
+    "benchmarks/results/bench-lifecycle-full.json",
 )
 _VERDICT = {True: "met", False: "**missed**", None: "not judged"}
 
@@ -413,6 +416,119 @@ def usage_summary(results: dict[str, Any]) -> str:
     )
 
 
+def _lifecycle_source(results: dict[str, Any]) -> str:
+    m, reg, steady = results["machine"], results["registered"], results["steady"]
+    return (
+        f"From `benchmarks/results/bench-lifecycle-{results['mode']}.json` (`loopdock bench --lifecycle`, commit "
+        f"`{m.get('git_commit') or '-'}`, {m['date']}, {m['cpu_count']} CPUs ({m.get('cpu_model') or 'unknown CPU'}), "
+        f"Python {m['python']}; each phase a fresh process, run with `nice -n 19` beside other work on the same "
+        f"machine: load average {m.get('load_average_at_start')} at the start, {reg.get('load_average')} after the "
+        f"registered phase, {steady.get('load_average')} after the steady one)"
+    )
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
+
+
+def lifecycle_targets(results: dict[str, Any]) -> str:
+    rows = []
+    for t in results["targets"]:
+        measured = f"{fmt(t['measured'], 2)} {t['unit']}"
+        rows.append([t["target"], measured + (f" ({t['note']})" if t.get("note") else ""), t["at"], _VERDICT[t["passed"]]])
+    return _table(["target", "measured", "at", ""], rows)
+
+
+def lifecycle_table(results: dict[str, Any]) -> str:
+    """benchmarks/PROFILE.md's lifecycle figures, from a ``loopdock bench --lifecycle`` JSON."""
+    reg, steady = results["registered"], results["steady"]
+    p, r, loop, react = reg["params"], reg["registered"], reg["open_loop"], reg["reactivation"]
+    adm, late, pauses, tail, stalls = (loop["admission"], loop["sender_late"], loop["gc"], loop["tail"],
+                                       loop["stalls"])
+    rows = [
+        ["agents registered / passivated / held active", f"{r['agents']:,} / {r['passivated']:,} / {r['active']:,}"],
+        ["RSS, total (after a full collection)", f"{fmt(r['rss_mb'] / 1024, 2)} GB ({fmt(r['rss_before_mb'])} MB before "
+         "the first agent)"],
+        ["RSS per registered agent", f"{fmt(r['bytes_per_registered'], 0)} B"],
+        ["the store on disk", f"{fmt(r['store_mb'])} MB"],
+        [f"creation, {p['creators']} creators at once, passivation after {p['passivate_after']:g} s included",
+         f"{fmt(r['created_per_s'], 0)} agents/s created, {fmt(r['created_and_passivated_per_s'], 0)} agents/s "
+         f"created and passivated, {fmt(r['cpu_us_per_agent'], 0)} us CPU per agent"],
+        [f"first message -> admission, open loop, {fmt(loop['rate_per_s'], 0)} messages/s to "
+         f"{loop['messages']:,} different passivated agents",
+         f"p50 {fmt(adm['p50_ms'], 2)} ms, p99 {fmt(adm['p99_ms'], 2)} ms, max {fmt(adm['max_ms'], 1)} ms; "
+         f"{loop['admitted']:,} of {loop['messages']:,} admitted"],
+        ["the sender's lateness over that window (the process not running when a send was due)",
+         f"p50 {fmt(late['p50_ms'], 2)} ms, p99 {fmt(late['p99_ms'], 2)} ms, max {fmt(late['max_ms'], 1)} ms"],
+        ["collector pauses over that window",
+         f"{pauses['collections']:,} (generations {', '.join(map(str, pauses['by_generation']))}), longest "
+         f"{fmt(pauses['max_ms'], 1)} ms, {fmt(pauses['total_ms'], 1)} ms in all"],
+        [f"the loop's stalls over that window (a 1 ms ticker woken over {fmt(stalls['over_ms'], 0)} ms late)",
+         f"{stalls['stalls']:,}, longest {fmt(stalls['max_ms'], 1)} ms, {fmt(stalls['total_ms'], 0)} ms in all; "
+         f"{stalls['not_run']:,} of them ({fmt(stalls['not_run_ms'], 0)} ms) with the loop's thread using less "
+         f"than half the CPU (the process not run); the OS took the CPU from it "
+         f"{loop['involuntary_context_switches']:,} times"],
+        [f"admissions slower than {fmt(tail['slow_ms'], 0)} ms, and what they waited through",
+         f"{tail['slow']:,}: {tail['with_gc_pause']:,} through a collector pause, {tail['sender_late']:,} sent more "
+         f"than 1 ms late, {tail['not_run']:,} through a stall in which the process was not run, "
+         f"{tail['neither']:,} none of these"],
+        ["CPU per message over that window (reactivation, the turn, passivating again: all the process did)",
+         f"{fmt(loop['cpu_us_per_message'], 0)} us"],
+        [f"reactivation, `activate()` of {react['agents']:,} passivated agents one after the other",
+         f"{fmt(react['cpu_us_per_agent'], 0)} us CPU per agent (wall p50 {fmt(react['wall']['p50_ms'], 2)} ms, "
+         f"p99 {fmt(react['wall']['p99_ms'], 2)} ms); passivating them again {fmt(react['passivation_cpu_us_per_agent'], 0)} "
+         "us CPU per agent"],
+    ]
+    sp, verdict = steady["params"], steady["verdict"]
+    per_admitted, collector = steady["cpu_us_per_admitted"] / 1e6, steady["gc"]
+    step = max(1, round(60 / sp["sample_every"])) if sp["seconds"] >= 120 else 1
+    # One row a minute, the last, and the one holding the longest collector pause.
+    every = steady["samples"]
+    longest = max(every, key=lambda sample: sample["gc"]["max_ms"])
+    samples = [sample for i, sample in enumerate(every) if i % step == 0 or sample is every[-1] or sample is longest]
+    t_digits = 0 if sp["sample_every"] >= 1 else 1
+    sample_rows = [[fmt(s["t"], t_digits), fmt(s["rss_mb"], 0), f"{s['active']:,}", f"{s['queued']:,}", f"{s['sent']:,}",
+                    f"{s['behind']:,}", fmt(s["sender_late_ms"], 1), fmt(s["admission"]["p99_ms"], 1),
+                    fmt(s["gc"]["max_ms"], 1)]
+                   for s in samples]
+    return (
+        _lifecycle_source(results) + ":\n\n"
+        + f"**Registered agents** (N = {reg['n']:,}, the first {p['active']:,} held active with `keep_active()`, "
+        f"the rest passivated {p['passivate_after']:g} s after their creation):\n\n"
+        + _table(["figure", "measured"], rows)
+        + f"\n\n**Steady churn**: {steady['n']:,} agents, all passivated, then {fmt(steady['rate_per_s'], 0)} "
+        f"followups per second ({sp['fraction']:.0%} of them) to random agents for {_duration(sp['seconds'])}, "
+        f"`passivate_after` {sp['passivate_after']:g} s; {steady['reactivations']:,} reactivations, "
+        f"the process busy {steady['cpu_share']:.0%} of the time (CPU time / wall time, both threads), "
+        f"{fmt(per_admitted * 1e6, 0)} us of CPU per touch admitted: keeping up with {fmt(steady['rate_per_s'], 0)} "
+        f"touches/s at that cost takes {fmt(per_admitted * steady['rate_per_s'], 2)} CPUs (derived: CPU time / "
+        f"touches admitted x rate); the collector paused it {collector['collections']:,} times, "
+        f"{fmt(collector['total_ms'] / 1e3, 1)} s in all, the longest pause {fmt(collector['max_ms'], 0)} ms. "
+        f"**{verdict['why']}.**\n\n"
+        + _table(["s", "RSS MB", "active agents", "messages queued", "sent", "not yet admitted",
+                  "sender late, max ms", "admission p99 ms", "longest GC pause ms"], sample_rows)
+        + "\n\n" + lifecycle_targets(results)
+    )
+
+
+def lifecycle_summary(results: dict[str, Any]) -> str:
+    """docs/lifecycle.md's measured figures (its "Measured" section)."""
+    reg = results["registered"]
+    r, loop, react = reg["registered"], reg["open_loop"], reg["reactivation"]
+    return (
+        _lifecycle_source(results) + f": {reg['n']:,} agents registered, {r['passivated']:,} of them passivated, "
+        f"took {fmt(r['rss_mb'] / 1024, 2)} GB of RSS ({fmt(r['bytes_per_registered'], 0)} B per registered agent); "
+        f"a first message to a passivated agent was admitted after {fmt(loop['admission']['p50_ms'], 2)} ms at the "
+        f"median and {fmt(loop['admission']['p99_ms'], 1)} ms at p99 (open loop, {fmt(loop['rate_per_s'], 0)}/s); "
+        f"bringing one back cost {fmt(react['cpu_us_per_agent'], 0)} us of CPU. benchmarks/PROFILE.md has every "
+        "figure and what explains the tail.\n\n" + lifecycle_targets(results)
+    )
+
+
+def is_lifecycle(results: dict[str, Any]) -> bool:
+    return "registered" in results and "steady" in results
+
+
 def is_usage(results: dict[str, Any]) -> bool:
     return "traced" in results and "target_kb_per_agent" in results
 
@@ -439,6 +555,9 @@ def write_docs(json_path: Path, root: Path) -> list[Path]:
     results = json.loads(Path(json_path).read_text())
     if is_cluster(results):
         generated, docs = {"cluster": cluster_table(results)}, CLUSTER_DOCS
+    elif is_lifecycle(results):
+        generated = {"lifecycle": lifecycle_table(results), "lifecycle-summary": lifecycle_summary(results)}
+        docs = LIFECYCLE_DOCS
     elif is_usage(results):
         generated, docs = {"usage": usage_table(results), "usage-summary": usage_summary(results)}, USAGE_DOCS
     elif is_tracing(results):

@@ -21,7 +21,7 @@ from .._agent import AgentActor
 from .._agent_context import AgentContext
 from .._driver import AgentHandle, CreateAgentOptions, Driver, ResumeAgentOptions, Setup
 from .._publication import compose_setups
-from .._supervisor import Supervisor
+from .._supervisor import Outline, Supervisor
 from ._config import AgentEntry, DockConfig, Route
 from ._errors import DockError, available
 from ._loops import (
@@ -209,7 +209,7 @@ class LoopDock:
         return handle
 
     async def resume(self, owner: Supervisor, options: ResumeAgentOptions) -> AgentHandle:
-        persisted, preset = await self._inspect(options.resume_session_id)
+        persisted, preset, outline = await self._inspect(options.resume_session_id)
         decision = resolve_resume(_explicit(options), options.resume_session_id, persisted, preset, self.config)
         loop, binding, provider = self._materialize(decision)
         decorated = attrs.evolve(
@@ -218,6 +218,7 @@ class LoopDock:
             driver=binding.driver,
             agent_options=self._options_for(options.agent_options, loop, binding),
             setup=self._setup_for(options.setup, binding),
+            outline=outline,  # read once: the driver's load_session uses it
         )
         handle = await provider.resume(owner, decorated)
         if options.into is None:  # a reactivation keeps the recipe it came with
@@ -275,18 +276,20 @@ class LoopDock:
     def _setup_for(self, caller: Setup | None, binding: Route) -> Setup | None:
         return compose_setups([caller, self._durable_binding_setup(binding), self._route_follow_setup()])
 
-    async def _inspect(self, session_id: str) -> tuple[Route | None, str | None]:
-        """The stored binding and the effective preset of a session about to be resumed."""
+    async def _inspect(self, session_id: str) -> tuple[Route | None, str | None, Outline | None]:
+        """The stored binding and the effective preset of a session about to be resumed,
+        and its outline if it was read from the store (the resume then reads it once)."""
         live = self._owner.sessions.get(session_id)
         events: Sequence[Event]  # only the binding events: nothing else is read here
         if live is not None:
             events, header = live.retained(BINDING_EVENT), live.header
+            outline = None
         else:
-            loaded = await trio.to_thread.run_sync(self._owner.store.load_outline, session_id, (BINDING_EVENT,))
-            if loaded is None:
-                return None, None  # the driver reports SESSION_NOT_FOUND
-            header, _, _, events = loaded
-        return read_binding(events), newest_selected_preset(events) or header.agent_preset
+            outline = await self._owner.read_outline(session_id)
+            if outline is None:
+                return None, None, None  # the driver reports SESSION_NOT_FOUND
+            header, events = outline[0], [e for e in outline[3] if e.type == BINDING_EVENT]
+        return read_binding(events), newest_selected_preset(events) or header.agent_preset, outline
 
     # -- setups the dock adds to every agent ---------------------------------------------
 
@@ -372,7 +375,8 @@ class LoopDock:
             )
             while True:  # the same decision the factory will make, so we wait for the right loop
                 if resume:
-                    decision = resolve_resume(explicit, session_id, *await self._inspect(session_id), self.config)
+                    persisted, preset, _ = await self._inspect(session_id)
+                    decision = resolve_resume(explicit, session_id, persisted, preset, self.config)
                 else:
                     decision = resolve_create(explicit, session_id, None, self.config)
                 if self._ready(decision):

@@ -455,16 +455,18 @@ async def test_bench_tables_rewrites_a_checkouts_docs_and_refuses_elsewhere(plai
     assert done.err == ("loopdock bench: --tables rewrites a loopdock checkout's docs; "
                         "run it from the checkout's top folder\n")
 
-    # In a copy of a checkout's docs and results, with three tables gone stale.
+    # In a copy of a checkout's docs and results, with some tables gone stale.
     checkout = user.cwd / "checkout"
-    docs = ["README.md", "benchmarks/README.md", "benchmarks/PROFILE.md", "docs/cluster.md",
+    docs = ["README.md", "benchmarks/README.md", "benchmarks/PROFILE.md", "docs/cluster.md", "docs/lifecycle.md",
             "benchmarks/results/bench-full.json", "benchmarks/results/bench-cluster-full.json",
-            "benchmarks/results/bench-tracing-full.json", "benchmarks/results/bench-usage-full.json"]
+            "benchmarks/results/bench-tracing-full.json", "benchmarks/results/bench-usage-full.json",
+            "benchmarks/results/bench-lifecycle-full.json"]
     for doc in docs:
         (checkout / doc).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ROOT / doc, checkout / doc)
     for doc, block in (("README.md", "summary"), ("docs/cluster.md", "cluster"), ("benchmarks/PROFILE.md", "tracing"),
-                       ("benchmarks/PROFILE.md", "usage")):
+                       ("benchmarks/PROFILE.md", "usage"), ("benchmarks/PROFILE.md", "lifecycle"),
+                       ("docs/lifecycle.md", "lifecycle-summary")):
         text = (checkout / doc).read_text()
         stale = re.sub(rf"(<!-- bench:{block} -->\n).*?(<!-- /bench:{block} -->)", r"\1stale\n\2", text, flags=re.S)
         assert stale != text
@@ -473,7 +475,8 @@ async def test_bench_tables_rewrites_a_checkouts_docs_and_refuses_elsewhere(plai
     assert done.code == 0, done.err
     assert f"loopdock bench: tables written to {checkout / 'README.md'}" in done.out
     assert f"loopdock bench: tables written to {checkout / 'docs/cluster.md'}" in done.out
-    for doc in docs[:4]:  # regenerated from the committed results: as committed
+    assert f"loopdock bench: tables written to {checkout / 'docs/lifecycle.md'}" in done.out
+    for doc in docs[:5]:  # regenerated from the committed results: as committed
         assert (checkout / doc).read_text() == (ROOT / doc).read_text(), doc
 
 
