@@ -37,6 +37,15 @@ everything and runs one full collection (the long pause this otherwise avoids), 
 freezes the survivors again. Frozen garbage is then at most three times the live heap,
 and a runtime whose heap is steady never pays that pause.
 
+That pause grows with the heap (25 s at about 1.6 GB of a million registered agents on a
+loaded 2-core machine: benchmarks/PROFILE.md). So the factor backs off on evidence: a
+full collection that finds almost nothing to free (under ``FOUND_LITTLE`` of the objects
+it walked: no loop or tool of this process makes cycles worth the pause) doubles the
+growth the next one waits for; one that finds more sets it back to ``full_factor``. A
+process whose code makes no cycles pays the pause once per doubling of the factor, ever
+more rarely; one whose code starts making cycles later keeps garbage bounded, by the
+factor reached meanwhile.
+
 Only a runtime that owns the collector governs it (``governed``): one that set the
 threshold itself, in a process that had frozen nothing. ``Runtime.open(gc_threshold=None)``
 (the default) leaves the collector alone, freezing included.
@@ -59,6 +68,15 @@ from ._gc import gc_threshold
 #: collection, and at most once per this many seconds, thaw and collect everything once.
 FULL_FACTOR = 4.0
 FULL_INTERVAL = 600.0
+#: A full collection that frees less than this fraction of what it walked found "almost
+#: nothing": the next one waits for twice the growth (module doc).
+FOUND_LITTLE = 0.01
+
+
+def backed_off(factor: float, full_factor: float, found: int, walked: int) -> float:
+    """The growth the next full collection waits for, after one that walked ``walked``
+    objects and found ``found`` unreachable (module doc)."""
+    return factor * 2 if found < FOUND_LITTLE * walked else full_factor
 
 
 class GcGovernor:
@@ -71,6 +89,8 @@ class GcGovernor:
         self._running = False  # the task runs: the callback may freeze
         self.full_factor = full_factor
         self.full_interval = full_interval
+        #: the growth the next full collection waits for (backs off: module doc)
+        self.factor = full_factor
         self._baseline = 0  # frozen objects after the first freeze or the last full collection
         # The first full collection comes no sooner than one interval after the start
         # (a runtime starting up grows its heap many times over).
@@ -134,13 +154,14 @@ class GcGovernor:
         frozen = gc.get_freeze_count()
         if not self._baseline:
             self._baseline = frozen
-        elif frozen >= self.full_factor * self._baseline and now - self._last_full >= self.full_interval:
+        elif frozen >= self.factor * self._baseline and now - self._last_full >= self.full_interval:
             gc.unfreeze()
-            gc.collect()  # frees what was frozen and became unreachable cycles since
+            found = gc.collect()  # frees what was frozen and became unreachable cycles since
             gc.freeze()
             self.full_collections += 1
             self._baseline = gc.get_freeze_count()
             self._last_full = now
+            self.factor = backed_off(self.factor, self.full_factor, found, frozen)
 
     def thaw(self) -> None:
         """Hand every frozen object back to the collector (on close)."""

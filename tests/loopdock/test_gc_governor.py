@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 
 from loopdock import Runtime
 from loopdock.runtime._gc import CPYTHON_DEFAULT_THRESHOLD, GC_THRESHOLD
-from loopdock.runtime._gc_governor import GcGovernor
+from loopdock.runtime._gc_governor import GcGovernor, backed_off
 from loopdock.runtime.tools import Tool
 
 TIMEOUT = 60
@@ -334,6 +334,28 @@ async def test_frozen_garbage_is_collected_once_the_frozen_heap_has_grown_enough
     assert governor.full_collections == 1
     assert alive() is None
     assert gc.get_freeze_count() >= len(keep) * baseline  # the live growth is frozen again
+
+
+def test_the_full_collection_backs_off_while_it_finds_almost_nothing():
+    assert backed_off(4.0, 4.0, found=0, walked=1_000_000) == 8.0
+    assert backed_off(8.0, 4.0, found=9_999, walked=1_000_000) == 16.0  # under 1%
+    assert backed_off(16.0, 4.0, found=10_000, walked=1_000_000) == 4.0  # cycles: back to the start
+
+
+async def test_a_full_collection_that_found_nothing_makes_the_next_wait_for_twice_the_growth():
+    governor = GcGovernor(trio.lowlevel.current_trio_token(), full_factor=2.0, full_interval=0.0)
+    governor.freeze()
+    step = gc.get_freeze_count() // 4
+    keep = []
+    while governor.full_collections == 0:  # live growth, frozen, until the frozen heap doubled
+        keep.append([[] for _ in range(step)])
+        governor.freeze()
+    assert governor.factor == 4.0  # it found nothing to free: the next one waits for 4x
+    after = gc.get_freeze_count()
+    while gc.get_freeze_count() < 3 * after:  # 3x: a full collection before would be at 2x
+        keep.append([[] for _ in range(step)])
+        governor.freeze()
+    assert governor.full_collections == 1 and keep
 
 
 async def test_the_full_collection_waits_for_its_interval():
