@@ -116,9 +116,8 @@ class LoopxIntegration:
         continuation = self.continuations.get(session_id)
         if continuation is not None:
             return continuation.status
-        agent = self._agents.get(session_id)
-        memo = agent.carried(KEPT_KEY) if agent is not None else None
-        return memo.status if isinstance(memo, ContinuationMemo) else None
+        memo = self._kept(session_id)
+        return None if memo is None else memo.status
 
     def project_of(self, session_id: str) -> Path | None:
         """The LoopX project (the agent's ``cwd``) of a session with a continuation: the
@@ -126,9 +125,14 @@ class LoopxIntegration:
         continuation = self.continuations.get(session_id)
         if continuation is not None:
             return continuation.agent.cwd
+        memo = self._kept(session_id)
+        return None if memo is None else memo.cwd
+
+    def _kept(self, session_id: str) -> ContinuationMemo | None:
+        """What a passivated agent's continuation kept (None for any other)."""
         agent = self._agents.get(session_id)
         memo = agent.carried(KEPT_KEY) if agent is not None else None
-        return memo.cwd if isinstance(memo, ContinuationMemo) else None
+        return memo if isinstance(memo, ContinuationMemo) else None
 
     @asynccontextmanager
     async def live(self, session_id: str) -> AsyncIterator[LoopxContinuation | None]:
